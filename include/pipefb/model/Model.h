@@ -1,0 +1,94 @@
+#pragma once
+// A model is a linear chain of layers, the partitionable units (DESIGN.md,
+// "Concepts"). A stage is a contiguous range [first, last) of them.
+//
+// Note [Parameter names]
+// Each Layer carries a key prefix (e.g. "features" or "layer2") and registers its
+// submodules under the local names torchvision uses (e.g. "0", "3", "conv1"), so
+// that prefix + "." + the LibTorch name is exactly the torchvision state_dict key
+// ("features.0.weight", "layer2.0.downsample.1.running_mean"). A checkpoint of
+// Model::stateDict() therefore loads into torchvision.models.vgg16() in Python.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipefb/model/ModelOptions.h"
+
+namespace pipefb::model {
+
+/// One partitionable unit: x -> layer(x).
+class Layer : public torch::nn::Module {
+ public:
+  Layer(std::string name, std::string keyPrefix)
+      : name_(std::move(name)), keyPrefix_(std::move(keyPrefix)) {}
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
+  /// Short human name: "conv1_1", "block3", "head".
+  const std::string& name() const { return name_; }
+  /// Prefix of this layer's state_dict keys (may be empty). See Note [Parameter names].
+  const std::string& keyPrefix() const { return keyPrefix_; }
+
+ private:
+  std::string name_;
+  std::string keyPrefix_;
+};
+
+/// What a model reports about one layer.
+struct LayerInfo {
+  std::string name;
+  int64_t param_bytes = 0;
+  int64_t buffer_bytes = 0;
+  /// Output shape for the batch size passed to Model::describe (batch first).
+  std::vector<int64_t> output_shape;
+  int64_t output_bytes = 0;
+};
+
+class Model {
+ public:
+  Model(ModelOptions options, std::vector<std::shared_ptr<Layer>> layers,
+        std::vector<int64_t> sampleShape, torch::ScalarType inputDtype);
+
+  const ModelOptions& options() const { return options_; }
+  size_t numLayers() const { return layers_.size(); }
+  const std::shared_ptr<Layer>& layer(size_t i) const { return layers_.at(i); }
+  const std::vector<std::shared_ptr<Layer>>& layers() const { return layers_; }
+
+  /// Shape of one input sample (no batch dim): {C,H,W} for images, {T} for gpt2.
+  const std::vector<int64_t>& sampleShape() const { return sampleShape_; }
+  /// kFloat for images, kLong (token ids) for gpt2.
+  torch::ScalarType inputDtype() const { return inputDtype_; }
+
+  /// Runs layers [first, last) in order.
+  torch::Tensor forward(torch::Tensor x, size_t first = 0, size_t last = SIZE_MAX) const;
+  /// Mean cross-entropy of the model output against integer targets. For gpt2 the
+  /// output is (B,T,V) and targets (B,T); for classifiers (B,C) and (B).
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const;
+
+  /// torchvision-named parameters and buffers, in layer order.
+  std::vector<std::pair<std::string, torch::Tensor>> stateDict() const;
+  /// torchvision-named parameters only (no buffers).
+  std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const;
+  std::vector<torch::Tensor> parameters() const;
+
+  /// Per-layer parameter bytes and output shapes for a given batch size. Runs one
+  /// forward pass without grad on zeros.
+  std::vector<LayerInfo> describe(int64_t batch = 1) const;
+
+  void train(bool on = true);
+  void to(torch::Device device);
+
+ private:
+  ModelOptions options_;
+  std::vector<std::shared_ptr<Layer>> layers_;
+  std::vector<int64_t> sampleShape_;
+  torch::ScalarType inputDtype_;
+};
+
+/// Builds a model from the zoo. Throws pipefb::UserError for an unknown name or a
+/// bad option (naming the key and what is allowed). The weights are initialised
+/// as torchvision / GPT-2 do, from torch's global RNG (seed it first).
+std::shared_ptr<Model> buildModel(const ModelOptions& options);
+
+}  // namespace pipefb::model
