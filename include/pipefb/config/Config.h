@@ -1,0 +1,96 @@
+#pragma once
+// The run configuration: one YAML file with sections model, data, training,
+// devices, pipeline and output. Every key is declared once in a schema
+// (src/config/Config.cpp) with its type, allowed values and range; the file and
+// each `--set section.key=value` override go through the same checks. A bad key
+// or value throws pipefb::UserError with one line naming the key, the YAML line
+// where there is one, what it got and what is allowed.
+//
+// Torch-free, so the planner and the schedule tools can read configs too.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipefb/data/DataOptions.h"
+#include "pipefb/model/ModelOptions.h"
+
+namespace pipefb::config {
+
+struct TrainingOptions {
+  std::string optimizer = "sgd";  // sgd | adam
+  double lr = 0.01;
+  double momentum = 0.9;          // sgd
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999;  // adam
+  std::string lr_schedule = "constant";  // constant | cosine | step
+  int64_t warmup_steps = 0;
+  int64_t step_every = 1000;      // step schedule: multiply by step_gamma every N steps
+  double step_gamma = 0.1;
+  double min_lr_ratio = 0.0;      // cosine: final lr = lr * min_lr_ratio
+  int64_t batch = 64;             // global batch (samples per iteration)
+  int64_t epochs = 1;
+  int64_t iterations = 0;         // > 0 wins over epochs
+  uint64_t seed = 0;
+  int64_t log_every = 50;         // progress line every N steps
+  int64_t eval_batch = 256;
+  bool eval = true;               // test-set accuracy at the end
+  int64_t threads = 0;            // intra-op threads; 0 = all cores
+  bool checkpoint = true;         // write the final checkpoint
+};
+
+struct DevicesOptions {
+  int64_t count = 1;
+  std::string kind = "cpu";       // cpu (virtual devices) | cuda
+  std::optional<int64_t> memory;  // per-device capacity in bytes; nullopt = unlimited
+  std::optional<int64_t> host_memory;  // host-pool capacity; nullopt = unlimited
+};
+
+struct PipelineOptions {
+  /// none | gpipe | 1f1b | pipedream | pipefb-sync | pipefb-async
+  std::string schedule = "none";
+  int64_t stages = 0;               // 0 = derive from devices and schedule
+  std::vector<int64_t> partition;   // explicit cut points (first layer of stages 1..S-1)
+  int64_t microbatches = 1;
+  std::string stash = "keep";       // keep | offload | checkpoint | checkpoint-offload
+  int64_t lookahead = 1;
+};
+
+struct OutputOptions {
+  std::string dir = "runs/latest";
+  bool progress = true;
+};
+
+struct Config {
+  model::ModelOptions model;
+  data::DataOptions data;
+  TrainingOptions training;
+  DevicesOptions devices;
+  PipelineOptions pipeline;
+  OutputOptions output;
+  /// Where the config came from (file path, or "<string>").
+  std::string source;
+};
+
+/// Loads and checks a config file, then applies `section.key=value` overrides in order.
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+/// Same, from YAML text (tests). `source` names it in error messages.
+Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides = {},
+                   const std::string& source = "<string>");
+/// Applies one `section.key=value` override to a config and re-checks it.
+void applyOverride(Config& config, const std::string& assignment);
+/// Cross-key checks (e.g. batch divisible by microbatches). Called by the loaders.
+void validate(const Config& config);
+
+/// The resolved config as YAML, every key present; parseConfig(toYaml(c)) == c.
+std::string toYaml(const Config& config);
+
+/// Every known key as "section.key", for help text and "did you mean".
+std::vector<std::string> knownKeys();
+
+/// The schedules pipefb_train accepts (pipeline.schedule).
+const std::vector<std::string>& scheduleNames();
+/// The stash policies (pipeline.stash).
+const std::vector<std::string>& stashPolicyNames();
+
+}  // namespace pipefb::config

@@ -1,0 +1,475 @@
+#include "pipefb/config/Config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/common/Size.h"
+#include "pipefb/common/Suggest.h"
+
+namespace pipefb::config {
+
+const std::vector<std::string>& scheduleNames() {
+  static const std::vector<std::string> names = {"none", "gpipe", "1f1b", "pipedream",
+                                                 "pipefb-sync", "pipefb-async"};
+  return names;
+}
+
+const std::vector<std::string>& stashPolicyNames() {
+  static const std::vector<std::string> names = {"keep", "offload", "checkpoint",
+                                                 "checkpoint-offload"};
+  return names;
+}
+
+namespace {
+
+const std::vector<std::string> kSections = {"model",   "data",     "training",
+                                            "devices", "pipeline", "output"};
+
+/// Where a value came from, for error messages: "configs/x.yaml:12" or
+/// "--set training.lr=abc".
+struct Where {
+  std::string text;
+};
+
+Where whereOf(const std::string& source, const YAML::Node& node) {
+  YAML::Mark m = node.Mark();
+  if (m.is_null()) return {source};
+  return {source + ":" + std::to_string(m.line + 1)};
+}
+
+[[noreturn]] void fail(const Where& where, const std::string& key, const std::string& what) {
+  throw UserError(where.text + ": " + key + ": " + what);
+}
+
+std::string shown(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+[[noreturn]] void expected(const Where& where, const std::string& key, const std::string& allowed,
+                           const YAML::Node& node) {
+  fail(where, key, "expected " + allowed + ", got " + shown(node));
+}
+
+// A key of the schema: how to read it into a Config and how to write it out.
+struct KeySpec {
+  std::string key;  // "section.key"
+  std::function<void(Config&, const YAML::Node&, const Where&)> set;
+  std::function<void(const Config&, YAML::Emitter&)> emit;
+};
+
+template <class T>
+using Field = std::function<T&(Config&)>;
+
+template <class T>
+T& ref(const Field<T>& f, const Config& c) {
+  return f(const_cast<Config&>(c));
+}
+
+std::string numText(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+KeySpec integer(std::string key, Field<int64_t> f, int64_t lo,
+                int64_t hi = std::numeric_limits<int64_t>::max()) {
+  std::string allowed = "an integer >= " + std::to_string(lo);
+  if (hi != std::numeric_limits<int64_t>::max())
+    allowed = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            int64_t v = 0;
+            if (!n.IsScalar()) expected(w, key, allowed, n);
+            try {
+              v = n.as<int64_t>();
+            } catch (const YAML::Exception&) {
+              expected(w, key, allowed, n);
+            }
+            if (v < lo || v > hi) expected(w, key, allowed, n);
+            f(c) = v;
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << ref(f, c); }};
+}
+
+KeySpec unsignedInt(std::string key, Field<uint64_t> f) {
+  std::string allowed = "a non-negative integer";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            if (!n.IsScalar() || (!n.Scalar().empty() && n.Scalar()[0] == '-'))
+              expected(w, key, allowed, n);
+            try {
+              f(c) = n.as<uint64_t>();
+            } catch (const YAML::Exception&) {
+              expected(w, key, allowed, n);
+            }
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << ref(f, c); }};
+}
+
+KeySpec number(std::string key, Field<double> f, double lo, double hi, bool loOpen = false) {
+  std::string allowed = "a number in " + std::string(loOpen ? "(" : "[") + numText(lo) + ", " +
+                        (std::isinf(hi) ? "inf)" : numText(hi) + "]");
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            double v = 0;
+            if (!n.IsScalar()) expected(w, key, allowed, n);
+            try {
+              v = n.as<double>();
+            } catch (const YAML::Exception&) {
+              expected(w, key, allowed, n);
+            }
+            if (!std::isfinite(v) || v < lo || v > hi || (loOpen && v == lo))
+              expected(w, key, allowed, n);
+            f(c) = v;
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << ref(f, c); }};
+}
+
+KeySpec boolean(std::string key, Field<bool> f) {
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            if (!n.IsScalar()) expected(w, key, "true | false", n);
+            try {
+              f(c) = n.as<bool>();
+            } catch (const YAML::Exception&) {
+              expected(w, key, "true | false", n);
+            }
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << ref(f, c); }};
+}
+
+KeySpec text(std::string key, Field<std::string> f) {
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            if (!n.IsScalar()) expected(w, key, "a string", n);
+            f(c) = n.Scalar();
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << YAML::DoubleQuoted << ref(f, c); }};
+}
+
+KeySpec choice(std::string key, Field<std::string> f, std::vector<std::string> names) {
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            if (!n.IsScalar()) expected(w, key, joinAllowed(names), n);
+            const std::string& v = n.Scalar();
+            for (const auto& name : names)
+              if (v == name) {
+                f(c) = v;
+                return;
+              }
+            fail(w, key,
+                 "unknown value '" + v + "'" + didYouMean(v, names) + "; allowed: " +
+                     joinAllowed(names));
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << ref(f, c); }};
+}
+
+std::string sizeText(int64_t bytes) {
+  const std::pair<int64_t, const char*> units[] = {
+      {1LL << 40, "TiB"}, {1LL << 30, "GiB"}, {1LL << 20, "MiB"}, {1LL << 10, "KiB"}};
+  for (auto [mult, name] : units)
+    if (bytes >= mult && bytes % mult == 0) return std::to_string(bytes / mult) + name;
+  return std::to_string(bytes);
+}
+
+KeySpec size(std::string key, Field<std::optional<int64_t>> f) {
+  std::string allowed = "a size such as 512MiB or 2GiB (> 0), or unlimited";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            if (!n.IsScalar()) expected(w, key, allowed, n);
+            if (n.Scalar() == "unlimited" || n.Scalar() == "null" || n.Scalar() == "~") {
+              f(c) = std::nullopt;
+              return;
+            }
+            auto v = parseSize(n.Scalar());
+            if (!v || *v <= 0) expected(w, key, allowed, n);
+            f(c) = *v;
+          },
+          [=](const Config& c, YAML::Emitter& e) {
+            const auto& v = ref(f, c);
+            e << (v ? sizeText(*v) : std::string("unlimited"));
+          }};
+}
+
+KeySpec intList(std::string key, Field<std::vector<int64_t>> f, int64_t lo) {
+  std::string allowed = "a list of integers >= " + std::to_string(lo);
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            std::vector<int64_t> out;
+            if (n.IsNull()) {
+              f(c) = out;
+              return;
+            }
+            if (!n.IsSequence()) expected(w, key, allowed, n);
+            for (const auto& item : n) {
+              if (!item.IsScalar()) expected(w, key, allowed, item);
+              try {
+                out.push_back(item.as<int64_t>());
+              } catch (const YAML::Exception&) {
+                expected(w, key, allowed, item);
+              }
+              if (out.back() < lo) expected(w, key, allowed, item);
+            }
+            f(c) = out;
+          },
+          [=](const Config& c, YAML::Emitter& e) {
+            e << YAML::Flow << YAML::BeginSeq;
+            for (auto v : ref(f, c)) e << v;
+            e << YAML::EndSeq;
+          }};
+}
+
+const double kInf = std::numeric_limits<double>::infinity();
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> specs = [] {
+    std::vector<KeySpec> s;
+    // model
+    s.push_back(choice("model.name", [](Config& c) -> auto& { return c.model.name; },
+                       model::modelNames()));
+    s.push_back(number("model.width", [](Config& c) -> auto& { return c.model.width; }, 0, 16,
+                       true));
+    s.push_back(integer("model.input_size", [](Config& c) -> auto& { return c.model.input_size; },
+                        1, 4096));
+    s.push_back(integer("model.channels", [](Config& c) -> auto& { return c.model.channels; }, 1,
+                        4096));
+    s.push_back(integer("model.num_classes",
+                        [](Config& c) -> auto& { return c.model.num_classes; }, 2, 1 << 24));
+    s.push_back(choice("model.size", [](Config& c) -> auto& { return c.model.size; },
+                       model::gpt2Sizes()));
+    s.push_back(intList("model.hidden", [](Config& c) -> auto& { return c.model.hidden; }, 1));
+    s.push_back(number("model.dropout", [](Config& c) -> auto& { return c.model.dropout; }, 0,
+                       0.99));
+    // data
+    s.push_back(choice("data.name", [](Config& c) -> auto& { return c.data.name; },
+                       data::dataNames()));
+    s.push_back(text("data.path", [](Config& c) -> auto& { return c.data.path; }));
+    s.push_back(integer("data.synthetic_train",
+                        [](Config& c) -> auto& { return c.data.synthetic_train; }, 1));
+    s.push_back(integer("data.synthetic_test",
+                        [](Config& c) -> auto& { return c.data.synthetic_test; }, 1));
+    s.push_back(integer("data.limit_train", [](Config& c) -> auto& { return c.data.limit_train; },
+                        0));
+    s.push_back(integer("data.limit_test", [](Config& c) -> auto& { return c.data.limit_test; },
+                        0));
+    s.push_back(boolean("data.normalize", [](Config& c) -> auto& { return c.data.normalize; }));
+    // training
+    s.push_back(choice("training.optimizer",
+                       [](Config& c) -> auto& { return c.training.optimizer; }, {"sgd", "adam"}));
+    s.push_back(number("training.lr", [](Config& c) -> auto& { return c.training.lr; }, 0, 10,
+                       true));
+    s.push_back(number("training.momentum",
+                       [](Config& c) -> auto& { return c.training.momentum; }, 0, 0.9999));
+    s.push_back(number("training.weight_decay",
+                       [](Config& c) -> auto& { return c.training.weight_decay; }, 0, 1));
+    s.push_back(number("training.beta1", [](Config& c) -> auto& { return c.training.beta1; }, 0,
+                       0.9999));
+    s.push_back(number("training.beta2", [](Config& c) -> auto& { return c.training.beta2; }, 0,
+                       0.99999));
+    s.push_back(choice("training.lr_schedule",
+                       [](Config& c) -> auto& { return c.training.lr_schedule; },
+                       {"constant", "cosine", "step"}));
+    s.push_back(integer("training.warmup_steps",
+                        [](Config& c) -> auto& { return c.training.warmup_steps; }, 0));
+    s.push_back(integer("training.step_every",
+                        [](Config& c) -> auto& { return c.training.step_every; }, 1));
+    s.push_back(number("training.step_gamma",
+                       [](Config& c) -> auto& { return c.training.step_gamma; }, 0, 1, true));
+    s.push_back(number("training.min_lr_ratio",
+                       [](Config& c) -> auto& { return c.training.min_lr_ratio; }, 0, 1));
+    s.push_back(integer("training.batch", [](Config& c) -> auto& { return c.training.batch; }, 1,
+                        1 << 20));
+    s.push_back(integer("training.epochs", [](Config& c) -> auto& { return c.training.epochs; },
+                        1, 100000));
+    s.push_back(integer("training.iterations",
+                        [](Config& c) -> auto& { return c.training.iterations; }, 0));
+    s.push_back(unsignedInt("training.seed", [](Config& c) -> auto& { return c.training.seed; }));
+    s.push_back(integer("training.log_every",
+                        [](Config& c) -> auto& { return c.training.log_every; }, 1));
+    s.push_back(integer("training.eval_batch",
+                        [](Config& c) -> auto& { return c.training.eval_batch; }, 1));
+    s.push_back(boolean("training.eval", [](Config& c) -> auto& { return c.training.eval; }));
+    s.push_back(integer("training.threads", [](Config& c) -> auto& { return c.training.threads; },
+                        0, 1024));
+    s.push_back(boolean("training.checkpoint",
+                        [](Config& c) -> auto& { return c.training.checkpoint; }));
+    // devices
+    s.push_back(integer("devices.count", [](Config& c) -> auto& { return c.devices.count; }, 1,
+                        4096));
+    s.push_back(choice("devices.kind", [](Config& c) -> auto& { return c.devices.kind; },
+                       {"cpu", "cuda"}));
+    s.push_back(size("devices.memory", [](Config& c) -> auto& { return c.devices.memory; }));
+    s.push_back(size("devices.host_memory",
+                     [](Config& c) -> auto& { return c.devices.host_memory; }));
+    // pipeline
+    s.push_back(choice("pipeline.schedule",
+                       [](Config& c) -> auto& { return c.pipeline.schedule; }, scheduleNames()));
+    s.push_back(integer("pipeline.stages", [](Config& c) -> auto& { return c.pipeline.stages; },
+                        0, 4096));
+    s.push_back(intList("pipeline.partition",
+                        [](Config& c) -> auto& { return c.pipeline.partition; }, 1));
+    s.push_back(integer("pipeline.microbatches",
+                        [](Config& c) -> auto& { return c.pipeline.microbatches; }, 1, 1 << 16));
+    s.push_back(choice("pipeline.stash", [](Config& c) -> auto& { return c.pipeline.stash; },
+                       stashPolicyNames()));
+    s.push_back(integer("pipeline.lookahead",
+                        [](Config& c) -> auto& { return c.pipeline.lookahead; }, 0, 1024));
+    // output
+    s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
+    s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));
+    return s;
+  }();
+  return specs;
+}
+
+const KeySpec* findSpec(const std::string& key) {
+  for (const auto& s : schema())
+    if (s.key == key) return &s;
+  return nullptr;
+}
+
+std::vector<std::string> keysOf(const std::string& section) {
+  std::vector<std::string> out;
+  for (const auto& s : schema())
+    if (s.key.compare(0, section.size() + 1, section + ".") == 0)
+      out.push_back(s.key.substr(section.size() + 1));
+  return out;
+}
+
+void applyDocument(Config& config, const YAML::Node& root, const std::string& source) {
+  if (root.IsNull()) return;
+  if (!root.IsMap())
+    throw UserError(whereOf(source, root).text +
+                    ": the config must be a mapping with sections " + joinAllowed(kSections));
+  for (const auto& sec : root) {
+    const std::string section = sec.first.as<std::string>();
+    Where secWhere = whereOf(source, sec.first);
+    bool known = false;
+    for (const auto& k : kSections) known = known || k == section;
+    if (!known)
+      throw UserError(secWhere.text + ": unknown section '" + section + "'" +
+                      didYouMean(section, kSections) + "; allowed: " + joinAllowed(kSections));
+    if (sec.second.IsNull()) continue;
+    if (!sec.second.IsMap())
+      throw UserError(secWhere.text + ": " + section + ": expected a mapping of keys, got " +
+                      shown(sec.second));
+    for (const auto& kv : sec.second) {
+      const std::string key = kv.first.as<std::string>();
+      const KeySpec* spec = findSpec(section + "." + key);
+      if (!spec) {
+        auto keys = keysOf(section);
+        throw UserError(whereOf(source, kv.first).text + ": unknown key '" + section + "." + key +
+                        "'" + didYouMean(key, keys) + "; allowed in " + section + ": " +
+                        joinAllowed(keys));
+      }
+      spec->set(config, kv.second, whereOf(source, kv.second));
+    }
+  }
+}
+
+}  // namespace
+
+void applyOverride(Config& config, const std::string& assignment) {
+  const std::string where = "--set " + assignment;
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError(where + ": expected section.key=value, e.g. --set training.lr=0.1");
+  std::string key = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  const KeySpec* spec = findSpec(key);
+  if (!spec)
+    throw UserError(where + ": unknown key '" + key + "'" + didYouMean(key, knownKeys()));
+  YAML::Node node;
+  try {
+    node = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw UserError(where + ": " + key + ": value is not valid YAML (" + e.msg + ")");
+  }
+  spec->set(config, node, Where{where});
+}
+
+void validate(const Config& c) {
+  const std::string& src = c.source;
+  if (c.training.batch % c.pipeline.microbatches != 0)
+    throw UserError(src + ": pipeline.microbatches: " + std::to_string(c.pipeline.microbatches) +
+                    " does not divide training.batch " + std::to_string(c.training.batch) +
+                    "; please choose a divisor of the batch");
+  if (c.model.name == "gpt2" && c.data.name != "synthetic")
+    throw UserError(src + ": data.name: model gpt2 needs token data; allowed with gpt2: synthetic");
+  if (c.model.name != "gpt2" && c.model.num_classes > 1000000)
+    throw UserError(src + ": model.num_classes: " + std::to_string(c.model.num_classes) +
+                    " is too many for a classifier; allowed: 2..1000000");
+  if (c.pipeline.schedule == "none" && c.devices.count != 1)
+    throw UserError(src + ": devices.count: pipeline.schedule none trains on one device, got " +
+                    std::to_string(c.devices.count) +
+                    "; set devices.count: 1 or choose a pipeline schedule");
+  for (size_t i = 1; i < c.pipeline.partition.size(); ++i)
+    if (c.pipeline.partition[i] <= c.pipeline.partition[i - 1])
+      throw UserError(src + ": pipeline.partition: cut points must be strictly increasing, got " +
+                      std::to_string(c.pipeline.partition[i - 1]) + " then " +
+                      std::to_string(c.pipeline.partition[i]));
+  if (c.output.dir.empty())
+    throw UserError(src + ": output.dir: must not be empty; give a run folder such as runs/vgg16");
+}
+
+Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
+                   const std::string& source) {
+  Config config;
+  config.source = source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yamlText);
+  } catch (const YAML::ParserException& e) {
+    throw UserError(source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+  }
+  applyDocument(config, root, source);
+  for (const auto& o : overrides) applyOverride(config, o);
+  validate(config);
+  return config;
+}
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw UserError(path + ": cannot open config file (does it exist?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseConfig(ss.str(), overrides, path);
+}
+
+std::string toYaml(const Config& config) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  std::string section;
+  for (const auto& spec : schema()) {
+    auto dot = spec.key.find('.');
+    std::string sec = spec.key.substr(0, dot);
+    if (sec != section) {
+      if (!section.empty()) e << YAML::EndMap;
+      e << YAML::Key << sec << YAML::Value << YAML::BeginMap;
+      section = sec;
+    }
+    e << YAML::Key << spec.key.substr(dot + 1) << YAML::Value;
+    spec.emit(config, e);
+  }
+  if (!section.empty()) e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+std::vector<std::string> knownKeys() {
+  std::vector<std::string> out;
+  for (const auto& s : schema()) out.push_back(s.key);
+  return out;
+}
+
+}  // namespace pipefb::config
