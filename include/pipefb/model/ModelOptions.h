@@ -1,6 +1,7 @@
 #pragma once
 // Options of a model in the zoo. Torch-free so that the config layer and the
-// planner can carry them without LibTorch.
+// planner can carry them without LibTorch. The checks (validate) and the derived
+// sizes below live in the torch-free library pipefb_model_options.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,5 +37,29 @@ inline const std::vector<std::string>& gpt2Sizes() {
   static const std::vector<std::string> sizes = {"tiny", "small", "medium", "large", "xl"};
   return sizes;
 }
+
+/// Throws pipefb::UserError naming the key (model.name, model.width, model.size,
+/// model.input_size, model.channels, model.num_classes, model.hidden, model.dropout),
+/// the value it got and what is allowed. buildModel calls it; the config layer may
+/// call it earlier without linking LibTorch.
+void validate(const ModelOptions& options);
+
+/// Smallest model.input_size the model accepts: 32 for vgg16 (five 2x2 max-pools),
+/// 63 for alexnet (stride-4 conv and three 3x3/2 max-pools), 1 otherwise.
+int64_t minInputSize(const std::string& modelName);
+
+/// A base channel / hidden count scaled by the width multiplier: max(1, round(base * width)).
+int64_t scaled(int64_t base, double width);
+
+/// GPT-2 hyper-parameters after the width multiplier (see Note [GPT-2 sizes] in Gpt2.cpp).
+struct Gpt2Config {
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;  // divisible by n_head
+  int64_t n_head = 0;
+  int64_t n_ctx = 0;    // = options.input_size (rows of wpe)
+  int64_t vocab = 0;    // = options.num_classes
+};
+/// Requires options.name == "gpt2" and a valid options.size.
+Gpt2Config gpt2Config(const ModelOptions& options);
 
 }  // namespace pipefb::model

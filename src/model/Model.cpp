@@ -1,0 +1,157 @@
+#include "pipefb/model/Model.h"
+
+#include <algorithm>
+
+#include "Zoo.h"
+#include "pipefb/common/Error.h"
+
+namespace pipefb::model {
+
+Model::Model(ModelOptions options, std::vector<std::shared_ptr<Layer>> layers,
+             std::vector<int64_t> sampleShape, torch::ScalarType inputDtype)
+    : options_(std::move(options)),
+      layers_(std::move(layers)),
+      sampleShape_(std::move(sampleShape)),
+      inputDtype_(inputDtype) {
+  PIPEFB_ASSERT(!layers_.empty(), "a model needs at least one layer");
+  for (const auto& l : layers_) PIPEFB_ASSERT(l != nullptr, "null layer in " << options_.name);
+}
+
+torch::Tensor Model::forward(torch::Tensor x, size_t first, size_t last) const {
+  last = std::min(last, layers_.size());
+  PIPEFB_ASSERT(first <= last, "bad layer range [" << first << ", " << last << ")");
+  for (size_t i = first; i < last; ++i) x = layers_[i]->forward(std::move(x));
+  return x;
+}
+
+torch::Tensor Model::loss(const torch::Tensor& output, const torch::Tensor& target) const {
+  // Classifier: (B,C) vs (B). gpt2: (B,T,V) vs (B,T), flattened to (B*T,V) vs (B*T).
+  if (output.dim() > 2) {
+    return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}),
+                                                target.reshape({-1}));
+  }
+  return torch::nn::functional::cross_entropy(output, target);
+}
+
+namespace {
+
+// Pre-order walk of each layer's modules: a module's own parameters, then its own
+// buffers, then its children. That is the order of PyTorch's Module.state_dict().
+template <typename Fn>
+void walkState(const std::vector<std::shared_ptr<Layer>>& layers, bool withBuffers, Fn&& fn) {
+  for (const auto& layer : layers) {
+    for (const auto& m : layer->named_modules("", /*include_self=*/true)) {
+      const std::string base = detail::joinKey(layer->keyPrefix(), m.key());
+      for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
+        if (p.value().defined()) fn(detail::joinKey(base, p.key()), p.value());
+      }
+      if (!withBuffers) continue;
+      for (const auto& b : m.value()->named_buffers(/*recurse=*/false)) {
+        if (b.value().defined()) fn(detail::joinKey(base, b.key()), b.value());
+      }
+    }
+  }
+}
+
+int64_t sumBytes(const std::vector<torch::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) {
+    if (t.defined()) n += static_cast<int64_t>(t.nbytes());
+  }
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> Model::stateDict() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  walkState(layers_, true, [&](std::string k, const torch::Tensor& t) { out.emplace_back(k, t); });
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Model::namedParameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  walkState(layers_, false, [&](std::string k, const torch::Tensor& t) { out.emplace_back(k, t); });
+  return out;
+}
+
+std::vector<torch::Tensor> Model::parameters() const {
+  std::vector<torch::Tensor> out;
+  walkState(layers_, false, [&](const std::string&, const torch::Tensor& t) { out.push_back(t); });
+  return out;
+}
+
+std::vector<LayerInfo> Model::describe(int64_t batch) const {
+  PIPEFB_ASSERT(batch >= 1, "describe needs batch >= 1, got " << batch);
+  // Eval mode for the probe: BatchNorm must not update its running stats (and would
+  // refuse a batch of 1 at 1x1 spatial size in training mode). Restored below.
+  std::vector<bool> wasTraining;
+  for (const auto& l : layers_) {
+    wasTraining.push_back(l->is_training());
+    l->eval();
+  }
+  torch::Device device = torch::kCPU;
+  for (const auto& l : layers_) {
+    auto ps = l->parameters();
+    if (!ps.empty()) {
+      device = ps.front().device();
+      break;
+    }
+  }
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), sampleShape_.begin(), sampleShape_.end());
+
+  std::vector<LayerInfo> infos;
+  try {
+    torch::NoGradGuard noGrad;
+    torch::Tensor x = torch::zeros(shape, torch::TensorOptions().dtype(inputDtype_).device(device));
+    for (const auto& l : layers_) {
+      x = l->forward(x);
+      LayerInfo info;
+      info.name = l->name();
+      info.param_bytes = sumBytes(l->parameters());
+      info.buffer_bytes = sumBytes(l->buffers());
+      info.output_shape = x.sizes().vec();
+      info.output_bytes = static_cast<int64_t>(x.nbytes());
+      infos.push_back(std::move(info));
+    }
+  } catch (...) {
+    for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->train(wasTraining[i]);
+    throw;
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->train(wasTraining[i]);
+  return infos;
+}
+
+void Model::train(bool on) {
+  for (const auto& l : layers_) l->train(on);
+}
+
+void Model::to(torch::Device device) {
+  for (const auto& l : layers_) l->to(device);
+}
+
+std::shared_ptr<Model> buildModel(const ModelOptions& options) {
+  validate(options);
+  const auto& n = options.name;
+  if (n == "gpt2") {
+    return std::make_shared<Model>(options, detail::buildGpt2(options),
+                                   std::vector<int64_t>{options.input_size}, torch::kLong);
+  }
+  std::vector<int64_t> sample = {options.channels, options.input_size, options.input_size};
+  detail::Layers layers;
+  if (n == "vgg16") {
+    layers = detail::buildVgg16(options);
+  } else if (n == "alexnet") {
+    layers = detail::buildAlexNet(options);
+  } else if (n == "resnet50") {
+    layers = detail::buildResNet50(options);
+  } else if (n == "mlp") {
+    layers = detail::buildMlp(options);
+  } else {
+    PIPEFB_ASSERT(false, "validate() let through model.name '" << n << "'");
+  }
+  return std::make_shared<Model>(options, std::move(layers), std::move(sample), torch::kFloat);
+}
+
+}  // namespace pipefb::model
