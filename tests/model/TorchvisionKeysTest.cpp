@@ -1,0 +1,80 @@
+// Parameter names and shapes against torchvision itself (Note [Parameter names]).
+// Python's torch/torchvision import only under /usr/bin/python3 (the python3 first
+// on PATH may be another interpreter), so the test calls it by full path.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pipefb/model/Model.h"
+
+namespace pipefb::model {
+namespace {
+
+std::string shapeText(c10::IntArrayRef sizes) {
+  std::string s;
+  for (auto d : sizes) s += (s.empty() ? "" : ",") + std::to_string(d);
+  return s.empty() ? "-" : s;  // "-" for a 0-dim tensor (num_batches_tracked)
+}
+
+/// Runs torchvision and returns its "key shape" lines; fails the test if Python does.
+std::vector<std::string> torchvisionKeys(const std::string& name) {
+  const std::string script =
+      "import sys, torchvision\n"
+      "m = getattr(torchvision.models, sys.argv[1])(weights=None)\n"
+      "for k, v in m.state_dict().items():\n"
+      "    print(k, ','.join(str(d) for d in v.shape) or '-')\n";
+  const std::string cmd = "/usr/bin/python3 -c \"" + script + "\" " + name + " 2>&1";
+  std::vector<std::string> lines;
+  std::string all;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) {
+    ADD_FAILURE() << "popen failed for /usr/bin/python3";
+    return lines;
+  }
+  std::array<char, 4096> buf{};
+  std::string line;
+  while (fgets(buf.data(), buf.size(), pipe) != nullptr) {
+    line += buf.data();
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      lines.push_back(line);
+      all += line + "\n";
+      line.clear();
+    }
+  }
+  const int status = pclose(pipe);
+  EXPECT_EQ(status, 0) << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
+                       << all;
+  return status == 0 ? lines : std::vector<std::string>{};
+}
+
+void expectSameKeys(const std::string& name) {
+  const auto expected = torchvisionKeys(name);
+  ASSERT_FALSE(expected.empty()) << "torchvision printed nothing for " << name;
+
+  ModelOptions o;  // defaults: width 1, 224 px, 3 channels, 1000 classes
+  o.name = name;
+  auto model = buildModel(o);
+  std::vector<std::string> actual;
+  for (const auto& [key, t] : model->stateDict()) actual.push_back(key + " " + shapeText(t.sizes()));
+
+  // Report the first difference precisely, then the counts.
+  const size_t n = std::min(expected.size(), actual.size());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(actual[i], expected[i]) << name << ": state_dict entry " << i << " differs";
+  }
+  ASSERT_EQ(actual.size(), expected.size())
+      << name << ": torchvision has " << expected.size() << " entries, we have " << actual.size()
+      << "; first extra: " << (actual.size() > n ? actual[n] : expected[n]);
+}
+
+TEST(TorchvisionKeys, Vgg16) { expectSameKeys("vgg16"); }
+TEST(TorchvisionKeys, AlexNet) { expectSameKeys("alexnet"); }
+TEST(TorchvisionKeys, ResNet50) { expectSameKeys("resnet50"); }
+
+}  // namespace
+}  // namespace pipefb::model
