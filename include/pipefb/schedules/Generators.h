@@ -1,0 +1,60 @@
+#pragma once
+// Schedule generators: pure functions of (stages S, microbatches M, placement, iterations K)
+// that return the compute + weight actions of every device and the memory contract.
+// Communication and offload are added afterwards by the lowering passes (Lowering.h).
+//
+// Note [Weight versions]
+// Version 0 is the initial weights; STEP s.n makes version n+1 on the device that runs
+// it (the backward device). A forward device that is not the backward device gets new
+// weights only through RW s.n (version n+1). The runtime keeps a weight version alive
+// while a stashed microbatch refers to it (the version its F used), so weight-version
+// stashes need no explicit actions from the generators.
+#include <string>
+#include <vector>
+
+#include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/Placement.h"
+#include "pipefb/schedules/Schedule.h"
+
+namespace pipefb::schedules {
+
+struct SchedulePlan {
+  Schedule schedule;
+  MemoryContract contract;
+};
+
+/// GPipe: every forward, then every backward (microbatch order), STEP per stage, per
+/// iteration. Contract: M stashes per stage.
+SchedulePlan gpipe(int S, int M, const Placement& placement, int iterations = 1);
+
+/// PipeDream-Flush / DAPPLE: warm-up of S-s-1 forwards, steady 1F1B, cool-down, STEP.
+/// Contract: min(S-s, M) stashes per stage.
+SchedulePlan oneFOneB(int S, int M, const Placement& placement, int iterations = 1);
+
+/// PipeDream (asynchronous 1F1B, weight stashing): one 1F1B over K*M microbatches with no
+/// flush, and a STEP after every backward (each microbatch is one update). Stage s holds
+/// min(S-s, K*M) stashes and as many weight versions.
+SchedulePlan pipedream(int S, int M, const Placement& placement, int iterations = 1);
+
+/// PipeFB, synchronous: F(s) devices run the forwards of an iteration in order, B(s)
+/// devices the backwards in the same order, then STEP s.k and SW s.k; the forward device
+/// receives RW s.k before the first forward of iteration k+1 (a flush per iteration).
+SchedulePlan pipefbSync(int S, int M, const Placement& placement, int iterations = 1);
+
+/// PipeFB, asynchronous: like sync, but the forward device receives RW s.k only before
+/// iteration k+2, so forwards use weights at most one version stale and never wait for
+/// the backward of the previous iteration. The backward device keeps the version the
+/// forwards used (2 versions per stage). In flight: up to 2M stashes per stage.
+SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1);
+
+/// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async"
+std::vector<std::string> scheduleKindNames();
+
+/// By name. An unknown name, S < 1, M < 1, iterations < 1, or a placement the kind cannot
+/// use is a UserError listing what is allowed.
+SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& placement,
+                          int iterations = 1);
+/// With the kind's default placement (Placement::defaultFor).
+SchedulePlan makeSchedule(const std::string& kind, int S, int M, int iterations = 1);
+
+}  // namespace pipefb::schedules

@@ -1,0 +1,25 @@
+#pragma once
+// What a schedule promises about memory (STYLE.md habit 4, like DeepSpeed's
+// num_pipe_buffers()). The planner charges memory from it; the validator and the
+// simulator check it.
+#include <vector>
+
+namespace pipefb::schedules {
+
+/// All vectors are indexed by stage. Counts are upper bounds.
+///
+/// Note [Counting resident stashes]
+/// A stash of (s,m) is *in flight* from the end of F(s,m) until B(s,m) consumed it
+/// (or a Drop), wherever it lives. It is *resident* on a device while its bytes are
+/// there: from F until Offload, and from Prefetch until B. Residency is counted at
+/// the instants a compute action (F/B) starts, i.e. B(s,m) counts its own stash and
+/// a stash offloaded right after its F is never resident (the simulator, which has
+/// time, samples after all events of one instant).
+struct MemoryContract {
+  std::vector<int> inFlight;          // stashes of stage s alive anywhere (device or host)
+  std::vector<int> residentForward;   // stashes of stage s resident on its forward device
+  std::vector<int> residentBackward;  // ... on its backward device (== forward if same device)
+  std::vector<int> weightVersions;    // distinct weight versions of stage s held at once
+};
+
+}  // namespace pipefb::schedules

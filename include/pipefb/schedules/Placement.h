@@ -1,0 +1,46 @@
+#pragma once
+// Placement: stage -> (forward device, backward device).
+#include <string>
+#include <vector>
+
+namespace pipefb::schedules {
+
+struct StagePlacement {
+  int forward = 0;
+  int backward = 0;
+  bool operator==(const StagePlacement& o) const {
+    return forward == o.forward && backward == o.backward;
+  }
+};
+
+class Placement {
+ public:
+  Placement() = default;
+  explicit Placement(std::vector<StagePlacement> stages);
+
+  /// Stage s on device s for both passes (GPipe, 1F1B, PipeDream).
+  static Placement sameDevice(int numStages);
+  /// PipeFB default for 2S devices: F(s) on device s, B(s) on device 2S-1-s, so activations
+  /// flow one way: F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0.
+  static Placement pipefb(int numStages);
+  /// The default placement of a schedule kind ("pipefb-*" -> pipefb, others -> sameDevice).
+  static Placement defaultFor(const std::string& kind, int numStages);
+
+  int numStages() const { return static_cast<int>(stages_.size()); }
+  /// 1 + the largest device id used.
+  int numDevices() const { return numDevices_; }
+  int forward(int stage) const { return stages_.at(stage).forward; }
+  int backward(int stage) const { return stages_.at(stage).backward; }
+  bool split(int stage) const { return forward(stage) != backward(stage); }
+  const std::vector<StagePlacement>& stages() const { return stages_; }
+
+  /// "0/5 1/4 2/3": forward/backward device per stage.
+  std::string toString() const;
+  bool operator==(const Placement& o) const { return stages_ == o.stages_; }
+
+ private:
+  std::vector<StagePlacement> stages_;
+  int numDevices_ = 0;
+};
+
+}  // namespace pipefb::schedules

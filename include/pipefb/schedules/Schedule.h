@@ -1,0 +1,46 @@
+#pragma once
+// A schedule: one ordered action list per device, plus the shape it was made for.
+//
+// Note [Schedule text form]
+//   # comments and blank lines are ignored
+//   kind 1f1b
+//   stages 4
+//   microbatches 8          (per iteration)
+//   iterations 1
+//   placement 0/0 1/1 2/2 3/3   (forward/backward device of each stage)
+//   device 0: F0.0 SA0.0>1 F0.1 ...
+//   device 1: ...
+// A device line may repeat ("device 0:" again appends). Every device 0..D-1 of the
+// placement gets a list (possibly empty). Parse errors are pipefb::UserError naming the
+// source, the line and the token.
+#include <string>
+#include <vector>
+
+#include "pipefb/schedules/Action.h"
+#include "pipefb/schedules/Placement.h"
+
+namespace pipefb::schedules {
+
+struct Schedule {
+  std::string kind;          // generator name, informational ("custom" for hand-written)
+  int numStages = 0;         // S
+  int numMicrobatches = 0;   // M, per iteration
+  int numIterations = 1;     // K; microbatch indices run over [0, K*M)
+  Placement placement;
+  std::vector<std::vector<Action>> devices;  // devices[d] = ordered actions of device d
+
+  int numDevices() const { return static_cast<int>(devices.size()); }
+  int totalMicrobatches() const { return numMicrobatches * numIterations; }
+  std::size_t numActions() const;
+  bool operator==(const Schedule& o) const;
+};
+
+/// The whole schedule in the text form (Note [Schedule text form]).
+std::string toText(const Schedule& s);
+/// Parses the text form. `source` names the file in error messages.
+Schedule parseSchedule(const std::string& text, const std::string& source = "<schedule>");
+/// Reads/writes a file; a missing file is a UserError.
+Schedule loadSchedule(const std::string& path);
+void saveSchedule(const Schedule& s, const std::string& path);
+
+}  // namespace pipefb::schedules

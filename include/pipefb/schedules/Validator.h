@@ -1,0 +1,32 @@
+#pragma once
+// Checks a lowered schedule by running it abstractly.
+//
+// Note [Abstract run]
+// Each device has a program counter. A device advances while its next action can run:
+//  * a receive blocks until the matching send (same type/stage/index, peers agreeing) ran;
+//  * PRE is issued without blocking; it completes once the OFF of the same stash ran;
+//  * B(s,m) blocks until its stash is on the device (local F not offloaded, or PRE done);
+//  * F needs its input on the device (local F(s-1,m) or RA(s-1).m), B needs its gradient
+//    (local B(s+1,m) or RG(s+1).m; for the last stage the output of F(S-1,m)); a missing
+//    one is an error at once ("missing receive"), not a deadlock;
+//  * a send needs the data it sends to have been produced on its device.
+// When no device can advance and some are not done, that is a deadlock. Afterwards every
+// send must have been received. Counts of Note [Counting resident stashes] are checked
+// against the contract at every F/B.
+#include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/Schedule.h"
+#include "pipefb/schedules/ScheduleError.h"
+
+namespace pipefb::schedules {
+
+struct ValidationStats {
+  std::vector<int> peakInFlight;                // per stage
+  std::vector<std::vector<int>> peakResident;   // [device][stage] at F/B starts
+  std::vector<int> peakWeightVersions;          // per stage
+};
+
+/// Throws ScheduleError (with the step x device grid) on the first violation.
+/// `contract` may be null (then only the structural checks run).
+ValidationStats validate(const Schedule& s, const MemoryContract* contract = nullptr);
+
+}  // namespace pipefb::schedules

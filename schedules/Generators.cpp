@@ -1,0 +1,198 @@
+#include "pipefb/schedules/Generators.h"
+
+#include <algorithm>
+#include <set>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/common/Suggest.h"
+
+namespace pipefb::schedules {
+
+namespace {
+
+void checkShape(const std::string& kind, int S, int M, int K, const Placement& p) {
+  if (S < 1) throw UserError(kind + ": stages must be >= 1, got " + std::to_string(S));
+  if (M < 1) throw UserError(kind + ": microbatches must be >= 1, got " + std::to_string(M));
+  if (K < 1) throw UserError(kind + ": iterations must be >= 1, got " + std::to_string(K));
+  if (p.numStages() != S)
+    throw UserError(kind + ": the placement has " + std::to_string(p.numStages()) +
+                    " stages but " + std::to_string(S) + " were asked for");
+}
+
+// GPipe, 1F1B and PipeDream: F(s) == B(s) and one stage per device.
+void checkSameDevice(const std::string& kind, const Placement& p) {
+  std::set<int> used;
+  for (int s = 0; s < p.numStages(); ++s) {
+    if (p.split(s))
+      throw UserError(kind + " runs forward and backward of a stage on one device, but stage " +
+                      std::to_string(s) + " is placed " + std::to_string(p.forward(s)) + "/" +
+                      std::to_string(p.backward(s)) + "; use pipefb-sync or pipefb-async");
+    if (!used.insert(p.forward(s)).second)
+      throw UserError(kind + ": device " + std::to_string(p.forward(s)) +
+                      " holds more than one stage; one stage per device is supported");
+  }
+}
+
+// PipeFB: F(s) != B(s) and all 2S devices distinct.
+void checkSplit(const std::string& kind, const Placement& p) {
+  std::set<int> used;
+  for (int s = 0; s < p.numStages(); ++s) {
+    if (!p.split(s))
+      throw UserError(kind + " needs a different forward and backward device for every stage, "
+                             "but stage " + std::to_string(s) + " is placed " +
+                      std::to_string(p.forward(s)) + "/" + std::to_string(p.backward(s)));
+    if (!used.insert(p.forward(s)).second || !used.insert(p.backward(s)).second)
+      throw UserError(kind + ": a device holds more than one pass; every forward and backward "
+                             "device must be distinct (placement " + p.toString() + ")");
+  }
+}
+
+Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p) {
+  Schedule s;
+  s.kind = kind;
+  s.numStages = S;
+  s.numMicrobatches = M;
+  s.numIterations = K;
+  s.placement = p;
+  s.devices.resize(p.numDevices());
+  return s;
+}
+
+MemoryContract uniformContract(int S, int inFlight, int versions) {
+  MemoryContract c;
+  c.inFlight.assign(S, inFlight);
+  c.residentForward.assign(S, inFlight);
+  c.residentBackward.assign(S, inFlight);
+  c.weightVersions.assign(S, versions);
+  return c;
+}
+
+// 1F1B order of one stage over microbatches [first, first + n): warm-up of `warmup`
+// forwards, then (F, B) pairs, then the remaining backwards. `afterB` runs after each B.
+template <typename AfterB>
+void oneFOneBStage(std::vector<Action>& out, int s, int first, int n, int warmup, AfterB afterB) {
+  warmup = std::min(warmup, n);
+  for (int i = 0; i < warmup; ++i) out.push_back(F(s, first + i));
+  for (int i = 0; i < n - warmup; ++i) {
+    out.push_back(F(s, first + warmup + i));
+    out.push_back(B(s, first + i));
+    afterB(first + i);
+  }
+  for (int i = n - warmup; i < n; ++i) {
+    out.push_back(B(s, first + i));
+    afterB(first + i);
+  }
+}
+
+}  // namespace
+
+SchedulePlan gpipe(int S, int M, const Placement& p, int K) {
+  checkShape("gpipe", S, M, K, p);
+  checkSameDevice("gpipe", p);
+  SchedulePlan plan{emptySchedule("gpipe", S, M, K, p), uniformContract(S, M, 1)};
+  for (int s = 0; s < S; ++s) {
+    auto& out = plan.schedule.devices[p.forward(s)];
+    for (int k = 0; k < K; ++k) {
+      for (int j = 0; j < M; ++j) out.push_back(F(s, k * M + j));
+      for (int j = 0; j < M; ++j) out.push_back(B(s, k * M + j));
+      out.push_back(step(s, k));
+    }
+  }
+  return plan;
+}
+
+SchedulePlan oneFOneB(int S, int M, const Placement& p, int K) {
+  checkShape("1f1b", S, M, K, p);
+  checkSameDevice("1f1b", p);
+  SchedulePlan plan{emptySchedule("1f1b", S, M, K, p), uniformContract(S, 0, 1)};
+  for (int s = 0; s < S; ++s) {
+    auto& out = plan.schedule.devices[p.forward(s)];
+    for (int k = 0; k < K; ++k) {
+      oneFOneBStage(out, s, k * M, M, S - s - 1, [](int) {});
+      out.push_back(step(s, k));
+    }
+    int inFlight = std::min(S - s, M);
+    plan.contract.inFlight[s] = plan.contract.residentForward[s] =
+        plan.contract.residentBackward[s] = inFlight;
+  }
+  return plan;
+}
+
+SchedulePlan pipedream(int S, int M, const Placement& p, int K) {
+  checkShape("pipedream", S, M, K, p);
+  checkSameDevice("pipedream", p);
+  SchedulePlan plan{emptySchedule("pipedream", S, M, K, p), uniformContract(S, 0, 1)};
+  int N = K * M;
+  for (int s = 0; s < S; ++s) {
+    auto& out = plan.schedule.devices[p.forward(s)];
+    // One update per microbatch: STEP s.m follows B(s,m), so F(s,m) uses the newest
+    // version and B(s,m) the stashed one (Note [Weight versions]).
+    oneFOneBStage(out, s, 0, N, S - s - 1, [&](int m) { out.push_back(step(s, m)); });
+    int inFlight = std::min(S - s, N);
+    plan.contract.inFlight[s] = plan.contract.residentForward[s] =
+        plan.contract.residentBackward[s] = inFlight;
+    plan.contract.weightVersions[s] = inFlight;
+  }
+  return plan;
+}
+
+namespace {
+
+// Shared by both PipeFB variants; `staleness` is how many iterations the forward device may
+// run ahead of the weights: 1 = sync (RW s.(k-1) before iteration k), 2 = async
+// (RW s.(k-2) before iteration k).
+SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, int K,
+                    int staleness) {
+  checkShape(kind, S, M, K, p);
+  checkSplit(kind, p);
+  int inFlight = std::min(staleness, K) * M;
+  int versions = (staleness > 1 && K > 1) ? 2 : 1;
+  SchedulePlan plan{emptySchedule(kind, S, M, K, p), uniformContract(S, inFlight, versions)};
+  for (int s = 0; s < S; ++s) {
+    int fd = p.forward(s), bd = p.backward(s);
+    auto& fwd = plan.schedule.devices[fd];
+    auto& bwd = plan.schedule.devices[bd];
+    int received = 0;  // RW actions placed on the forward device so far
+    for (int k = 0; k < K; ++k) {
+      for (; received <= k - staleness; ++received) fwd.push_back(recvWeights(s, received, bd));
+      for (int j = 0; j < M; ++j) fwd.push_back(F(s, k * M + j));
+      for (int j = 0; j < M; ++j) bwd.push_back(B(s, k * M + j));
+      bwd.push_back(step(s, k));
+      bwd.push_back(syncWeights(s, k, fd));
+    }
+    // The forward device ends with the newest weights.
+    for (; received < K; ++received) fwd.push_back(recvWeights(s, received, bd));
+  }
+  return plan;
+}
+
+}  // namespace
+
+SchedulePlan pipefbSync(int S, int M, const Placement& p, int K) {
+  return pipefb("pipefb-sync", S, M, p, K, 1);
+}
+
+SchedulePlan pipefbAsync(int S, int M, const Placement& p, int K) {
+  return pipefb("pipefb-async", S, M, p, K, 2);
+}
+
+std::vector<std::string> scheduleKindNames() {
+  return {"gpipe", "1f1b", "pipedream", "pipefb-sync", "pipefb-async"};
+}
+
+SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& p, int K) {
+  if (kind == "gpipe") return gpipe(S, M, p, K);
+  if (kind == "1f1b") return oneFOneB(S, M, p, K);
+  if (kind == "pipedream") return pipedream(S, M, p, K);
+  if (kind == "pipefb-sync") return pipefbSync(S, M, p, K);
+  if (kind == "pipefb-async") return pipefbAsync(S, M, p, K);
+  throw UserError("unknown schedule '" + kind + "'" + didYouMean(kind, scheduleKindNames()) +
+                  "; allowed: " + joinAllowed(scheduleKindNames()));
+}
+
+SchedulePlan makeSchedule(const std::string& kind, int S, int M, int K) {
+  if (S < 1) throw UserError(kind + ": stages must be >= 1, got " + std::to_string(S));
+  return makeSchedule(kind, S, M, Placement::defaultFor(kind, S), K);
+}
+
+}  // namespace pipefb::schedules

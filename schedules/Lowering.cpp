@@ -1,0 +1,151 @@
+#include "pipefb/schedules/Lowering.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::schedules {
+
+namespace {
+using Key = std::tuple<ActionType, int, int, StashKind>;
+Key keyOf(const Action& a) { return {a.type, a.stage, a.index, a.stash}; }
+}  // namespace
+
+std::vector<StashPolicy> policiesPerStage(const std::vector<StashPolicy>& policies, int S) {
+  if (policies.empty()) return std::vector<StashPolicy>(S, StashPolicy::Keep);
+  if (policies.size() == 1) return std::vector<StashPolicy>(S, policies[0]);
+  if (static_cast<int>(policies.size()) != S)
+    throw UserError("got " + std::to_string(policies.size()) + " stash policies for " +
+                    std::to_string(S) + " stages; give one policy, or one per stage");
+  return policies;
+}
+
+Schedule addCommunication(const Schedule& in) {
+  const Placement& p = in.placement;
+  const int S = in.numStages;
+  Schedule out = in;
+  for (int d = 0; d < in.numDevices(); ++d) {
+    std::set<Key> present;
+    for (const Action& a : in.devices[d])
+      if (a.isSend() || a.isRecv()) present.insert(keyOf(a));
+    auto addIfMissing = [&](std::vector<Action>& list, const Action& a) {
+      if (present.insert(keyOf(a)).second) list.push_back(a);
+    };
+    std::vector<Action> list;
+    list.reserve(in.devices[d].size() * 2);
+    for (const Action& a : in.devices[d]) {
+      const int s = a.stage, m = a.index;
+      if (a.type == ActionType::Forward) {
+        if (s > 0 && p.forward(s - 1) != d) addIfMissing(list, recvAct(s - 1, m, p.forward(s - 1)));
+        list.push_back(a);
+        int dst = s + 1 < S ? p.forward(s + 1) : p.backward(s);
+        if (dst != d) addIfMissing(list, sendAct(s, m, dst));
+      } else if (a.type == ActionType::Backward) {
+        if (s + 1 < S) {
+          if (p.backward(s + 1) != d) addIfMissing(list, recvGrad(s + 1, m, p.backward(s + 1)));
+        } else if (p.forward(s) != d) {
+          addIfMissing(list, recvAct(s, m, p.forward(s)));
+        }
+        list.push_back(a);
+        if (s > 0 && p.backward(s - 1) != d) addIfMissing(list, sendGrad(s, m, p.backward(s - 1)));
+      } else {
+        list.push_back(a);
+      }
+    }
+    out.devices[d] = std::move(list);
+  }
+  return out;
+}
+
+Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policiesIn,
+                    int lookahead) {
+  if (lookahead < 0)
+    throw UserError("lookahead must be >= 0, got " + std::to_string(lookahead));
+  const int S = in.numStages;
+  std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
+  for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));
+
+  Schedule out = in;
+  for (int d = 0; d < in.numDevices(); ++d) {
+    std::set<Key> present;
+    for (const Action& a : in.devices[d]) present.insert(keyOf(a));
+
+    // Pass 1: OFF right after the producing F; BR for checkpoint kinds.
+    std::vector<Action> list;
+    list.reserve(in.devices[d].size() * 2);
+    for (Action a : in.devices[d]) {
+      if (a.type == ActionType::Backward) a.recompute = isCheckpoint(policy[a.stage]);
+      list.push_back(a);
+      if (a.type == ActionType::Forward && isOffloaded(policy[a.stage])) {
+        Action off = offload(a.stage, a.index);
+        if (present.insert(keyOf(off)).second) list.push_back(off);
+      }
+    }
+
+    // Pass 2: PRE `lookahead` compute actions before each B of an offloaded stage.
+    // inserts[i] = prefetches to place in front of list[i], in consumption order.
+    std::vector<std::vector<Action>> inserts(list.size() + 1);
+    std::vector<int> computeIdx;  // positions of F/B in `list`
+    std::set<std::pair<int, int>> offloadedHere;
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Action& a = list[i];
+      if (a.type == ActionType::Offload && a.stash == StashKind::Activation)
+        offloadedHere.insert({a.stage, a.index});
+      if (a.isCompute()) computeIdx.push_back(i);
+    }
+    for (size_t c = 0; c < computeIdx.size(); ++c) {
+      int i = computeIdx[c];
+      const Action& b = list[i];
+      if (b.type != ActionType::Backward || !isOffloaded(policy[b.stage])) continue;
+      Action pre = prefetch(b.stage, b.index);
+      if (!present.insert(keyOf(pre)).second) continue;
+      int anchor = c >= static_cast<size_t>(lookahead) ? computeIdx[c - lookahead] : 0;
+      // Issue the copy before the device blocks on the receives feeding the anchor.
+      while (anchor > 0 && list[anchor - 1].isRecv()) --anchor;
+      // Never before this device's own OFF of the same stash.
+      if (offloadedHere.count({b.stage, b.index})) {
+        for (int j = i - 1; j >= 0; --j)
+          if (list[j].type == ActionType::Offload && list[j].stage == b.stage &&
+              list[j].index == b.index && list[j].stash == StashKind::Activation) {
+            anchor = std::max(anchor, j + 1);
+            break;
+          }
+      }
+      inserts[anchor].push_back(pre);
+    }
+    std::vector<Action> merged;
+    merged.reserve(list.size() * 2);
+    for (size_t i = 0; i <= list.size(); ++i) {
+      for (const Action& a : inserts[i]) merged.push_back(a);
+      if (i < list.size()) merged.push_back(list[i]);
+    }
+    out.devices[d] = std::move(merged);
+  }
+  return out;
+}
+
+MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
+                               const std::vector<StashPolicy>& policiesIn, int lookahead) {
+  const int S = p.numStages();
+  std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
+  MemoryContract c = in;
+  for (int s = 0; s < S; ++s) {
+    if (!isOffloaded(effectivePolicy(policy[s], p.split(s)))) continue;
+    int nearB = std::min(c.inFlight[s], lookahead + 1);
+    c.residentBackward[s] = nearB;
+    c.residentForward[s] = p.split(s) ? 0 : nearB;
+  }
+  return c;
+}
+
+SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
+                   int lookahead) {
+  SchedulePlan out;
+  out.schedule = addOffload(addCommunication(plan.schedule), policies, lookahead);
+  out.contract = offloadContract(plan.contract, plan.schedule.placement, policies, lookahead);
+  return out;
+}
+
+}  // namespace pipefb::schedules

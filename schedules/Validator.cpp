@@ -1,0 +1,407 @@
+#include "pipefb/schedules/Validator.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::schedules {
+
+namespace {
+
+// What a device has on it, keyed by (what, device, stage, index).
+enum class Have : std::uint64_t { Act = 1, Grad = 2, Weights = 3 };
+
+std::uint64_t haveKey(Have h, int d, int s, int i) {
+  return (static_cast<std::uint64_t>(h) << 60) | (static_cast<std::uint64_t>(d) << 44) |
+         (static_cast<std::uint64_t>(s) << 28) | static_cast<std::uint64_t>(i);
+}
+// A send/receive pair is matched on (send type, stage, index).
+std::uint64_t commKey(ActionType sendType, int s, int i) {
+  return (static_cast<std::uint64_t>(sendType) << 56) | (static_cast<std::uint64_t>(s) << 28) |
+         static_cast<std::uint64_t>(i);
+}
+
+constexpr int kNowhere = -1;
+constexpr int kHost = -2;
+
+struct Position {
+  int device = -1;
+  int step = -1;
+};
+
+class AbstractRun {
+ public:
+  AbstractRun(const Schedule& s, const MemoryContract* c) : s_(s), c_(c) {
+    S_ = s.numStages;
+    D_ = s.numDevices();
+    int maxIdx = 0;
+    for (const auto& list : s.devices)
+      for (const Action& a : list) maxIdx = std::max(maxIdx, a.index);
+    if (maxIdx >= (1 << 27)) fail("index " + std::to_string(maxIdx) + " is too large", {});
+    N_ = maxIdx + 1;
+    const size_t SN = static_cast<size_t>(S_) * N_;
+    fPos_.assign(SN, {});
+    bPos_.assign(SN, {});
+    fDone_.assign(SN, false);
+    bDone_.assign(SN, false);
+    stashAt_.assign(SN, kNowhere);
+    version_.assign(SN, 0);
+    offInSchedule_.assign(SN, false);
+    offDone_.assign(SN, false);
+    prePending_.assign(SN, kNowhere);
+    resident_.assign(static_cast<size_t>(D_) * S_, 0);
+    curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
+    inFlight_.assign(S_, 0);
+    versionRefs_.assign(S_, {});
+    stats_.peakInFlight.assign(S_, 0);
+    stats_.peakResident.assign(D_, std::vector<int>(S_, 0));
+    stats_.peakWeightVersions.assign(S_, 1);
+    stagesOf_.assign(D_, {});
+    for (int st = 0; st < S_; ++st) {
+      int fd = s.placement.forward(st), bd = s.placement.backward(st);
+      if (fd < D_) stagesOf_[fd].push_back(st);
+      if (bd != fd && bd < D_) stagesOf_[bd].push_back(st);
+    }
+    if (c_) checkContractShape();
+    // Index the schedule: where each F and B is; which sends exist.
+    for (int d = 0; d < D_; ++d)
+      for (int i = 0; i < static_cast<int>(s.devices[d].size()); ++i) {
+        const Action& a = s.devices[d][i];
+        if (a.stage < 0 || a.stage >= S_)
+          fail("action " + toString(a) + " names stage " + std::to_string(a.stage) + " of " +
+                   std::to_string(S_),
+               {{d, i}});
+        if ((a.isSend() || a.isRecv()) && (a.peer < 0 || a.peer >= D_ || a.peer == d))
+          fail("action " + toString(a) + " on device " + std::to_string(d) +
+                   " names an invalid peer device " + std::to_string(a.peer),
+               {{d, i}});
+        if (a.type == ActionType::Forward) {
+          Position& p = fPos_[at(a.stage, a.index)];
+          if (p.device >= 0)
+            fail("F" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+                     " appears twice",
+                 {{p.device, p.step}, {d, i}});
+          p = {d, i};
+        } else if (a.type == ActionType::Backward) {
+          Position& p = bPos_[at(a.stage, a.index)];
+          if (p.device >= 0)
+            fail(toString(a) + " appears twice", {{p.device, p.step}, {d, i}});
+          p = {d, i};
+        } else if (a.isSend()) {
+          auto [it, fresh] = sendPos_.emplace(commKey(a.type, a.stage, a.index), Position{d, i});
+          if (!fresh) fail(toString(a) + " is sent twice", {{it->second.device, it->second.step}, {d, i}});
+        } else if (a.type == ActionType::Offload && a.stash == StashKind::Activation) {
+          offInSchedule_[at(a.stage, a.index)] = true;
+        }
+      }
+    pc_.assign(D_, 0);
+  }
+
+  ValidationStats run() {
+    bool progressed = true;
+    while (progressed) {
+      progressed = false;
+      for (int d = 0; d < D_; ++d) {
+        while (pc_[d] < static_cast<int>(s_.devices[d].size()) && tryStep(d)) {
+          ++pc_[d];
+          progressed = true;
+        }
+      }
+    }
+    std::vector<GridMark> blocked;
+    std::ostringstream why;
+    for (int d = 0; d < D_; ++d)
+      if (pc_[d] < static_cast<int>(s_.devices[d].size())) {
+        blocked.push_back({d, pc_[d]});
+        why << (blocked.size() > 1 ? "; " : "") << "device " << d << " waits at "
+            << toString(s_.devices[d][pc_[d]]) << " (" << waitReason(d) << ")";
+      }
+    if (!blocked.empty())
+      fail("deadlock: no device can progress: " + why.str(), blocked);
+    for (const auto& [key, pos] : sendPos_)
+      if (!received_.count(key))
+        fail("unmatched send: " + toString(s_.devices[pos.device][pos.step]) + " on device " +
+                 std::to_string(pos.device) + " is never received (missing receive on device " +
+                 std::to_string(s_.devices[pos.device][pos.step].peer) + ")",
+             {{pos.device, pos.step}});
+    for (int st = 0; st < S_; ++st)
+      for (int m = 0; m < N_; ++m) {
+        const Position& f = fPos_[at(st, m)];
+        if (f.device >= 0 && !bDone_[at(st, m)] && stashAt_[at(st, m)] != kNowhere)
+          fail("F" + std::to_string(st) + "." + std::to_string(m) +
+                   " has no B: its stash is never consumed or dropped",
+               {{f.device, f.step}});
+      }
+    return stats_;
+  }
+
+ private:
+  size_t at(int st, int i) const { return static_cast<size_t>(st) * N_ + i; }
+  int& resident(int d, int st) { return resident_[static_cast<size_t>(d) * S_ + st]; }
+  int& curVersion(int d, int st) { return curVersion_[static_cast<size_t>(d) * S_ + st]; }
+
+  [[noreturn]] void fail(const std::string& reason, std::vector<GridMark> marks) const {
+    throw scheduleError(s_, reason, std::move(marks));
+  }
+  [[noreturn]] void failHere(int d, const std::string& reason) const {
+    fail(toString(s_.devices[d][pc_[d]]) + " on device " + std::to_string(d) + " (step " +
+             std::to_string(pc_[d]) + "): " + reason,
+         {{d, pc_[d]}});
+  }
+
+  void checkContractShape() const {
+    auto ok = [&](const std::vector<int>& v) { return static_cast<int>(v.size()) == S_; };
+    PIPEFB_ASSERT(ok(c_->inFlight) && ok(c_->residentForward) && ok(c_->residentBackward) &&
+                      ok(c_->weightVersions),
+                  "memory contract is not sized for " << S_ << " stages");
+  }
+
+  std::string waitReason(int d) const {
+    const Action& a = s_.devices[d][pc_[d]];
+    if (a.isRecv()) {
+      ActionType st = matchingType(a.type);
+      auto it = sendPos_.find(commKey(st, a.stage, a.index));
+      Action want = a;
+      want.type = st;
+      want.peer = d;
+      return "for " + toString(want) + " on device " + std::to_string(it->second.device) +
+             ", which has not run";
+    }
+    if (a.type == ActionType::Backward) return "for PRE" + std::to_string(a.stage) + "." +
+                                               std::to_string(a.index) + " to complete (its OFF has not run)";
+    return "?";
+  }
+
+  bool has(Have h, int d, int st, int i) const { return have_.count(haveKey(h, d, st, i)) > 0; }
+
+  // Note [Counting resident stashes]: checked when a compute action starts.
+  void checkResidency(int d) {
+    for (int st : stagesOf_[d]) {
+      int r = resident(d, st);
+      stats_.peakResident[d][st] = std::max(stats_.peakResident[d][st], r);
+      if (!c_) continue;
+      bool fwd = s_.placement.forward(st) == d;
+      int bound = fwd ? c_->residentForward[st] : c_->residentBackward[st];
+      if (r > bound)
+        failHere(d, "memory contract broken: " + std::to_string(r) + " stashes of stage " +
+                        std::to_string(st) + " are resident on its " +
+                        (fwd ? "forward" : "backward") + " device, the contract allows " +
+                        std::to_string(bound));
+    }
+  }
+
+  void updateVersions(int d, int st) {
+    int bd = s_.placement.backward(st);
+    int cur = curVersion(bd, st);
+    const auto& refs = versionRefs_[st];
+    int distinct = static_cast<int>(refs.size()) + (refs.count(cur) ? 0 : 1);
+    stats_.peakWeightVersions[st] = std::max(stats_.peakWeightVersions[st], distinct);
+    if (c_ && distinct > c_->weightVersions[st])
+      failHere(d, "memory contract broken: stage " + std::to_string(st) + " holds " +
+                      std::to_string(distinct) + " weight versions, the contract allows " +
+                      std::to_string(c_->weightVersions[st]));
+  }
+
+  void placeStash(int st, int m, int where) {
+    stashAt_[at(st, m)] = where;
+    if (where >= 0) ++resident(where, st);
+  }
+  void removeStash(int st, int m) {
+    int& where = stashAt_[at(st, m)];
+    if (where >= 0) --resident(where, st);
+    where = kNowhere;
+  }
+
+  // Runs the action at pc_[d] if it can; returns false when it must wait.
+  bool tryStep(int d) {
+    const Action& a = s_.devices[d][pc_[d]];
+    const int st = a.stage, i = a.index;
+    switch (a.type) {
+      case ActionType::Forward: {
+        if (st > 0 && !has(Have::Act, d, st - 1, i))
+          failHere(d, "missing receive: the output of stage " + std::to_string(st - 1) +
+                          " microbatch " + std::to_string(i) +
+                          " is neither computed on this device nor received before it (expected RA" +
+                          std::to_string(st - 1) + "." + std::to_string(i) + "<...)");
+        checkResidency(d);
+        fDone_[at(st, i)] = true;
+        have_.insert(haveKey(Have::Act, d, st, i));
+        placeStash(st, i, d);
+        int& inf = inFlight_[st];
+        ++inf;
+        stats_.peakInFlight[st] = std::max(stats_.peakInFlight[st], inf);
+        if (c_ && inf > c_->inFlight[st])
+          failHere(d, "memory contract broken: " + std::to_string(inf) + " stashes of stage " +
+                          std::to_string(st) + " in flight, the contract allows " +
+                          std::to_string(c_->inFlight[st]));
+        version_[at(st, i)] = curVersion(d, st);
+        ++versionRefs_[st][curVersion(d, st)];
+        updateVersions(d, st);
+        return true;
+      }
+      case ActionType::Backward: {
+        const Position& f = fPos_[at(st, i)];
+        if (f.device < 0) failHere(d, "B before F: there is no F" + std::to_string(st) + "." +
+                                          std::to_string(i) + " in the schedule");
+        if (!fDone_[at(st, i)] && f.device == d)
+          fail(toString(a) + " on device " + std::to_string(d) + " (step " +
+                   std::to_string(pc_[d]) + "): B before F: F" + std::to_string(st) + "." +
+                   std::to_string(i) + " comes later on the same device (step " +
+                   std::to_string(f.step) + ")",
+               {{d, pc_[d]}, {f.device, f.step}});
+        if (st + 1 < S_ && !has(Have::Grad, d, st + 1, i))
+          failHere(d, "missing receive: the gradient from stage " + std::to_string(st + 1) +
+                          " microbatch " + std::to_string(i) +
+                          " is neither computed on this device nor received before it (expected RG" +
+                          std::to_string(st + 1) + "." + std::to_string(i) + "<...)");
+        if (st + 1 == S_ && !has(Have::Act, d, st, i))
+          failHere(d, "missing receive: the output of the last stage, microbatch " +
+                          std::to_string(i) + ", is neither computed on this device nor received "
+                          "before it (expected RA" + std::to_string(st) + "." + std::to_string(i) +
+                          "<...)");
+        if (stashAt_[at(st, i)] != d) {
+          if (prePending_[at(st, i)] == d) return false;  // waits for the prefetch
+          failHere(d, std::string("the stash of F") + std::to_string(st) + "." +
+                          std::to_string(i) + " is not on this device (it is " +
+                          (stashAt_[at(st, i)] == kHost ? "in the host pool" : "elsewhere") +
+                          "); a PRE" + std::to_string(st) + "." + std::to_string(i) +
+                          " must precede its use");
+        }
+        checkResidency(d);
+        bDone_[at(st, i)] = true;
+        have_.insert(haveKey(Have::Grad, d, st, i));
+        removeStash(st, i);
+        --inFlight_[st];
+        auto& refs = versionRefs_[st];
+        auto it = refs.find(version_[at(st, i)]);
+        if (--it->second == 0) refs.erase(it);
+        updateVersions(d, st);
+        return true;
+      }
+      case ActionType::SendAct:
+      case ActionType::SendGrad:
+      case ActionType::SyncWeights: {
+        Have h = a.type == ActionType::SendAct    ? Have::Act
+                 : a.type == ActionType::SendGrad ? Have::Grad
+                                                  : Have::Weights;
+        if (!has(h, d, st, i))
+          failHere(d, std::string("sends data this device does not have yet (") +
+                          (h == Have::Act    ? "no F" :
+                           h == Have::Grad   ? "no B"
+                                             : "no STEP") +
+                          std::to_string(st) + "." + std::to_string(i) + " ran here before it)");
+        sent_.insert(commKey(a.type, st, i));
+        return true;
+      }
+      case ActionType::RecvAct:
+      case ActionType::RecvGrad:
+      case ActionType::RecvWeights: {
+        ActionType sendType = matchingType(a.type);
+        std::uint64_t key = commKey(sendType, st, i);
+        auto it = sendPos_.find(key);
+        Action want = a;
+        want.type = sendType;
+        want.peer = d;
+        if (it == sendPos_.end())
+          failHere(d, "receive without a matching send: no " + toString(want) + " on device " +
+                          std::to_string(a.peer));
+        const Action& snd = s_.devices[it->second.device][it->second.step];
+        if (it->second.device != a.peer || snd.peer != d)
+          fail("mismatched pair: " + toString(a) + " on device " + std::to_string(d) + " and " +
+                   toString(snd) + " on device " + std::to_string(it->second.device),
+               {{d, pc_[d]}, {it->second.device, it->second.step}});
+        if (!sent_.count(key)) return false;
+        if (!received_.insert(key).second) failHere(d, "received twice");
+        Have h = a.type == ActionType::RecvAct    ? Have::Act
+                 : a.type == ActionType::RecvGrad ? Have::Grad
+                                                  : Have::Weights;
+        have_.insert(haveKey(h, d, st, i));
+        if (a.type == ActionType::RecvWeights) {
+          curVersion(d, st) = i + 1;
+          updateVersions(d, st);
+        }
+        return true;
+      }
+      case ActionType::Offload: {
+        if (a.stash == StashKind::Weights) return true;
+        if (stashAt_[at(st, i)] != d)
+          failHere(d, "offloads a stash that is not on this device (F" + std::to_string(st) +
+                          "." + std::to_string(i) + " did not run here, or it was moved)");
+        removeStash(st, i);
+        stashAt_[at(st, i)] = kHost;
+        offDone_[at(st, i)] = true;
+        int pending = prePending_[at(st, i)];
+        if (pending != kNowhere) {
+          prePending_[at(st, i)] = kNowhere;
+          placeStash(st, i, pending);
+        }
+        return true;
+      }
+      case ActionType::Prefetch: {
+        if (a.stash == StashKind::Weights) return true;
+        if (stashAt_[at(st, i)] == kHost) {
+          placeStash(st, i, d);
+        } else if (!offDone_[at(st, i)] && offInSchedule_[at(st, i)] &&
+                   prePending_[at(st, i)] == kNowhere && !bDone_[at(st, i)]) {
+          prePending_[at(st, i)] = d;  // completes when the OFF runs
+        } else {
+          failHere(d, "prefetches a stash that is not in the host pool and has no pending OFF" +
+                          std::to_string(st) + "." + std::to_string(i));
+        }
+        return true;
+      }
+      case ActionType::Drop: {
+        if (a.stash == StashKind::Weights) return true;
+        int where = stashAt_[at(st, i)];
+        if (where != d && where != kHost)
+          failHere(d, "drops a stash that is neither on this device nor in the host pool");
+        removeStash(st, i);
+        --inFlight_[st];
+        bDone_[at(st, i)] = true;  // consumed
+        auto& refs = versionRefs_[st];
+        auto it = refs.find(version_[at(st, i)]);
+        if (it != refs.end() && --it->second == 0) refs.erase(it);
+        return true;
+      }
+      case ActionType::Step: {
+        have_.insert(haveKey(Have::Weights, d, st, i));
+        curVersion(d, st) = i + 1;
+        updateVersions(d, st);
+        return true;
+      }
+      case ActionType::AllReduce: return true;
+    }
+    PIPEFB_ASSERT(false, "unhandled action type");
+  }
+
+  const Schedule& s_;
+  const MemoryContract* c_;
+  int S_ = 0, D_ = 0, N_ = 0;
+  std::vector<int> pc_;
+  std::vector<Position> fPos_, bPos_;
+  std::vector<bool> fDone_, bDone_, offInSchedule_, offDone_;
+  std::vector<int> stashAt_, version_, prePending_;
+  std::vector<int> resident_, curVersion_, inFlight_;
+  std::vector<std::map<int, int>> versionRefs_;
+  std::vector<std::vector<int>> stagesOf_;
+  std::unordered_set<std::uint64_t> have_, sent_, received_;
+  std::unordered_map<std::uint64_t, Position> sendPos_;
+  ValidationStats stats_;
+};
+
+}  // namespace
+
+ValidationStats validate(const Schedule& s, const MemoryContract* contract) {
+  if (s.placement.numStages() != s.numStages || s.numDevices() != s.placement.numDevices())
+    throw UserError("schedule shape is inconsistent: " + std::to_string(s.numStages) +
+                    " stages, placement " + s.placement.toString() + ", " +
+                    std::to_string(s.numDevices()) + " device lists");
+  AbstractRun run(s, contract);
+  return run.run();
+}
+
+}  // namespace pipefb::schedules

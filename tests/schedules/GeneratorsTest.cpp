@@ -1,0 +1,173 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Validator.h"
+
+using namespace pipefb::schedules;
+
+namespace {
+const std::vector<std::pair<int, int>> kShapes = {{1, 1}, {1, 4}, {2, 1}, {3, 2}, {4, 10},
+                                                   {7, 3}, {5, 5}, {8, 64}, {6, 1}};
+const std::vector<StashPolicy> kPolicies = {StashPolicy::Keep, StashPolicy::Offload,
+                                            StashPolicy::Checkpoint,
+                                            StashPolicy::CheckpointOffload};
+}  // namespace
+
+TEST(GeneratorsTest, ValidatorAcceptsEveryKindShapeAndPolicy) {
+  int checked = 0;
+  for (const std::string& kind : scheduleKindNames())
+    for (auto [S, M] : kShapes)
+      for (int K : {1, 3})
+        for (StashPolicy policy : kPolicies)
+          for (int lookahead : {0, 1, 3}) {
+            SchedulePlan plan = lower(makeSchedule(kind, S, M, K), {policy}, lookahead);
+            SCOPED_TRACE(kind + " S=" + std::to_string(S) + " M=" + std::to_string(M) +
+                         " K=" + std::to_string(K) + " " + toString(policy) +
+                         " lookahead=" + std::to_string(lookahead));
+            EXPECT_NO_THROW(validate(plan.schedule, &plan.contract));
+            ++checked;
+          }
+  EXPECT_EQ(checked, 5 * 9 * 2 * 4 * 3);
+}
+
+TEST(GeneratorsTest, MixedPoliciesPerStageValidate) {
+  for (const std::string& kind : scheduleKindNames()) {
+    std::vector<StashPolicy> mix = {StashPolicy::Keep, StashPolicy::Offload,
+                                    StashPolicy::Checkpoint, StashPolicy::CheckpointOffload};
+    SchedulePlan plan = lower(makeSchedule(kind, 4, 6, 2), mix, 2);
+    EXPECT_NO_THROW(validate(plan.schedule, &plan.contract)) << kind;
+  }
+}
+
+TEST(GeneratorsTest, EveryMicrobatchHasOneForwardAndOneBackwardOnItsDevices) {
+  for (const std::string& kind : scheduleKindNames())
+    for (auto [S, M] : kShapes) {
+      const int K = 2;
+      SchedulePlan plan = makeSchedule(kind, S, M, K);
+      const Schedule& s = plan.schedule;
+      std::map<std::tuple<int, int, int>, int> count;  // (type, stage, mb) -> n
+      for (int d = 0; d < s.numDevices(); ++d)
+        for (const Action& a : s.devices[d]) {
+          if (a.type == ActionType::Forward) EXPECT_EQ(d, s.placement.forward(a.stage));
+          if (a.type == ActionType::Backward) EXPECT_EQ(d, s.placement.backward(a.stage));
+          if (a.isCompute()) ++count[{static_cast<int>(a.type), a.stage, a.index}];
+        }
+      EXPECT_EQ(static_cast<int>(count.size()), 2 * S * M * K) << kind;
+      for (auto& [key, n] : count) EXPECT_EQ(n, 1);
+    }
+}
+
+TEST(GeneratorsTest, ContractsMatchTheAbstractRun) {
+  for (auto [S, M] : kShapes) {
+    SCOPED_TRACE(std::to_string(S) + "x" + std::to_string(M));
+    ValidationStats g = validate(lower(makeSchedule("gpipe", S, M), {}, 0).schedule);
+    ValidationStats f = validate(lower(makeSchedule("1f1b", S, M), {}, 0).schedule);
+    for (int s = 0; s < S; ++s) {
+      EXPECT_EQ(g.peakInFlight[s], M);
+      EXPECT_EQ(g.peakResident[s][s], M);
+      EXPECT_EQ(f.peakInFlight[s], std::min(S - s, M));
+      EXPECT_EQ(f.peakResident[s][s], std::min(S - s, M));
+    }
+    // PipeDream: stage s holds S-s weight versions once enough microbatches flow.
+    const int K = (2 * S + M - 1) / M + 1;
+    ValidationStats p = validate(lower(makeSchedule("pipedream", S, M, K), {}, 0).schedule);
+    for (int s = 0; s < S; ++s) {
+      EXPECT_EQ(p.peakWeightVersions[s], S - s);
+      EXPECT_EQ(p.peakInFlight[s], S - s);
+    }
+  }
+}
+
+TEST(GeneratorsTest, PipefbForwardDevicesHoldNoStashWhenOffloading) {
+  for (auto [S, M] : kShapes)
+    for (const std::string& kind : {"pipefb-sync", "pipefb-async"})
+      for (int lookahead : {0, 1, 2}) {
+        SchedulePlan plan = lower(makeSchedule(kind, S, M, 3), {StashPolicy::Offload}, lookahead);
+        ValidationStats st = validate(plan.schedule, &plan.contract);
+        const Placement& p = plan.schedule.placement;
+        for (int s = 0; s < S; ++s) {
+          EXPECT_EQ(st.peakResident[p.forward(s)][s], 0);
+          EXPECT_EQ(plan.contract.residentForward[s], 0);
+          EXPECT_LE(st.peakResident[p.backward(s)][s], lookahead + 1);
+          EXPECT_GE(st.peakResident[p.backward(s)][s], 1);
+        }
+      }
+}
+
+TEST(GeneratorsTest, OneFOneBWarmsUpWithSMinusSMinusOneForwards) {
+  const int S = 5, M = 8;
+  SchedulePlan plan = makeSchedule("1f1b", S, M);
+  for (int s = 0; s < S; ++s) {
+    const auto& list = plan.schedule.devices[s];
+    auto firstB = std::find_if(list.begin(), list.end(),
+                               [](const Action& a) { return a.type == ActionType::Backward; });
+    EXPECT_EQ(firstB - list.begin(), S - s) << "stage " << s;  // S-s-1 warm-up + one steady F
+    // After the warm-up, F and B alternate.
+    for (auto it = firstB; it + 2 < list.end() && (it + 1)->type == ActionType::Forward; it += 2)
+      EXPECT_EQ(it->type, ActionType::Backward);
+  }
+}
+
+TEST(GeneratorsTest, PipefbAsyncForwardRunsOneVersionStale) {
+  const int S = 3, M = 4, K = 4;
+  SchedulePlan sync = makeSchedule("pipefb-sync", S, M, K);
+  SchedulePlan async = makeSchedule("pipefb-async", S, M, K);
+  for (int s = 0; s < S; ++s) {
+    int fd = sync.schedule.placement.forward(s);
+    // The weights version each forward runs with: (last RW index before it) + 1.
+    auto versions = [&](const Schedule& sch) {
+      std::vector<int> v;
+      int cur = 0;
+      for (const Action& a : sch.devices[fd]) {
+        if (a.type == ActionType::RecvWeights) cur = a.index + 1;
+        if (a.type == ActionType::Forward) v.push_back(cur);
+      }
+      return v;
+    };
+    std::vector<int> vs = versions(sync.schedule), va = versions(async.schedule);
+    ASSERT_EQ(vs.size(), static_cast<size_t>(M * K));
+    for (int m = 0; m < M * K; ++m) {
+      int k = m / M;
+      EXPECT_EQ(vs[m], k);                     // sync: the newest weights
+      EXPECT_EQ(va[m], std::max(0, k - 1));    // async: at most one version stale
+    }
+  }
+  EXPECT_EQ(async.contract.weightVersions, std::vector<int>(S, 2));
+  EXPECT_EQ(sync.contract.weightVersions, std::vector<int>(S, 1));
+}
+
+TEST(GeneratorsTest, UnknownKindListsAllowedNames) {
+  try {
+    makeSchedule("1f1f", 2, 2);
+    FAIL();
+  } catch (const pipefb::UserError& e) {
+    std::string msg = e.what();
+    for (const std::string& k : scheduleKindNames()) EXPECT_NE(msg.find(k), std::string::npos);
+    EXPECT_NE(msg.find("1f1f"), std::string::npos);
+  }
+}
+
+TEST(GeneratorsTest, RejectsBadShapesAndPlacements) {
+  EXPECT_THROW(makeSchedule("gpipe", 0, 2), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("gpipe", 2, 0), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("gpipe", 2, 2, 0), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement::pipefb(2)), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("pipefb-sync", 2, 2, Placement::sameDevice(2)), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement({{0, 0}, {0, 0}})), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("pipefb-async", 2, 2, Placement({{0, 1}, {1, 2}})),
+               pipefb::UserError);
+  EXPECT_THROW(makeSchedule("gpipe", 3, 2, Placement::sameDevice(2)), pipefb::UserError);
+}
+
+TEST(GeneratorsTest, CustomPipefbPlacementValidates) {
+  // Backward devices in the same order as forward ones: traffic no longer flows one way, but
+  // the schedule is still correct.
+  Placement p({{0, 3}, {1, 4}, {2, 5}});
+  SchedulePlan plan = lower(makeSchedule("pipefb-sync", 3, 4, p, 2), {StashPolicy::Keep}, 1);
+  EXPECT_NO_THROW(validate(plan.schedule, &plan.contract));
+}

@@ -1,0 +1,141 @@
+#include <gtest/gtest.h>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+
+using namespace pipefb::schedules;
+
+namespace {
+std::vector<std::string> tokens(const std::vector<Action>& list) {
+  std::vector<std::string> out;
+  for (const Action& a : list) out.push_back(toString(a));
+  return out;
+}
+int indexOf(const std::vector<Action>& list, const std::string& token) {
+  for (size_t i = 0; i < list.size(); ++i)
+    if (toString(list[i]) == token) return static_cast<int>(i);
+  return -1;
+}
+}  // namespace
+
+TEST(LoweringTest, CommunicationFor1F1BTwoStages) {
+  Schedule s = addCommunication(makeSchedule("1f1b", 2, 2).schedule);
+  using V = std::vector<std::string>;
+  EXPECT_EQ(tokens(s.devices[0]),
+            (V{"F0.0", "SA0.0>1", "F0.1", "SA0.1>1", "RG1.0<1", "B0.0", "RG1.1<1", "B0.1",
+               "STEP0.0"}));
+  EXPECT_EQ(tokens(s.devices[1]), (V{"RA0.0<0", "F1.0", "B1.0", "SG1.0>0", "RA0.1<0", "F1.1",
+                                     "B1.1", "SG1.1>0", "STEP1.0"}));
+}
+
+TEST(LoweringTest, PipefbHandsTheLastOutputToItsBackwardDevice) {
+  const int S = 3;
+  Schedule s = addCommunication(makeSchedule("pipefb-sync", S, 2).schedule);
+  const Placement& p = s.placement;
+  // F(S-1) on device 2 sends its output to B(S-1) on device 3, which receives it before B.
+  int send = indexOf(s.devices[p.forward(S - 1)], "SA2.0>3");
+  int recv = indexOf(s.devices[p.backward(S - 1)], "RA2.0<2");
+  int bwd = indexOf(s.devices[p.backward(S - 1)], "B2.0");
+  EXPECT_GE(send, 0);
+  EXPECT_GE(recv, 0);
+  EXPECT_EQ(recv + 1, bwd);
+  // Gradients flow B2 (dev 3) -> B1 (dev 4) -> B0 (dev 5); no activations go backwards.
+  EXPECT_GE(indexOf(s.devices[3], "SG2.0>4"), 0);
+  EXPECT_GE(indexOf(s.devices[4], "RG2.0<3"), 0);
+  EXPECT_GE(indexOf(s.devices[4], "SG1.0>5"), 0);
+  for (int d = 0; d < s.numDevices(); ++d)
+    for (const Action& a : s.devices[d])
+      if (a.isSend() && a.type != ActionType::SyncWeights) EXPECT_GT(a.peer, d) << toString(a);
+}
+
+TEST(LoweringTest, CommunicationIsIdempotent) {
+  for (const std::string& kind : scheduleKindNames()) {
+    Schedule once = addCommunication(makeSchedule(kind, 4, 3, 2).schedule);
+    EXPECT_EQ(addCommunication(once), once) << kind;
+  }
+}
+
+TEST(LoweringTest, OffloadRightAfterFAndPrefetchLookaheadBeforeB) {
+  for (int lookahead : {0, 1, 2}) {
+    Schedule s = addOffload(addCommunication(makeSchedule("1f1b", 3, 6).schedule),
+                            {StashPolicy::Offload}, lookahead);
+    for (int d = 0; d < s.numDevices(); ++d) {
+      const auto& list = s.devices[d];
+      for (size_t i = 0; i < list.size(); ++i) {
+        const Action& a = list[i];
+        if (a.type == ActionType::Forward) {
+          ASSERT_LT(i + 1, list.size());
+          EXPECT_EQ(list[i + 1], offload(a.stage, a.index));
+        }
+        if (a.type == ActionType::Backward) {
+          EXPECT_FALSE(a.recompute);
+          int pre = indexOf(list, toString(prefetch(a.stage, a.index)));
+          int off = indexOf(list, toString(offload(a.stage, a.index)));
+          ASSERT_GE(pre, 0);
+          EXPECT_GT(pre, off);  // never before its own offload
+          int computeBetween = 0;
+          for (size_t j = pre; j < i; ++j) computeBetween += list[j].isCompute();
+          // lookahead compute actions, fewer when clamped behind the OFF or at the start.
+          EXPECT_LE(computeBetween, lookahead);
+          if (computeBetween < lookahead) {
+            bool clamped = pre == off + 1;
+            bool atStart = true;
+            for (int j = 0; j < pre; ++j) atStart &= !list[j].isCompute();
+            EXPECT_TRUE(clamped || atStart) << toString(a) << " lookahead " << lookahead;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LoweringTest, PrefetchIsIssuedBeforeTheReceivesOfItsAnchor) {
+  // lookahead 0 on a pipefb backward device: PRE goes in front of RG, so the copy overlaps
+  // with waiting for the gradient.
+  Schedule s = addOffload(addCommunication(makeSchedule("pipefb-sync", 2, 2).schedule),
+                          {StashPolicy::Offload}, 0);
+  int pre = indexOf(s.devices[3], "PRE0.0");
+  int rg = indexOf(s.devices[3], "RG1.0<2");
+  EXPECT_GE(pre, 0);
+  EXPECT_EQ(pre + 1, rg);
+}
+
+TEST(LoweringTest, CheckpointMarksRecomputeAndKeepAddsNothing) {
+  Schedule base = addCommunication(makeSchedule("gpipe", 3, 4).schedule);
+  Schedule keep = addOffload(base, {StashPolicy::Keep}, 1);
+  EXPECT_EQ(keep, base);
+  Schedule ck = addOffload(base, {StashPolicy::Checkpoint}, 1);
+  EXPECT_EQ(ck.numActions(), base.numActions());
+  for (const auto& list : ck.devices)
+    for (const Action& a : list)
+      if (a.type == ActionType::Backward) EXPECT_TRUE(a.recompute);
+  Schedule cko = addOffload(base, {StashPolicy::CheckpointOffload}, 1);
+  EXPECT_EQ(cko.numActions(), base.numActions() + 2 * 3 * 4);
+}
+
+TEST(LoweringTest, SplitStagesAlwaysGoThroughTheHostPool) {
+  SchedulePlan plan = makeSchedule("pipefb-sync", 2, 3);
+  SchedulePlan keep = lower(plan, {StashPolicy::Keep}, 1);
+  SchedulePlan ck = lower(plan, {StashPolicy::Checkpoint}, 1);
+  for (const SchedulePlan* p : {&keep, &ck}) {
+    int offs = 0, pres = 0;
+    for (const auto& list : p->schedule.devices)
+      for (const Action& a : list) {
+        offs += a.type == ActionType::Offload;
+        pres += a.type == ActionType::Prefetch;
+      }
+    EXPECT_EQ(offs, 2 * 3);
+    EXPECT_EQ(pres, 2 * 3);
+    EXPECT_EQ(p->contract.residentForward, (std::vector<int>{0, 0}));
+    EXPECT_EQ(p->contract.residentBackward, (std::vector<int>{2, 2}));
+  }
+}
+
+TEST(LoweringTest, PolicyCountsAreChecked) {
+  EXPECT_THROW(policiesPerStage({StashPolicy::Keep, StashPolicy::Keep}, 3), pipefb::UserError);
+  EXPECT_EQ(policiesPerStage({}, 2).size(), 2u);
+  EXPECT_THROW(addOffload(makeSchedule("1f1b", 2, 2).schedule, {}, -1), pipefb::UserError);
+  EXPECT_THROW(parseStashPolicy("ofload"), pipefb::UserError);
+  EXPECT_EQ(parseStashPolicy("checkpoint-offload"), StashPolicy::CheckpointOffload);
+}

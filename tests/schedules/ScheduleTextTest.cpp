@@ -1,0 +1,56 @@
+#include <gtest/gtest.h>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Schedule.h"
+
+using namespace pipefb::schedules;
+
+TEST(ScheduleTextTest, EveryGeneratedAndLoweredScheduleRoundTrips) {
+  for (const std::string& kind : scheduleKindNames())
+    for (auto [S, M] : {std::pair{1, 1}, {3, 2}, {4, 10}, {7, 3}})
+      for (int K : {1, 3})
+        for (StashPolicy p : {StashPolicy::Keep, StashPolicy::CheckpointOffload}) {
+          SchedulePlan plan = makeSchedule(kind, S, M, K);
+          for (const Schedule& s : {plan.schedule, lower(plan, {p}, 1).schedule}) {
+            std::string text = toText(s);
+            Schedule back = parseSchedule(text);
+            EXPECT_EQ(back, s) << kind << " " << S << "x" << M;
+            EXPECT_EQ(toText(back), text);
+          }
+        }
+}
+
+TEST(ScheduleTextTest, ParseErrorNamesLineAndToken) {
+  std::string text =
+      "kind custom\nstages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
+      "device 0: F0.0 SA0.0>1\n"
+      "device 1: RA0.0<0 F1.0 Q1.0 B1.0\n";
+  try {
+    parseSchedule(text, "mine.txt");
+    FAIL() << "accepted a bad token";
+  } catch (const pipefb::UserError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("mine.txt:6"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'Q1.0'"), std::string::npos) << msg;
+  }
+}
+
+TEST(ScheduleTextTest, RejectsInconsistentHeaders) {
+  EXPECT_THROW(parseSchedule("stages 2\nmicrobatches 1\nplacement 0/0\n"), pipefb::UserError);
+  EXPECT_THROW(parseSchedule("stages 1\nmicrobatches 1\n"), pipefb::UserError);
+  EXPECT_THROW(parseSchedule("stages 1\nmicrobatches 0\nplacement 0/0\n"), pipefb::UserError);
+  EXPECT_THROW(parseSchedule("stages 1\nmicrobatches 1\nplacement 0/0\ndevice 3: F0.0\n"),
+               pipefb::UserError);
+  EXPECT_THROW(parseSchedule("stages 1\nmicrobatches 1\nplacement 0/0\ndevice 0: F4.0\n"),
+               pipefb::UserError);
+  EXPECT_THROW(parseSchedule("stages 1\nmicrobatches 1\nplacement 0/0\nbogus 1\n"),
+               pipefb::UserError);
+  // Comments, blank lines and repeated device lines are fine.
+  Schedule s = parseSchedule(
+      "# hi\n\nstages 1\nmicrobatches 2\nplacement 0/0\ndevice 0: F0.0 F0.1 # two\n"
+      "device 0: B0.0 B0.1\n");
+  ASSERT_EQ(s.devices.size(), 1u);
+  EXPECT_EQ(s.devices[0].size(), 4u);
+}

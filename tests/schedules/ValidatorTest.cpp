@@ -1,0 +1,158 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Validator.h"
+
+using namespace pipefb::schedules;
+
+namespace {
+
+void removeToken(Schedule& s, int d, const std::string& token) {
+  auto& list = s.devices[d];
+  auto it = std::find_if(list.begin(), list.end(),
+                         [&](const Action& a) { return toString(a) == token; });
+  ASSERT_NE(it, list.end()) << token;
+  list.erase(it);
+}
+
+// Runs the validator and returns the message; fails the test if it accepts.
+std::string rejection(const Schedule& s, const MemoryContract* c = nullptr) {
+  try {
+    validate(s, c);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "validator accepted:\n" << toText(s);
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+Schedule lowered(const std::string& kind, int S, int M, StashPolicy p = StashPolicy::Keep) {
+  return lower(makeSchedule(kind, S, M), {p}, 1).schedule;
+}
+
+}  // namespace
+
+TEST(ValidatorTest, MissingReceive) {
+  Schedule s = lowered("1f1b", 2, 2);
+  removeToken(s, 1, "RA0.0<0");
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "missing receive")) << msg;
+  EXPECT_TRUE(contains(msg, "[*F1.0*]")) << msg;
+  EXPECT_TRUE(contains(msg, "dev0")) << msg;  // the grid header
+}
+
+TEST(ValidatorTest, ReceiveWithoutSend) {
+  Schedule s = lowered("1f1b", 2, 2);
+  removeToken(s, 0, "SA0.1>1");
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "without a matching send")) << msg;
+  EXPECT_TRUE(contains(msg, "[*RA0.1<0*]")) << msg;
+}
+
+TEST(ValidatorTest, SendNeverReceived) {
+  Schedule s = parseSchedule(
+      "stages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
+      "device 0: F0.0 SA0.0>1 RG1.0<1 B0.0\n"
+      "device 1: RA0.0<0 F1.0 SA1.0>0 B1.0 SG1.0>0\n");
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "never received")) << msg;
+  EXPECT_TRUE(contains(msg, "[*SA1.0>0*]")) << msg;
+}
+
+TEST(ValidatorTest, BackwardBeforeForward) {
+  Schedule s = lowered("1f1b", 2, 2);
+  auto& list = s.devices[1];
+  // RA0.0<0 F1.0 B1.0 ... -> RA0.0<0 B1.0 F1.0 ...
+  std::iter_swap(list.begin() + 1, list.begin() + 2);
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "B before F")) << msg;
+  EXPECT_TRUE(contains(msg, "[*B1.0*]")) << msg;
+  EXPECT_TRUE(contains(msg, "[*F1.0*]")) << msg;
+}
+
+TEST(ValidatorTest, CycleIsADeadlock) {
+  Schedule s = parseSchedule(
+      "stages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
+      "device 0: RG1.0<1 F0.0 SA0.0>1 B0.0\n"
+      "device 1: RA0.0<0 F1.0 B1.0 SG1.0>0\n");
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "deadlock")) << msg;
+  EXPECT_TRUE(contains(msg, "[*RG1.0<1*]")) << msg;
+  EXPECT_TRUE(contains(msg, "[*RA0.0<0*]")) << msg;
+}
+
+TEST(ValidatorTest, DeadlockFromWeightSyncOrder) {
+  // The forward device waits for weights that the backward device only sends after a
+  // backward that needs this forward's output.
+  Schedule s = lowered("pipefb-sync", 1, 1);
+  removeToken(s, 0, "RW0.0<1");
+  s.devices[0].insert(s.devices[0].begin(), recvWeights(0, 0, 1));
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "deadlock")) << msg;
+  EXPECT_TRUE(contains(msg, "[*RW0.0<1*]")) << msg;
+}
+
+TEST(ValidatorTest, PrefetchMustPrecedeUse) {
+  Schedule s = lowered("pipefb-sync", 2, 2);
+  removeToken(s, 3, "PRE0.1");
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "PRE0.1 must precede")) << msg;
+  EXPECT_TRUE(contains(msg, "[*B0.1*]")) << msg;
+}
+
+TEST(ValidatorTest, MismatchedPeers) {
+  Schedule s = lowered("1f1b", 3, 2);
+  for (Action& a : s.devices[0])
+    if (toString(a) == "SA0.0>1") a.peer = 2;
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "mismatched")) << msg;
+}
+
+TEST(ValidatorTest, ContractViolationsAreReported) {
+  SchedulePlan plan = lower(makeSchedule("1f1b", 4, 8), {StashPolicy::Keep}, 1);
+  EXPECT_NO_THROW(validate(plan.schedule, &plan.contract));
+  MemoryContract tight = plan.contract;
+  tight.residentForward[1] = 2;  // 1F1B stage 1 of 4 holds 3
+  tight.residentBackward[1] = 2;
+  std::string msg = rejection(plan.schedule, &tight);
+  EXPECT_TRUE(contains(msg, "memory contract")) << msg;
+  EXPECT_TRUE(contains(msg, "stage 1")) << msg;
+
+  SchedulePlan pd = lower(makeSchedule("pipedream", 3, 4, 2), {StashPolicy::Keep}, 1);
+  MemoryContract fewVersions = pd.contract;
+  fewVersions.weightVersions[0] = 2;  // PipeDream stage 0 of 3 needs 3
+  msg = rejection(pd.schedule, &fewVersions);
+  EXPECT_TRUE(contains(msg, "weight versions")) << msg;
+}
+
+TEST(ValidatorTest, OffloadedForwardDeviceResidencyIsChecked) {
+  // Offload policy but the contract still says 0 resident on the forward device: remove the
+  // OFF of a stage-0 stash and the validator must catch both the residency and the lost stash.
+  SchedulePlan plan = lower(makeSchedule("1f1b", 2, 4), {StashPolicy::Offload}, 0);
+  EXPECT_NO_THROW(validate(plan.schedule, &plan.contract));
+  removeToken(plan.schedule, 0, "OFF0.1");
+  std::string msg = rejection(plan.schedule, &plan.contract);
+  EXPECT_FALSE(msg.empty());
+}
+
+TEST(ValidatorTest, GridMarksAndWindows) {
+  Schedule s = lowered("1f1b", 2, 2);
+  std::string grid = formatPipelineOrder(s, {{1, 2}});
+  EXPECT_TRUE(contains(grid, "step")) << grid;
+  EXPECT_TRUE(contains(grid, "[*B1.0*]")) << grid;
+  // One row per step plus the header.
+  size_t rows = std::count(grid.begin(), grid.end(), '\n');
+  EXPECT_EQ(rows, 1 + std::max(s.devices[0].size(), s.devices[1].size()));
+  Schedule big = lowered("1f1b", 4, 64);
+  std::string window = formatPipelineOrder(big, {{0, 100}}, 10);
+  EXPECT_LE(std::count(window.begin(), window.end(), '\n'), 13);
+  EXPECT_TRUE(contains(window, "earlier steps")) << window;
+  EXPECT_TRUE(contains(window, "[*")) << window;
+}
