@@ -108,7 +108,7 @@ class EmbedLayer : public Layer {
                       c10::str(idx.sizes()));
     }
     auto pos = torch::arange(idx.size(1), idx.options().dtype(torch::kLong));  // (T)
-    auto x = wte_->forward(idx) + wpe_->forward(pos);                           // (B,T,D)
+    auto x = wte_->forward(idx) + wpe_->forward(pos);                          // (B,T,D)
     if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
     return x;
   }
@@ -148,11 +148,10 @@ class HeadLayer : public Layer {
     // (LibTorch module names cannot contain dots).
     auto holder = register_module("transformer", std::make_shared<nn::Module>());
     ln_f_ = holder->register_module("ln_f", layerNorm(c.n_embd));
-    lm_head_ = register_module("lm_head", nn::Linear(nn::LinearOptions(c.n_embd, c.vocab).bias(false)));
+    lm_head_ =
+        register_module("lm_head", nn::Linear(nn::LinearOptions(c.n_embd, c.vocab).bias(false)));
   }
-  torch::Tensor forward(torch::Tensor x) override {
-    return lm_head_->forward(ln_f_->forward(x));
-  }
+  torch::Tensor forward(torch::Tensor x) override { return lm_head_->forward(ln_f_->forward(x)); }
 
  private:
   nn::LayerNorm ln_f_{nullptr};
@@ -168,7 +167,8 @@ Layers buildGpt2(const ModelOptions& o) {
   const Gpt2Config c = gpt2Config(o);
   Layers layers;
   layers.push_back(std::make_shared<EmbedLayer>(c, o.dropout));
-  for (int64_t i = 0; i < c.n_layer; ++i) layers.push_back(std::make_shared<BlockLayer>(i, c, o.dropout));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    layers.push_back(std::make_shared<BlockLayer>(i, c, o.dropout));
   layers.push_back(std::make_shared<HeadLayer>(c));
 
   torch::NoGradGuard noGrad;

@@ -36,7 +36,8 @@ int64_t minInputSize(const std::string& modelName) {
 }
 
 int64_t scaled(int64_t base, double width) {
-  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(static_cast<double>(base) * width)));
+  return std::max<int64_t>(1,
+                           static_cast<int64_t>(std::llround(static_cast<double>(base) * width)));
 }
 
 void validate(const ModelOptions& o) {
@@ -63,11 +64,13 @@ void validate(const ModelOptions& o) {
   if (o.input_size < minSize) {
     std::string why = o.name == "gpt2" ? " (the gpt2 sequence length)" : "";
     if (o.name == "alexnet") {
-      why = " (alexnet's stride-4 first conv and three 3x3/2 max-pools need it; set "
-            "model.input_size=64 and let the data be padded/resized)";
+      why =
+          " (alexnet's stride-4 first conv and three 3x3/2 max-pools need it; set "
+          "model.input_size=64 and let the data be padded/resized)";
     } else if (o.name == "vgg16") {
-      why = " (vgg16's five 2x2 max-pools need it; set model.input_size=32 and let the data be "
-            "padded/resized)";
+      why =
+          " (vgg16's five 2x2 max-pools need it; set model.input_size=32 and let the data be "
+          "padded/resized)";
     }
     fail("model.input_size", "got " + std::to_string(o.input_size) + " for " + o.name +
                                  "; must be >= " + std::to_string(minSize) + why);

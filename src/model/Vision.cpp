@@ -20,9 +20,9 @@ class ConvLayer : public Layer {
   };
   ConvLayer(std::string name, std::string prefix, const std::string& local, const Spec& s)
       : Layer(std::move(name), std::move(prefix)), spec_(s) {
-    conv_ = register_module(local, nn::Conv2d(nn::Conv2dOptions(s.in, s.out, s.kernel)
-                                                  .stride(s.stride)
-                                                  .padding(s.padding)));
+    conv_ = register_module(
+        local,
+        nn::Conv2d(nn::Conv2dOptions(s.in, s.out, s.kernel).stride(s.stride).padding(s.padding)));
   }
   torch::Tensor forward(torch::Tensor x) override {
     // relu_ works on the conv's fresh output, never on the layer input (a stage
@@ -46,7 +46,7 @@ class LinearLayer : public Layer {
     bool flatten = false;   // flatten (B, ...) to (B, N) first (mlp)
     double dropBefore = 0;  // alexnet puts dropout before its linears
     bool relu = true;
-    double dropAfter = 0;   // vgg puts it after the ReLU
+    double dropAfter = 0;  // vgg puts it after the ReLU
   };
   LinearLayer(std::string name, std::string prefix, const std::string& local, const Spec& s)
       : Layer(std::move(name), std::move(prefix)), spec_(s) {
@@ -179,9 +179,9 @@ Layers buildVgg16(const ModelOptions& o) {
       const int64_t out = scaled(blocks[b][i], o.width);
       const bool last = i + 1 == blocks[b].size();
       ConvLayer::Spec s{in, out, 3, 1, 1, last ? 2 : 0, last ? 2 : 0};
-      layers.push_back(std::make_shared<ConvLayer>(
-          "conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1), "features",
-          std::to_string(index), s));
+      layers.push_back(
+          std::make_shared<ConvLayer>("conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1),
+                                      "features", std::to_string(index), s));
       index += last ? 3 : 2;  // conv, ReLU [, MaxPool]
       in = out;
     }
@@ -210,8 +210,8 @@ Layers buildAlexNet(const ModelOptions& o) {
   Layers layers;
   layers.push_back(std::make_shared<ConvLayer>("conv1", "features", "0",
                                                ConvLayer::Spec{o.channels, c1, 11, 4, 2, 3, 2}));
-  layers.push_back(
-      std::make_shared<ConvLayer>("conv2", "features", "3", ConvLayer::Spec{c1, c2, 5, 1, 2, 3, 2}));
+  layers.push_back(std::make_shared<ConvLayer>("conv2", "features", "3",
+                                               ConvLayer::Spec{c1, c2, 5, 1, 2, 3, 2}));
   layers.push_back(
       std::make_shared<ConvLayer>("conv3", "features", "6", ConvLayer::Spec{c2, c3, 3, 1, 1}));
   layers.push_back(

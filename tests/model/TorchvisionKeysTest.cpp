@@ -47,8 +47,9 @@ std::vector<std::string> torchvisionKeys(const std::string& name) {
     }
   }
   const int status = pclose(pipe);
-  EXPECT_EQ(status, 0) << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
-                       << all;
+  EXPECT_EQ(status, 0)
+      << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
+      << all;
   return status == 0 ? lines : std::vector<std::string>{};
 }
 
@@ -60,7 +61,8 @@ void expectSameKeys(const std::string& name) {
   o.name = name;
   auto model = buildModel(o);
   std::vector<std::string> actual;
-  for (const auto& [key, t] : model->stateDict()) actual.push_back(key + " " + shapeText(t.sizes()));
+  for (const auto& [key, t] : model->stateDict())
+    actual.push_back(key + " " + shapeText(t.sizes()));
 
   // Report the first difference precisely, then the counts.
   const size_t n = std::min(expected.size(), actual.size());

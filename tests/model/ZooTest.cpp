@@ -210,12 +210,18 @@ TEST(Zoo, Gpt2NamesShapesAndCausality) {
   for (int i = 0; i < 2; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
     std::vector<std::pair<std::string, std::vector<int64_t>>> block = {
-        {h + "ln_1.weight", {D}},           {h + "ln_1.bias", {D}},
-        {h + "attn.c_attn.weight", {D, 3 * D}}, {h + "attn.c_attn.bias", {3 * D}},
-        {h + "attn.c_proj.weight", {D, D}}, {h + "attn.c_proj.bias", {D}},
-        {h + "ln_2.weight", {D}},           {h + "ln_2.bias", {D}},
-        {h + "mlp.c_fc.weight", {D, 4 * D}}, {h + "mlp.c_fc.bias", {4 * D}},
-        {h + "mlp.c_proj.weight", {4 * D, D}}, {h + "mlp.c_proj.bias", {D}}};
+        {h + "ln_1.weight", {D}},
+        {h + "ln_1.bias", {D}},
+        {h + "attn.c_attn.weight", {D, 3 * D}},
+        {h + "attn.c_attn.bias", {3 * D}},
+        {h + "attn.c_proj.weight", {D, D}},
+        {h + "attn.c_proj.bias", {D}},
+        {h + "ln_2.weight", {D}},
+        {h + "ln_2.bias", {D}},
+        {h + "mlp.c_fc.weight", {D, 4 * D}},
+        {h + "mlp.c_fc.bias", {4 * D}},
+        {h + "mlp.c_proj.weight", {4 * D, D}},
+        {h + "mlp.c_proj.bias", {D}}};
     expected.insert(expected.end(), block.begin(), block.end());
   }
   expected.push_back({"transformer.ln_f.weight", {D}});
@@ -244,7 +250,8 @@ TEST(Zoo, Gpt2NamesShapesAndCausality) {
   EXPECT_FALSE(torch::allclose(out.index({Slice(), T - 1}), out2.index({Slice(), T - 1})));
 
   // Shorter sequences work (positions 0..T'-1); longer ones are a UserError.
-  EXPECT_EQ(model->forward(torch::randint(V, {2, 3})).sizes().vec(), (std::vector<int64_t>{2, 3, V}));
+  EXPECT_EQ(model->forward(torch::randint(V, {2, 3})).sizes().vec(),
+            (std::vector<int64_t>{2, 3, V}));
   try {
     model->forward(torch::randint(V, {2, T + 1}));
     ADD_FAILURE() << "a sequence longer than model.input_size was accepted";
@@ -381,6 +388,53 @@ TEST(Zoo, BadOptionsNameTheKey) {
   EXPECT_NO_THROW(validate(o));
   EXPECT_EQ(minInputSize("alexnet"), 63);
   EXPECT_EQ(minInputSize("vgg16"), 32);
+}
+
+}  // namespace
+}  // namespace pipefb::model
+
+namespace pipefb::model {
+namespace {
+
+double stdOf(const Model& m, const std::string& key) {
+  for (const auto& kv : m.stateDict())
+    if (kv.first == key) return kv.second.std().item<double>();
+  ADD_FAILURE() << "no key " << key;
+  return 0;
+}
+
+TEST(Zoo, InitFollowsTorchvisionAndGpt2) {
+  torch::manual_seed(11);
+  // vgg16: conv kaiming_normal(fan_out, relu) -> std sqrt(2 / (out * 3 * 3)); linear N(0, 0.01).
+  auto vgg = buildModel(image("vgg16", 0.5, 32, 3, 10));
+  EXPECT_NEAR(stdOf(*vgg, "features.2.weight"), std::sqrt(2.0 / (32 * 9)),
+              0.05 * std::sqrt(2.0 / (32 * 9)));
+  EXPECT_NEAR(stdOf(*vgg, "classifier.3.weight"), 0.01, 0.0005);
+  for (const auto& kv : vgg->stateDict()) {
+    if (kv.first.size() > 5 && kv.first.substr(kv.first.size() - 5) == ".bias") {
+      EXPECT_EQ(kv.second.abs().max().item<double>(), 0.0) << kv.first;
+    }
+  }
+  // resnet50: BatchNorm weight 1, bias 0; conv kaiming fan_out.
+  auto resnet = buildModel(image("resnet50", 0.5, 32, 3, 10));
+  for (const auto& kv : resnet->stateDict()) {
+    if (kv.first.find("bn") == std::string::npos &&
+        kv.first.find("downsample.1") == std::string::npos)
+      continue;
+    if (kv.first.find(".weight") != std::string::npos) {
+      EXPECT_TRUE(torch::equal(kv.second, torch::ones_like(kv.second))) << kv.first;
+    } else if (kv.first.find(".bias") != std::string::npos) {
+      EXPECT_TRUE(torch::equal(kv.second, torch::zeros_like(kv.second))) << kv.first;
+    }
+  }
+  EXPECT_NEAR(stdOf(*resnet, "layer1.0.conv2.weight"), std::sqrt(2.0 / (32 * 9)),
+              0.05 * std::sqrt(2.0 / (32 * 9)));
+  // gpt2: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 * n_layer)).
+  auto gpt = buildModel(gpt2Tiny(64, 512));
+  EXPECT_NEAR(stdOf(*gpt, "transformer.wte.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stdOf(*gpt, "transformer.h.0.attn.c_attn.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stdOf(*gpt, "transformer.h.1.mlp.c_proj.weight"), 0.01, 0.0005);
+  EXPECT_NEAR(stdOf(*gpt, "lm_head.weight"), 0.02, 0.001);
 }
 
 }  // namespace

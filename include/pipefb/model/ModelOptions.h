@@ -56,8 +56,8 @@ struct Gpt2Config {
   int64_t n_layer = 0;
   int64_t n_embd = 0;  // divisible by n_head
   int64_t n_head = 0;
-  int64_t n_ctx = 0;    // = options.input_size (rows of wpe)
-  int64_t vocab = 0;    // = options.num_classes
+  int64_t n_ctx = 0;  // = options.input_size (rows of wpe)
+  int64_t vocab = 0;  // = options.num_classes
 };
 /// Requires options.name == "gpt2" and a valid options.size.
 Gpt2Config gpt2Config(const ModelOptions& options);
