@@ -1,0 +1,550 @@
+#include "pipefb/sim/Simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/schedules/ScheduleError.h"
+
+// Note [Simulation model]
+// Resources: each device has a compute thread that runs its action list in order, and a
+// copy engine (device <-> host pool) that runs the device's OFF/PRE in the order the thread
+// issued them. Each ordered device pair is a link. All three are FIFO and used by one
+// device only, so times can be computed as soon as an action's inputs are known, without a
+// global clock: every agent (thread or copy engine) advances until it needs a time that is
+// not known yet, registers as the waiter of that key, and is woken when the key resolves.
+//  * F, B, STEP, AR occupy the thread. B waits for its PRE to finish.
+//  * A send is issued by the thread without blocking; the transfer starts when the link is
+//    free: arrival = start + bytes/bandwidth + latency (the link is busy for bytes/bandwidth).
+//  * A receive blocks the thread until the data arrived.
+//  * OFF/PRE are issued without blocking; the copy starts when the copy engine is free (and,
+//    for PRE, when the OFF of that stash finished, possibly on another device).
+// Memory is charged per device and category (pipefb/common/MemoryCategory.h):
+//  * weights on F(s) and B(s), grads and optimizer state on B(s), from time 0;
+//  * working set while F/B runs (plus the recomputed graph stash during BR);
+//  * stash from the end of F until OFF finished, and from PRE start until B finished
+//    (graph stash, or checkpoint bytes when the B is BR);
+//  * weight versions: on B(s), (distinct versions referenced by stashed microbatches and
+//    the current one) - 1, times weightVersionBytes;
+//  * comm buffers: on the sender from issue to arrival, on the receiver during the transfer.
+// Samples are taken after all changes at one instant (frees and allocations at the same time
+// net out), which is also how the stash counts are taken.
+
+namespace pipefb::sim {
+
+using schedules::Action;
+using schedules::ActionType;
+using schedules::GridMark;
+using schedules::Schedule;
+using schedules::StashKind;
+
+std::int64_t MemorySample::total() const {
+  std::int64_t t = 0;
+  for (auto b : bytes) t += b;
+  return t;
+}
+
+namespace {
+
+constexpr double kUnknown = -1.0;
+constexpr int kNowhere = -1;
+constexpr int kHost = -2;
+
+// Keys whose time another agent may wait for.
+enum KeyKind : int { kArrAct = 0, kArrGrad, kArrWeights, kOffEnd, kPreEnd, kOffEndW, kNumKinds };
+
+struct MemEvent {
+  double time;
+  int device;  // -1 = host pool
+  int cat;     // MemoryCategory index
+  std::int64_t delta;
+};
+
+struct CountEvent {
+  double time;
+  int device;  // -1 = in flight anywhere (per stage)
+  int stage;
+  int delta;
+};
+
+class Simulation {
+ public:
+  Simulation(const Schedule& s, const CostTable& c, const SimOptions& o) : s_(s), c_(c), o_(o) {
+    S_ = s.numStages;
+    D_ = s.numDevices();
+    if (c.numStages() != S_)
+      throw UserError("the cost table has " + std::to_string(c.numStages()) +
+                      " stages but the schedule has " + std::to_string(S_));
+    int maxIdx = 0;
+    for (const auto& list : s.devices)
+      for (const Action& a : list) maxIdx = std::max(maxIdx, a.index);
+    N_ = maxIdx + 1;
+    const size_t SN = static_cast<size_t>(S_) * N_;
+    times_.assign(kNumKinds * SN, kUnknown);
+    waiter_.assign(kNumKinds * SN, -1);
+    stashAt_.assign(SN, kNowhere);
+    stashBytes_.assign(SN, 0);
+    preIssuedOn_.assign(SN, kNowhere);
+    recompute_.assign(SN, false);
+    version_.assign(SN, 0);
+    for (const auto& list : s.devices)
+      for (const Action& a : list)
+        if (a.type == ActionType::Backward && a.recompute) recompute_[at(a.stage, a.index)] = true;
+    curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
+    versionRefs_.assign(S_, {});
+    extraVersions_.assign(S_, 0);
+    result_.peakWeightVersions.assign(S_, 1);
+    pc_.assign(D_, 0);
+    threadTime_.assign(D_, 0.0);
+    copyQueue_.assign(D_, {});
+    copyHead_.assign(D_, 0);
+    copyFree_.assign(D_, 0.0);
+    issueTime_.assign(D_, {});
+    linkFree_.assign(static_cast<size_t>(D_) * D_, 0.0);
+    result_.spans.resize(D_);
+    result_.busy.assign(D_, 0.0);
+    for (int d = 0; d < D_; ++d) {
+      result_.spans[d].assign(s.devices[d].size(), ActionSpan{});
+      issueTime_[d].assign(s.devices[d].size(), 0.0);
+    }
+    // Resident state from time 0.
+    for (int st = 0; st < S_; ++st) {
+      const StageCosts& sc = c.stages[st];
+      int fd = s.placement.forward(st), bd = s.placement.backward(st);
+      mem(0, fd, MemoryCategory::Weights, sc.weightsBytes);
+      if (bd != fd) mem(0, bd, MemoryCategory::Weights, sc.weightsBytes);
+      mem(0, bd, MemoryCategory::Grads, sc.gradsBytes);
+      mem(0, bd, MemoryCategory::OptimizerState, sc.optimizerStateBytes);
+    }
+  }
+
+  SimResult run() {
+    std::deque<int> work;
+    for (int a = 0; a < 2 * D_; ++a) work.push_back(a);
+    std::vector<bool> queued(2 * D_, true);
+    wake_ = [&](int agent) {
+      if (!queued[agent]) {
+        queued[agent] = true;
+        work.push_back(agent);
+      }
+    };
+    while (!work.empty()) {
+      int agent = work.front();
+      work.pop_front();
+      queued[agent] = false;
+      int d = agent / 2;
+      if (agent % 2 == 0) {
+        while (pc_[d] < static_cast<int>(s_.devices[d].size()) && threadStep(d, agent)) ++pc_[d];
+      } else {
+        while (copyHead_[d] < copyQueue_[d].size() && copyStep(d, agent)) ++copyHead_[d];
+      }
+    }
+    std::vector<GridMark> stuck;
+    for (int d = 0; d < D_; ++d) {
+      if (pc_[d] < static_cast<int>(s_.devices[d].size())) stuck.push_back({d, pc_[d]});
+      if (copyHead_[d] < copyQueue_[d].size()) stuck.push_back({d, copyQueue_[d][copyHead_[d]]});
+    }
+    if (!stuck.empty())
+      throw schedules::scheduleError(
+          s_, "simulation deadlock: the marked actions wait for data that never comes", stuck);
+    finish();
+    return std::move(result_);
+  }
+
+ private:
+  size_t at(int st, int i) const { return static_cast<size_t>(st) * N_ + i; }
+  size_t key(int kind, int st, int i) const {
+    return static_cast<size_t>(kind) * S_ * N_ + at(st, i);
+  }
+  const StageCosts& cost(int st) const { return c_.stages[st]; }
+
+  void mem(double t, int device, MemoryCategory cat, std::int64_t delta) {
+    if (delta != 0) mem_.push_back({t, device, static_cast<int>(index(cat)), delta});
+  }
+  void count(double t, int device, int st, int delta) { counts_.push_back({t, device, st, delta}); }
+
+  [[noreturn]] void fail(int d, int step, const std::string& why) {
+    throw schedules::scheduleError(
+        s_, toString(s_.devices[d][step]) + " on device " + std::to_string(d) + ": " + why,
+        {{d, step}});
+  }
+
+  // Resolves a key at time t and wakes its waiter.
+  void resolve(size_t k, double t) {
+    times_[k] = t;
+    if (waiter_[k] >= 0) {
+      wake_(waiter_[k]);
+      waiter_[k] = -1;
+    }
+  }
+  // Returns the time of key k, or registers `agent` as its waiter and returns kUnknown.
+  double need(size_t k, int agent, int d, int step) {
+    if (times_[k] != kUnknown) return times_[k];
+    if (waiter_[k] >= 0 && waiter_[k] != agent)
+      fail(d, step, "two actions wait for the same data (a duplicate receive or prefetch)");
+    waiter_[k] = agent;
+    return kUnknown;
+  }
+
+  void updateVersions(double t, int st) {
+    int bd = s_.placement.backward(st);
+    int cur = curVersion_[static_cast<size_t>(bd) * S_ + st];
+    const auto& refs = versionRefs_[st];
+    int distinct = static_cast<int>(refs.size()) + (refs.count(cur) ? 0 : 1);
+    result_.peakWeightVersions[st] = std::max(result_.peakWeightVersions[st], distinct);
+    int extra = distinct - 1;
+    if (extra != extraVersions_[st]) {
+      mem(t, bd, MemoryCategory::WeightVersions,
+          (extra - extraVersions_[st]) * cost(st).weightVersionBytes);
+      extraVersions_[st] = extra;
+    }
+  }
+
+  void compute(int d, int step, double start, double duration) {
+    result_.spans[d][step] = {start, start + duration};
+    result_.busy[d] += duration;
+    threadTime_[d] = start + duration;
+  }
+
+  void sendData(int d, int step, const Action& a, int kind, std::int64_t bytes) {
+    double t = threadTime_[d];
+    const LinkCost& link = c_.link(d, a.peer);
+    double& free = linkFree_[static_cast<size_t>(d) * D_ + a.peer];
+    double start = std::max(t, free);
+    double xfer = link.transferTime(bytes);
+    free = start + xfer;
+    double arrival = start + xfer + link.latency;
+    result_.spans[d][step] = {start, arrival};
+    mem(t, d, MemoryCategory::CommBuffers, bytes);
+    mem(arrival, d, MemoryCategory::CommBuffers, -bytes);
+    mem(start, a.peer, MemoryCategory::CommBuffers, bytes);
+    mem(arrival, a.peer, MemoryCategory::CommBuffers, -bytes);
+    size_t k = key(kind, a.stage, a.index);
+    if (times_[k] != kUnknown) fail(d, step, "sent twice");
+    resolve(k, arrival);
+  }
+
+  bool threadStep(int d, int agent) {
+    const int step = pc_[d];
+    const Action& a = s_.devices[d][step];
+    const int st = a.stage, i = a.index;
+    double t = threadTime_[d];
+    switch (a.type) {
+      case ActionType::Forward: {
+        const StageCosts& sc = cost(st);
+        compute(d, step, t, sc.forward);
+        double end = threadTime_[d];
+        mem(t, d, MemoryCategory::WorkingSet, sc.workingSetBytes);
+        mem(end, d, MemoryCategory::WorkingSet, -sc.workingSetBytes);
+        std::int64_t bytes = recompute_[at(st, i)] ? sc.checkpointBytes : sc.stashBytes;
+        stashBytes_[at(st, i)] = bytes;
+        stashAt_[at(st, i)] = d;
+        mem(end, d, MemoryCategory::Stash, bytes);
+        count(end, d, st, +1);
+        count(end, -1, st, +1);
+        version_[at(st, i)] = curVersion_[static_cast<size_t>(d) * S_ + st];
+        ++versionRefs_[st][version_[at(st, i)]];
+        updateVersions(end, st);
+        return true;
+      }
+      case ActionType::Backward: {
+        const StageCosts& sc = cost(st);
+        double start = t;
+        if (preIssuedOn_[at(st, i)] == d) {
+          double ready = need(key(kPreEnd, st, i), agent, d, step);
+          if (ready == kUnknown) return false;
+          start = std::max(start, ready);
+        } else if (stashAt_[at(st, i)] != d) {
+          fail(d, step, "its stash is not on this device and no PRE precedes it");
+        }
+        double duration = sc.backward + (a.recompute ? sc.recompute : 0.0);
+        compute(d, step, start, duration);
+        double end = threadTime_[d];
+        mem(start, d, MemoryCategory::WorkingSet, sc.workingSetBytes);
+        mem(end, d, MemoryCategory::WorkingSet, -sc.workingSetBytes);
+        if (a.recompute) {  // the recomputed graph lives while B runs
+          mem(start, d, MemoryCategory::WorkingSet, sc.stashBytes);
+          mem(end, d, MemoryCategory::WorkingSet, -sc.stashBytes);
+        }
+        mem(end, d, MemoryCategory::Stash, -stashBytes_[at(st, i)]);
+        stashAt_[at(st, i)] = kNowhere;
+        count(end, d, st, -1);
+        count(end, -1, st, -1);
+        auto& refs = versionRefs_[st];
+        auto it = refs.find(version_[at(st, i)]);
+        if (it != refs.end() && --it->second == 0) refs.erase(it);
+        updateVersions(end, st);
+        return true;
+      }
+      case ActionType::SendAct:
+        sendData(d, step, a, kArrAct, cost(st).activationBytes);
+        return true;
+      case ActionType::SendGrad:
+        sendData(d, step, a, kArrGrad, cost(st).gradientBytes);
+        return true;
+      case ActionType::SyncWeights:
+        sendData(d, step, a, kArrWeights, cost(st).weightVersionBytes);
+        return true;
+      case ActionType::RecvAct:
+      case ActionType::RecvGrad:
+      case ActionType::RecvWeights: {
+        int kind = a.type == ActionType::RecvAct    ? kArrAct
+                   : a.type == ActionType::RecvGrad ? kArrGrad
+                                                    : kArrWeights;
+        double arrival = need(key(kind, st, i), agent, d, step);
+        if (arrival == kUnknown) return false;
+        double end = std::max(t, arrival);
+        result_.spans[d][step] = {t, end};
+        threadTime_[d] = end;
+        if (a.type == ActionType::RecvWeights) {
+          curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
+          updateVersions(end, st);
+        }
+        return true;
+      }
+      case ActionType::Offload:
+      case ActionType::Prefetch: {
+        if (a.type == ActionType::Prefetch && a.stash == StashKind::Activation) {
+          if (preIssuedOn_[at(st, i)] != kNowhere) fail(d, step, "prefetched twice");
+          preIssuedOn_[at(st, i)] = d;
+        }
+        issueTime_[d][step] = t;
+        result_.spans[d][step] = {t, t};
+        copyQueue_[d].push_back(step);
+        wake_(agent + 1);
+        return true;
+      }
+      case ActionType::Drop: {
+        result_.spans[d][step] = {t, t};
+        if (a.stash == StashKind::Weights) {
+          mem(t, d, MemoryCategory::WeightVersions, -cost(st).weightVersionBytes);
+          return true;
+        }
+        int where = stashAt_[at(st, i)];
+        if (where == d) {
+          mem(t, d, MemoryCategory::Stash, -stashBytes_[at(st, i)]);
+          count(t, d, st, -1);
+        } else if (where == kHost) {
+          hostStash(t, -stashBytes_[at(st, i)]);
+        } else {
+          fail(d, step, "drops a stash that is neither here nor in the host pool");
+        }
+        count(t, -1, st, -1);
+        stashAt_[at(st, i)] = kNowhere;
+        auto& refs = versionRefs_[st];
+        auto it = refs.find(version_[at(st, i)]);
+        if (it != refs.end() && --it->second == 0) refs.erase(it);
+        updateVersions(t, st);
+        return true;
+      }
+      case ActionType::Step: {
+        compute(d, step, t, cost(st).step);
+        curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
+        updateVersions(threadTime_[d], st);
+        return true;
+      }
+      case ActionType::AllReduce:
+        compute(d, step, t, cost(st).allReduce);
+        return true;
+    }
+    PIPEFB_ASSERT(false, "unhandled action type");
+  }
+
+  void hostStash(double t, std::int64_t delta) { mem(t, -1, MemoryCategory::Stash, delta); }
+
+  bool copyStep(int d, int agent) {
+    const int step = copyQueue_[d][copyHead_[d]];
+    const Action& a = s_.devices[d][step];
+    const int st = a.stage, i = a.index;
+    const LinkCost& link = c_.hostLink(d);
+    double start = std::max(issueTime_[d][step], copyFree_[d]);
+    const bool weights = a.stash == StashKind::Weights;
+    if (a.type == ActionType::Offload) {
+      std::int64_t bytes = weights ? cost(st).weightVersionBytes : stashBytes_[at(st, i)];
+      double end = start + link.transferTime(bytes) + link.latency;
+      copyFree_[d] = end;
+      result_.spans[d][step] = {start, end};
+      if (weights) {
+        mem(start, -1, MemoryCategory::WeightVersions, bytes);
+        mem(end, d, MemoryCategory::WeightVersions, -bytes);
+        resolve(key(kOffEndW, st, i), end);
+        return true;
+      }
+      if (stashAt_[at(st, i)] != d) fail(d, step, "offloads a stash that is not on this device");
+      hostStash(start, bytes);
+      mem(end, d, MemoryCategory::Stash, -bytes);
+      count(end, d, st, -1);
+      stashAt_[at(st, i)] = kHost;
+      resolve(key(kOffEnd, st, i), end);
+      return true;
+    }
+    PIPEFB_ASSERT(a.type == ActionType::Prefetch, "copy engine got " << toString(a));
+    double offEnd = need(key(weights ? kOffEndW : kOffEnd, st, i), agent, d, step);
+    if (offEnd == kUnknown) return false;
+    start = std::max(start, offEnd);
+    std::int64_t bytes = weights ? cost(st).weightVersionBytes : stashBytes_[at(st, i)];
+    double end = start + link.transferTime(bytes) + link.latency;
+    copyFree_[d] = end;
+    result_.spans[d][step] = {start, end};
+    if (weights) {
+      mem(start, d, MemoryCategory::WeightVersions, bytes);
+      mem(end, -1, MemoryCategory::WeightVersions, -bytes);
+      return true;
+    }
+    mem(start, d, MemoryCategory::Stash, bytes);
+    count(start, d, st, +1);
+    hostStash(end, -bytes);
+    stashAt_[at(st, i)] = d;
+    resolve(key(kPreEnd, st, i), end);
+    return true;
+  }
+
+  // Timelines, peaks, iteration time and bubble.
+  void finish() {
+    SimResult& r = result_;
+    // Iterations: an action belongs to the iteration of its microbatch; weight actions to
+    // that of the last microbatch action before them on the same device.
+    const int K = std::max(1, s_.numIterations);
+    const int M = std::max(1, s_.numMicrobatches);
+    r.iterationEnd.assign(K, 0.0);
+    for (int d = 0; d < D_; ++d) {
+      int iter = 0;
+      bool hasCompute = false;
+      for (size_t j = 0; j < s_.devices[d].size(); ++j) {
+        const Action& a = s_.devices[d][j];
+        bool weightAction = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||
+                            a.type == ActionType::RecvWeights ||
+                            a.type == ActionType::AllReduce || a.stash == StashKind::Weights;
+        if (!weightAction) iter = std::min(K - 1, a.index / M);
+        hasCompute |= a.isCompute();
+        double end = r.spans[d][j].end;
+        r.iterationEnd[iter] = std::max(r.iterationEnd[iter], end);
+        r.makespan = std::max(r.makespan, end);
+      }
+      r.computeDevices += hasCompute;
+    }
+    // Iteration ends are monotone by construction for sane schedules; keep them so.
+    for (int k = 1; k < K; ++k) r.iterationEnd[k] = std::max(r.iterationEnd[k], r.iterationEnd[k - 1]);
+    r.iterationTime = K == 1 ? r.makespan : (r.iterationEnd[K - 1] - r.iterationEnd[0]) / (K - 1);
+    double busy = 0;
+    for (double b : r.busy) busy += b;
+    if (r.iterationTime > 0 && r.computeDevices > 0)
+      r.bubbleFraction = 1.0 - (busy / K) / (r.computeDevices * r.iterationTime);
+
+    // Memory: sort, then sample after each instant.
+    std::stable_sort(mem_.begin(), mem_.end(),
+                     [](const MemEvent& x, const MemEvent& y) { return x.time < y.time; });
+    r.memory.assign(D_, DeviceMemory{});
+    std::vector<CategoryBytes> cur(D_, CategoryBytes{});
+    std::vector<char> dirty(D_, 0);
+    CategoryBytes hostCur{};
+    bool hostDirty = false;
+    r.peakStashBytes.assign(D_, 0);
+    auto flush = [&](double t) {
+      for (int d = 0; d < D_; ++d) {
+        if (!dirty[d]) continue;
+        dirty[d] = 0;
+        DeviceMemory& dm = r.memory[d];
+        MemorySample sample{t, cur[d]};
+        std::int64_t total = sample.total();
+        if (total > dm.peakBytes || dm.timeline.empty()) {
+          if (total > dm.peakBytes) {
+            dm.peakBytes = total;
+            dm.peakTime = t;
+            dm.atPeak = cur[d];
+          }
+        }
+        for (size_t c = 0; c < kNumMemoryCategories; ++c)
+          dm.peakByCategory[c] = std::max(dm.peakByCategory[c], cur[d][c]);
+        r.peakStashBytes[d] = dm.peakByCategory[index(MemoryCategory::Stash)];
+        if (o_.recordMemoryTimeline) dm.timeline.push_back(sample);
+      }
+      if (hostDirty) {
+        hostDirty = false;
+        HostPoolSample hs{t, hostCur[index(MemoryCategory::Stash)],
+                          hostCur[index(MemoryCategory::WeightVersions)]};
+        r.host.peakBytes = std::max(r.host.peakBytes, hs.stashBytes + hs.weightVersionBytes);
+        if (o_.recordMemoryTimeline) r.host.timeline.push_back(hs);
+      }
+    };
+    for (size_t j = 0; j < mem_.size(); ++j) {
+      const MemEvent& e = mem_[j];
+      if (e.device < 0) {
+        hostCur[e.cat] += e.delta;
+        hostDirty = true;
+      } else {
+        cur[e.device][e.cat] += e.delta;
+        dirty[e.device] = 1;
+      }
+      if (j + 1 == mem_.size() || mem_[j + 1].time != e.time) flush(e.time);
+    }
+
+    // Stash counts: per (device, stage), per device, and in flight per stage.
+    std::stable_sort(counts_.begin(), counts_.end(),
+                     [](const CountEvent& x, const CountEvent& y) { return x.time < y.time; });
+    r.peakStashCount.assign(D_, 0);
+    r.peakStashCountByStage.assign(D_, std::vector<int>(S_, 0));
+    r.peakInFlight.assign(S_, 0);
+    std::vector<int> byStage(static_cast<size_t>(D_) * S_, 0), byDevice(D_, 0), inFlight(S_, 0);
+    std::vector<std::pair<int, int>> touched;  // (device or -1, stage)
+    for (size_t j = 0; j < counts_.size(); ++j) {
+      const CountEvent& e = counts_[j];
+      if (e.device < 0) {
+        inFlight[e.stage] += e.delta;
+      } else {
+        byStage[static_cast<size_t>(e.device) * S_ + e.stage] += e.delta;
+        byDevice[e.device] += e.delta;
+      }
+      touched.push_back({e.device, e.stage});
+      if (j + 1 == counts_.size() || counts_[j + 1].time != e.time) {
+        for (auto [d, st] : touched) {
+          if (d < 0) {
+            r.peakInFlight[st] = std::max(r.peakInFlight[st], inFlight[st]);
+          } else {
+            r.peakStashCountByStage[d][st] =
+                std::max(r.peakStashCountByStage[d][st], byStage[static_cast<size_t>(d) * S_ + st]);
+            r.peakStashCount[d] = std::max(r.peakStashCount[d], byDevice[d]);
+          }
+        }
+        touched.clear();
+      }
+    }
+  }
+
+  const Schedule& s_;
+  const CostTable& c_;
+  SimOptions o_;
+  int S_ = 0, D_ = 0, N_ = 0;
+  std::vector<double> times_;
+  std::vector<int> waiter_;
+  std::vector<int> stashAt_, preIssuedOn_, version_;
+  std::vector<std::int64_t> stashBytes_;
+  std::vector<bool> recompute_;
+  std::vector<int> curVersion_;
+  std::vector<std::map<int, int>> versionRefs_;
+  std::vector<int> extraVersions_;
+  std::vector<int> pc_;
+  std::vector<double> threadTime_;
+  std::vector<std::vector<int>> copyQueue_;
+  std::vector<size_t> copyHead_;
+  std::vector<double> copyFree_;
+  std::vector<std::vector<double>> issueTime_;
+  std::vector<double> linkFree_;
+  std::vector<MemEvent> mem_;
+  std::vector<CountEvent> counts_;
+  std::function<void(int)> wake_;
+  SimResult result_;
+};
+
+}  // namespace
+
+SimResult simulate(const Schedule& schedule, const CostTable& costs, const SimOptions& options) {
+  Simulation sim(schedule, costs, options);
+  return sim.run();
+}
+
+}  // namespace pipefb::sim

@@ -1,0 +1,122 @@
+// pipefb_sim: a schedule playground. Generates (or loads) a schedule, lowers it, validates it,
+// simulates it on a cost table and prints the timeline and the numbers (docs/pipefb_sim.md).
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <sstream>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Validator.h"
+#include "pipefb/sim/CostTable.h"
+#include "pipefb/sim/SimReport.h"
+#include "pipefb/sim/Simulator.h"
+#include "pipefb/sim/Timeline.h"
+
+namespace ps = pipefb::schedules;
+namespace sim = pipefb::sim;
+
+namespace {
+
+std::vector<ps::StashPolicy> parsePolicies(const std::string& text) {
+  std::vector<ps::StashPolicy> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(ps::parseStashPolicy(item));
+  if (out.empty()) out.push_back(ps::StashPolicy::Keep);
+  return out;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"pipefb_sim: generate, lower, validate and simulate a pipeline schedule"};
+  std::string kind = "1f1b", costsArg = "uniform", policyArg = "keep", loadPath, placementArg;
+  int stages = 4, microbatches = 8, iterations = 1, lookahead = 1, width = 100;
+  bool json = false, printSchedule = false, noActions = false, noMemory = false;
+  app.add_option("--schedule", kind, "gpipe | 1f1b | pipedream | pipefb-sync | pipefb-async")
+      ->capture_default_str();
+  app.add_option("--stages", stages, "number of stages S")->capture_default_str();
+  app.add_option("--microbatches", microbatches, "microbatches per iteration M")
+      ->capture_default_str();
+  app.add_option("--iterations", iterations, "iterations K (use >= 3 for steady state)")
+      ->capture_default_str();
+  app.add_option("--costs", costsArg, "cost file (JSON) or 'uniform'")->capture_default_str();
+  app.add_option("--policy", policyArg,
+                 "keep | offload | checkpoint | checkpoint-offload, or one per stage, "
+                 "comma-separated")
+      ->capture_default_str();
+  app.add_option("--lookahead", lookahead, "compute actions between PRE and its B")
+      ->capture_default_str();
+  app.add_option("--placement", placementArg,
+                 "forward/backward device per stage, e.g. \"0/5 1/4 2/3\" (default: by kind)");
+  app.add_option("--load", loadPath, "simulate a schedule text file instead (already lowered)");
+  app.add_option("--width", width, "timeline columns")->capture_default_str();
+  app.add_flag("--json", json, "print the JSON report instead of text");
+  app.add_flag("--no-actions", noActions, "JSON: leave out the per-action spans");
+  app.add_flag("--no-memory-timeline", noMemory, "JSON: leave out the memory timelines");
+  app.add_flag("--print-schedule", printSchedule, "print the lowered schedule in text form");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "pipefb_sim: error: " << e.what() << " (see --help)\n";
+    return 2;
+  }
+
+  ps::SchedulePlan plan;
+  bool haveContract = false;
+  if (!loadPath.empty()) {
+    plan.schedule = ps::loadSchedule(loadPath);
+  } else {
+    ps::Placement placement = ps::Placement::defaultFor(kind, std::max(stages, 1));
+    if (!placementArg.empty()) {
+      std::string text = "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " +
+                         placementArg + "\n";
+      placement = ps::parseSchedule(text, "--placement").placement;
+    }
+    if (lookahead < 0)
+      throw pipefb::UserError("--lookahead must be >= 0, got " + std::to_string(lookahead));
+    auto policies = ps::policiesPerStage(parsePolicies(policyArg), std::max(stages, 1));
+    plan = ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations),
+                     policies, lookahead);
+    haveContract = true;
+  }
+  const ps::MemoryContract* contract = haveContract ? &plan.contract : nullptr;
+  ps::validate(plan.schedule, contract);
+  const ps::Schedule& s = plan.schedule;
+  sim::CostTable costs = costsArg == "uniform" ? sim::CostTable::uniform(s.numStages)
+                                               : sim::CostTable::load(costsArg, s.numStages);
+  sim::SimResult r = sim::simulate(s, costs);
+  if (json) {
+    sim::SimReportOptions opt;
+    opt.policy = loadPath.empty() ? policyArg : "from-file";
+    opt.lookahead = lookahead;
+    opt.costs = costsArg;
+    opt.includeActions = !noActions;
+    opt.includeMemory = !noMemory;
+    std::cout << sim::simReportJson(s, contract, r, opt);
+    return 0;
+  }
+  if (printSchedule) std::cout << ps::toText(s) << "\n";
+  std::cout << sim::renderTimeline(s, r, width) << "\n" << sim::simSummaryText(s, contract, r);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ps::ScheduleError& e) {
+    std::cerr << "pipefb_sim: error: " << e.what();
+    return 2;
+  } catch (const pipefb::UserError& e) {
+    std::cerr << "pipefb_sim: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "pipefb_sim: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,110 @@
+// Runs the real pipefb_sim binary (build/pipefb_sim).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+CliRun pipefbSim(const std::string& args) {
+  std::string cmd = std::string(PIPEFB_BINARY_DIR) + "/pipefb_sim " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST(PipefbSimCliTest, TextOutputHasTimelineAndNumbers) {
+  CliRun r = pipefbSim("--schedule 1f1b --stages 4 --microbatches 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dev3"), std::string::npos);
+  EXPECT_NE(r.out.find("bubble fraction 0.2727"), std::string::npos) << r.out;  // 3/11
+  EXPECT_NE(r.out.find("iteration time"), std::string::npos);
+  EXPECT_NE(r.out.find("peak stashes"), std::string::npos);
+}
+
+TEST(PipefbSimCliTest, JsonReportHasTheDocumentedFields) {
+  CliRun r = pipefbSim("--schedule pipefb-sync --stages 3 --microbatches 4 --policy offload --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* k : {"schedule", "stages", "microbatches", "iterations", "devices", "policy",
+                        "lookahead", "costs", "time_unit", "makespan", "iteration_time",
+                        "iteration_ends", "bubble_fraction", "compute_devices", "per_device",
+                        "per_stage", "host_pool", "memory_timeline", "actions"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["devices"], 6);
+  ASSERT_EQ(j["per_device"].size(), 6u);
+  for (const auto& d : j["per_device"])
+    for (const char* k : {"device", "busy_time", "peak_bytes", "peak_time", "peak_breakdown",
+                          "peak_by_category", "peak_stash_count", "peak_stash_bytes",
+                          "peak_stash_count_by_stage"})
+      EXPECT_TRUE(d.contains(k)) << k;
+  EXPECT_EQ(j["per_device"][0]["peak_stash_count"], 0);  // forward device, offloading
+  EXPECT_TRUE(j["per_device"][0]["peak_breakdown"].contains("optimizer_state"));
+  for (const auto& s : j["per_stage"])
+    for (const char* k : {"stage", "forward_device", "backward_device", "peak_in_flight",
+                          "peak_resident_forward", "peak_resident_backward",
+                          "peak_weight_versions", "contract"})
+      EXPECT_TRUE(s.contains(k)) << k;
+  EXPECT_GT(j["host_pool"]["peak_bytes"].get<long long>(), 0);
+  EXPECT_FALSE(j["actions"].empty());
+  EXPECT_TRUE(j["actions"][0].contains("start"));
+  EXPECT_TRUE(j["memory_timeline"][0]["samples"][0].contains("weights"));
+}
+
+TEST(PipefbSimCliTest, BadInputExitsTwoWithOneLine) {
+  for (const std::string& args :
+       {"--stages", "--stages x", "--bogus", "--schedule zigzag", "--policy ofload",
+        "--stages 0", "--costs /nonexistent.json", "--lookahead -1", "--policy keep,keep"}) {
+    CliRun r = pipefbSim(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << args << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("pipefb_sim: error: ", 0), 0u) << r.out;
+  }
+  CliRun r = pipefbSim("--schedule zigzag");
+  EXPECT_NE(r.out.find("gpipe | 1f1b | pipedream | pipefb-sync | pipefb-async"), std::string::npos)
+      << r.out;
+}
+
+TEST(PipefbSimCliTest, LoadsATextScheduleAndCostFile) {
+  std::string dir = std::string(PIPEFB_BINARY_DIR) + "/tests/sim";
+  CliRun printed = pipefbSim("--schedule gpipe --stages 2 --microbatches 2 --print-schedule");
+  ASSERT_EQ(printed.code, 0);
+  std::string text = printed.out.substr(0, printed.out.find("\n\n") + 1);
+  std::ofstream(dir + "/cli_schedule.txt") << text;
+  std::ofstream(dir + "/cli_costs.json") << R"({"stage": {"forward": 0.5, "backward": 1.0}})";
+  CliRun r = pipefbSim("--load " + dir + "/cli_schedule.txt --costs " + dir +
+                    "/cli_costs.json --json --no-actions --no-memory-timeline");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(j["makespan"].get<double>(), 3 * 1.5);  // (M+S-1)(F+B)
+  EXPECT_FALSE(j.contains("actions"));
+  EXPECT_TRUE(j["per_stage"][0]["contract"].is_null());
+  // A broken schedule file: exit 2 and the grid.
+  std::ofstream(dir + "/cli_broken.txt")
+      << "stages 2\nmicrobatches 1\nplacement 0/0 1/1\ndevice 0: F0.0 B0.0\ndevice 1: F1.0 B1.0\n";
+  CliRun bad = pipefbSim("--load " + dir + "/cli_broken.txt");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("missing receive"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("[*B0.0*]"), std::string::npos) << bad.out;
+}
