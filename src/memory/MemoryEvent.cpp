@@ -8,9 +8,12 @@ namespace pipefb::memory {
 
 const char* toString(MemoryEventKind kind) {
   switch (kind) {
-    case MemoryEventKind::Alloc: return "ALLOC";
-    case MemoryEventKind::Free: return "FREE";
-    case MemoryEventKind::Oom: return "OOM";
+    case MemoryEventKind::Alloc:
+      return "ALLOC";
+    case MemoryEventKind::Free:
+      return "FREE";
+    case MemoryEventKind::Oom:
+      return "OOM";
   }
   return "?";
 }
@@ -94,8 +97,10 @@ void recordEvent(const MemoryEvent& event) {
   if (cap == 0) return;
   r.buf[r.head] = event;
   r.head = (r.head + 1) % cap;
-  if (r.size < cap) ++r.size;
-  else ++r.dropped;
+  if (r.size < cap)
+    ++r.size;
+  else
+    ++r.dropped;
 }
 
 }  // namespace detail

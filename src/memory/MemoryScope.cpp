@@ -59,7 +59,8 @@ ScopeTarget chargeTarget() {
   return {&unscoped, MemoryCategory::WorkingSet};
 }
 
-ScopeLeader::ScopeLeader() : previous_(leaderScope.exchange(&tlsScope, std::memory_order_acq_rel)) {}
+ScopeLeader::ScopeLeader()
+    : previous_(leaderScope.exchange(&tlsScope, std::memory_order_acq_rel)) {}
 
 ScopeLeader::~ScopeLeader() {
   PIPEFB_ASSERT(leaderScope.load() == &tlsScope,

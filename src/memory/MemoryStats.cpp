@@ -32,10 +32,10 @@ std::string formatBreakdown(const CategoryBytes& bytes) {
 }
 
 std::string toString(const MemoryStats& s) {
-  std::string out = s.domain + ": " + formatBytes(s.bytes.current) + " live (peak " +
-                    formatBytes(s.bytes.peak) + ") of " +
-                    (s.capacity == kUnlimited ? std::string("unlimited") : formatBytes(s.capacity)) +
-                    "; " + formatBreakdown(s.liveByCategory());
+  std::string out =
+      s.domain + ": " + formatBytes(s.bytes.current) + " live (peak " + formatBytes(s.bytes.peak) +
+      ") of " + (s.capacity == kUnlimited ? std::string("unlimited") : formatBytes(s.capacity)) +
+      "; " + formatBreakdown(s.liveByCategory());
   if (s.num_ooms > 0) out += "; " + std::to_string(s.num_ooms) + " refused";
   return out;
 }

@@ -57,8 +57,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
     }
     new (block) BlockHeader{target.domain, bytes, target.category};
     void* data = static_cast<char*>(block) + kAllocationHeaderBytes;
-    if (c10::memoryProfilingEnabled())
-      c10::reportMemoryUsageToProfiler(data, bytes, 0, 0, cpu);
+    if (c10::memoryProfilingEnabled()) c10::reportMemoryUsageToProfiler(data, bytes, 0, 0, cpu);
     return {data, data, &deleteBlock, cpu};
   }
 

@@ -98,7 +98,7 @@ TEST(MemoryDomain, LivePeakAndBreakdown) {
 
 TEST(MemoryDomain, CapacityRefusesBeforeCharging) {
   MemoryDomain& d = freshDomain("cap", 2 * GiB);
-  d.charge(C::Stash, GiB + GiB / 5);   // 1.20 GiB
+  d.charge(C::Stash, GiB + GiB / 5);  // 1.20 GiB
   d.charge(C::Weights, 512 * MiB);
   d.charge(C::Grads, 2 * GiB - d.liveBytes() - 100);  // exactly fits after this: 100 B left
   d.charge(C::WorkingSet, 100);                       // == capacity is allowed
@@ -110,9 +110,9 @@ TEST(MemoryDomain, CapacityRefusesBeforeCharging) {
     FAIL() << "no throw";
   } catch (const OutOfMemoryError& e) {
     const std::string m = e.what();
-    EXPECT_EQ(m.rfind("out of memory on " + d.name() + ": tried to allocate 12.00 MiB for stash; ",
-                      0),
-              0u)
+    EXPECT_EQ(
+        m.rfind("out of memory on " + d.name() + ": tried to allocate 12.00 MiB for stash; ", 0),
+        0u)
         << m;
     EXPECT_NE(m.find(formatBytes(before) + " of 2.00 GiB in use"), std::string::npos) << m;
     EXPECT_NE(m.find("(stash 1.20 GiB, weights 512.00 MiB, grads "), std::string::npos) << m;
@@ -289,7 +289,8 @@ TEST(MemoryStats, FormatsForPeople) {
   EXPECT_EQ(formatBreakdown(b), "stash 1.20 GiB, weights 512.00 MiB, comm_buffers 17 B");
   MemoryDomain& d = freshDomain("fmt", 2 * GiB);
   d.charge(C::Stash, MiB);
-  EXPECT_EQ(toString(d.stats()), d.name() + ": 1.00 MiB live (peak 1.00 MiB) of 2.00 GiB; stash 1.00 MiB");
+  EXPECT_EQ(toString(d.stats()),
+            d.name() + ": 1.00 MiB live (peak 1.00 MiB) of 2.00 GiB; stash 1.00 MiB");
 }
 
 }  // namespace

@@ -1,19 +1,18 @@
 // Tests of the LibTorch tracking allocator: accounting against live tensors'
 // nbytes, cross-thread frees, OOM through ops, the event stream, intra-op
 // attribution (Note [Intra-op threads]) and the overhead of tracking.
-#include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <thread>
 
+#include "ParallelRegion.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/memory/TrackingAllocator.h"
-#include "ParallelRegion.h"
 
 namespace pipefb::memory {
 namespace {
@@ -196,9 +195,9 @@ TEST_F(TrackingAllocatorTest, UnscopedAllocationsAreNotLost) {
 // --- OOM ---------------------------------------------------------------------
 
 void expectFullOomMessage(const std::string& m, const MemoryDomain& d, int64_t requested) {
-  EXPECT_NE(m.find("out of memory on " + d.name() + ": tried to allocate " +
-                   formatBytes(requested)),
-            std::string::npos)
+  EXPECT_NE(
+      m.find("out of memory on " + d.name() + ": tried to allocate " + formatBytes(requested)),
+      std::string::npos)
       << m;
   EXPECT_NE(m.find(" of " + formatBytes(d.capacity()) + " in use ("), std::string::npos) << m;
   EXPECT_NE(m.find("weights " + formatBytes(600 * KiB)), std::string::npos) << m;
@@ -248,7 +247,7 @@ TEST_F(TrackingAllocatorTest, OomKeepsItsTypeThroughOps) {
   const auto mainThread = std::this_thread::get_id();
   MemoryDomain& d = freshDomain("oomops", MiB);
   MemoryScope s(d, C::Weights);
-  auto w = torch::ones({600 * KiB / 4});  // 600 KiB weights; 424 KiB left
+  auto w = torch::ones({600 * KiB / 4});                // 600 KiB weights; 424 KiB left
   auto big = [&] { return torch::ones({128, 1024}); };  // would need 512 KiB
   torch::Tensor a, b;
   {
@@ -260,8 +259,14 @@ TEST_F(TrackingAllocatorTest, OomKeepsItsTypeThroughOps) {
   std::vector<std::pair<const char*, std::function<void()>>> cases = {
       {"elementwise", [&] { auto c = a + b; }},
       {"matmul", [&] { auto c = torch::matmul(a.t(), b); }},
-      {"conv2d", [&] { auto c = torch::conv2d(a.view({1, 1, 128, 1024}), torch::ones({4, 1, 3, 3})); }},
-      {"cat", [&] { auto c = torch::cat({a, b}); }},
+      {"conv2d",
+       [&] {
+         auto c = torch::conv2d(a.view({1, 1, 128, 1024}), torch::ones({4, 1, 3, 3}));
+       }},
+      {"cat",
+       [&] {
+         auto c = torch::cat({a, b});
+       }},
       {"clone", [&] { auto c = a.clone(); }},
   };
   for (auto& [name, fn] : cases) {
@@ -426,10 +431,10 @@ TEST_F(TrackingAllocatorTest, IntraOpThreadsWithoutLeaderGoToUnscoped) {
   // unscoped allocation during the step came from an intra-op pool thread.
   const int64_t countBefore = unscopedDomain().stats().allocations.allocated;
   trainingStep();
-  std::printf("[ intra-op ] 2 threads, no ScopeLeader: %lld allocations of a conv/linear/"
-              "layer_norm/embedding training step went to 'unscoped'\n",
-              static_cast<long long>(unscopedDomain().stats().allocations.allocated -
-                                     countBefore));
+  std::printf(
+      "[ intra-op ] 2 threads, no ScopeLeader: %lld allocations of a conv/linear/"
+      "layer_norm/embedding training step went to 'unscoped'\n",
+      static_cast<long long>(unscopedDomain().stats().allocations.allocated - countBefore));
 }
 
 TEST_F(TrackingAllocatorTest, IntraOpThreadsFollowTheScopeLeader) {
@@ -493,7 +498,8 @@ double nsPerAlloc(c10::Allocator* alloc, size_t bytes, int n) {
     auto p = alloc->allocate(bytes);
     asm volatile("" : : "r"(p.get()) : "memory");
   }
-  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+         n;
 }
 
 double nsPerEmpty(int n) {
@@ -502,7 +508,8 @@ double nsPerEmpty(int n) {
     auto t = torch::empty({1024});
     asm volatile("" : : "r"(t.data_ptr()) : "memory");
   }
-  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+         n;
 }
 
 TEST_F(TrackingAllocatorTest, AllocationOverhead) {

@@ -13,33 +13,40 @@
 namespace pipefb {
 
 enum class MemoryCategory : unsigned char {
-  Weights = 0,         // parameters (and buffers) of the stages a device holds
-  Grads,               // parameter gradients
-  OptimizerState,      // e.g. Adam's exp_avg / exp_avg_sq, momentum buffers
-  Stash,               // what B(s,m) needs from F(s,m): saved activations or stage inputs
-  WeightVersions,      // older weight copies kept by asynchronous schedules
-  WorkingSet,          // transient tensors of the running action (also the default)
-  CommBuffers,         // activations/gradients in flight between devices
+  Weights = 0,     // parameters (and buffers) of the stages a device holds
+  Grads,           // parameter gradients
+  OptimizerState,  // e.g. Adam's exp_avg / exp_avg_sq, momentum buffers
+  Stash,           // what B(s,m) needs from F(s,m): saved activations or stage inputs
+  WeightVersions,  // older weight copies kept by asynchronous schedules
+  WorkingSet,      // transient tensors of the running action (also the default)
+  CommBuffers,     // activations/gradients in flight between devices
 };
 
 inline constexpr std::size_t kNumMemoryCategories = 7;
 
 inline constexpr std::array<MemoryCategory, kNumMemoryCategories> kAllMemoryCategories = {
-    MemoryCategory::Weights,        MemoryCategory::Grads,       MemoryCategory::OptimizerState,
-    MemoryCategory::Stash,          MemoryCategory::WeightVersions, MemoryCategory::WorkingSet,
+    MemoryCategory::Weights,    MemoryCategory::Grads,          MemoryCategory::OptimizerState,
+    MemoryCategory::Stash,      MemoryCategory::WeightVersions, MemoryCategory::WorkingSet,
     MemoryCategory::CommBuffers};
 
 inline constexpr std::size_t index(MemoryCategory c) { return static_cast<std::size_t>(c); }
 
 inline const char* toString(MemoryCategory c) {
   switch (c) {
-    case MemoryCategory::Weights: return "weights";
-    case MemoryCategory::Grads: return "grads";
-    case MemoryCategory::OptimizerState: return "optimizer_state";
-    case MemoryCategory::Stash: return "stash";
-    case MemoryCategory::WeightVersions: return "weight_versions";
-    case MemoryCategory::WorkingSet: return "working_set";
-    case MemoryCategory::CommBuffers: return "comm_buffers";
+    case MemoryCategory::Weights:
+      return "weights";
+    case MemoryCategory::Grads:
+      return "grads";
+    case MemoryCategory::OptimizerState:
+      return "optimizer_state";
+    case MemoryCategory::Stash:
+      return "stash";
+    case MemoryCategory::WeightVersions:
+      return "weight_versions";
+    case MemoryCategory::WorkingSet:
+      return "working_set";
+    case MemoryCategory::CommBuffers:
+      return "comm_buffers";
   }
   return "?";
 }

@@ -66,7 +66,7 @@ class alignas(64) MemoryDomain {
   std::atomic<int64_t> capacity_;
 
   mutable std::mutex mu_;
-  MemoryStats stats_;  // guarded by mu_; domain/capacity fields filled on read
+  MemoryStats stats_;    // guarded by mu_; domain/capacity fields filled on read
   std::string oomHint_;  // guarded by mu_
 };
 

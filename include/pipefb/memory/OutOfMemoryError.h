@@ -22,13 +22,13 @@ namespace pipefb {
 
 /// Everything known about one refused allocation.
 struct OomInfo {
-  std::string domain;            // "cpu:1", "host", ...
+  std::string domain;                                    // "cpu:1", "host", ...
   MemoryCategory category = MemoryCategory::WorkingSet;  // the scope's category
-  int64_t requested = 0;         // bytes asked for
-  int64_t capacity = 0;          // bytes
-  int64_t live = 0;              // bytes in use at the time (all categories)
+  int64_t requested = 0;                                 // bytes asked for
+  int64_t capacity = 0;                                  // bytes
+  int64_t live = 0;  // bytes in use at the time (all categories)
   memory::CategoryBytes live_by_category{};
-  std::string hint;              // "HINT: ..." (may be empty)
+  std::string hint;  // "HINT: ..." (may be empty)
 
   /// The smallest capacity that would have fit this request: live + requested.
   int64_t neededCapacity() const { return live + requested; }
