@@ -11,7 +11,7 @@ namespace pipefb::sim {
 
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 json categories(const CategoryBytes& b) {
   json o = json::object();

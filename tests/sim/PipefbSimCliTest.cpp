@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
+#include <cstdlib>
+#include <filesystem>
 
 namespace {
 
@@ -87,7 +90,10 @@ TEST(PipefbSimCliTest, BadInputExitsTwoWithOneLine) {
 }
 
 TEST(PipefbSimCliTest, LoadsATextScheduleAndCostFile) {
-  std::string dir = std::string(PIPEFB_BINARY_DIR) + "/tests/sim";
+  // A private directory: ctest may run this binary twice at once (sim_test_all).
+  std::string tmpl = std::string(PIPEFB_BINARY_DIR) + "/tests/sim/cli_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  std::string dir = tmpl;
   CliRun printed = pipefbSim("--schedule gpipe --stages 2 --microbatches 2 --print-schedule");
   ASSERT_EQ(printed.code, 0);
   std::string text = printed.out.substr(0, printed.out.find("\n\n") + 1);
@@ -107,4 +113,5 @@ TEST(PipefbSimCliTest, LoadsATextScheduleAndCostFile) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("missing receive"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("[*B0.0*]"), std::string::npos) << bad.out;
+  std::filesystem::remove_all(dir);
 }
