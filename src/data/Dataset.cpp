@@ -96,16 +96,19 @@ class ImageDataset : public Dataset {
 };
 
 /// uint8 (N, Cs, H, W) -> the stored float tensor of Note [Image shaping].
-/// Appends what was done to `how` for describe().
+/// Appends what was done to `how` for describe(). Memory passes are kept few
+/// (this runs on 47M pixels): one allocation of the padded result, one
+/// converting copy into its centre, then scale and shift in place, which also
+/// turns the zero border into the normalised background.
 torch::Tensor shapeImages(const torch::Tensor& raw, ImageStats stats, const std::string& dataName,
                           const model::ModelOptions& model, bool normalize, std::ostream& how) {
-  const int64_t cs = raw.size(1), h = raw.size(2), w = raw.size(3);
+  const int64_t n = raw.size(0), cs = raw.size(1), h = raw.size(2), w = raw.size(3);
   const int64_t c = model.channels, side = model.input_size;
-  torch::Tensor x = raw.to(torch::kFloat).div_(255.0);
+  torch::Tensor x = raw;  // uint8 0..255, or float 0..255 after the grey conversion
   how << cs << "×" << h << "×" << w << " -> " << c << "×" << side << "×" << side;
   if (cs != c) {
     if (cs == 3 && c == 1) {
-      x = x.mean(1, /*keepdim=*/true);
+      x = raw.to(torch::kFloat).mean(1, /*keepdim=*/true);
       // Mean of the grey image is exact; its std is approximated by the mean of
       // the channel stds (the channels are strongly correlated).
       double m = (stats.mean[0] + stats.mean[1] + stats.mean[2]) / 3.0;
@@ -121,28 +124,40 @@ torch::Tensor shapeImages(const torch::Tensor& raw, ImageStats stats, const std:
       throw UserError(os.str());
     }
   }
+  const int64_t k = x.size(1);
   const int64_t dh = side - h, dw = side - w;
-  if (dh >= 0 && dw >= 0 && dh <= kMaxPad && dw <= kMaxPad && (dh > 0 || dw > 0)) {
-    x = torch::constant_pad_nd(x, {dw / 2, dw - dw / 2, dh / 2, dh - dh / 2}, 0.0);
+  const bool pad = dh >= 0 && dw >= 0 && dh <= kMaxPad && dw <= kMaxPad && (dh > 0 || dw > 0);
+  torch::Tensor out;
+  if (pad) {
+    out = torch::zeros({n, k, side, side}, torch::kFloat);
+    out.slice(2, dh / 2, dh / 2 + h).slice(3, dw / 2, dw / 2 + w).copy_(x);
     how << " (zero-padded " << dh / 2 << "/" << dh - dh / 2 << " px)";
-  } else if (dh != 0 || dw != 0) {
-    how << " (bilinear resize per batch)";
+  } else {
+    out = torch::empty({n, k, h, w}, torch::kFloat);
+    out.copy_(x);
+    if (dh != 0 || dw != 0) how << " (bilinear resize per batch)";
   }
   if (normalize) {
-    const int64_t k = static_cast<int64_t>(stats.mean.size());
-    PIPEFB_ASSERT(k == x.size(1), "stats for " << k << " channels, images have " << x.size(1));
-    auto mean = torch::tensor(stats.mean, torch::kDouble).to(torch::kFloat).view({1, k, 1, 1});
-    auto std = torch::tensor(stats.std, torch::kDouble).to(torch::kFloat).view({1, k, 1, 1});
-    x.sub_(mean).div_(std);
+    PIPEFB_ASSERT(static_cast<int64_t>(stats.mean.size()) == k,
+                  "stats for " << stats.mean.size() << " channels, images have " << k);
+    // (x / 255 - mean) / std = x * scale + shift, per channel.
+    std::vector<double> scale(k), shift(k);
+    for (int64_t i = 0; i < k; ++i) {
+      scale[i] = 1.0 / (255.0 * stats.std[i]);
+      shift[i] = -stats.mean[i] / stats.std[i];
+    }
+    out.mul_(torch::tensor(scale, torch::kDouble).to(torch::kFloat).view({1, k, 1, 1}))
+        .add_(torch::tensor(shift, torch::kDouble).to(torch::kFloat).view({1, k, 1, 1}));
     how << ", normalised (mean " << std::fixed << std::setprecision(4);
     for (int64_t i = 0; i < k; ++i) how << (i ? "/" : "") << stats.mean[i];
     how << ", std ";
     for (int64_t i = 0; i < k; ++i) how << (i ? "/" : "") << stats.std[i];
     how << ")";
   } else {
+    out.mul_(1.0 / 255.0);
     how << ", scaled to [0,1]";
   }
-  return x.contiguous();
+  return out;
 }
 
 int64_t capped(int64_t n, int64_t limit) { return limit > 0 ? std::min(n, limit) : n; }

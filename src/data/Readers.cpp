@@ -119,8 +119,9 @@ class ByteStream {
         }
       } else if (ret != Z_OK) {
         std::ostringstream os;
-        os << "corrupt gzip data at byte " << offset_ << " of the uncompressed stream ("
-           << (z_.msg ? z_.msg : "zlib error " + std::to_string(ret)) << ")";
+        os << "corrupt gzip data at byte " << offset_ << " of the uncompressed stream (zlib: "
+           << (z_.msg ? z_.msg : "error " + std::to_string(ret))
+           << "), expected an intact gzip stream: the file is damaged";
         fail(path_, os.str());
       }
     }

@@ -248,7 +248,8 @@ TEST(IdxReader, CorruptGzipChecksum) {
   writeRaw(path, gz);
   std::string msg = userErrorOf([&] { readIdx(path, 1, "labels N"); });
   EXPECT_EQ(msg, path + ": corrupt gzip data at byte " + std::to_string(bytes.size()) +
-                     " of the uncompressed stream (incorrect data check)");
+                     " of the uncompressed stream (zlib: incorrect data check), expected an intact "
+                     "gzip stream: the file is damaged");
 }
 
 // ------------------------------------------------------------------ data set errors

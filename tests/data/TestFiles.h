@@ -6,6 +6,8 @@
 #include <zlib.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -90,6 +92,8 @@ std::string userErrorOf(Fn&& fn) {
   try {
     fn();
   } catch (const UserError& e) {
+    // PIPEFB_PRINT_ERRORS=1 shows the messages, to review their wording.
+    if (std::getenv("PIPEFB_PRINT_ERRORS")) std::printf("  UserError: %s\n", e.what());
     return e.what();
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected UserError, got another exception: " << e.what();

@@ -34,7 +34,8 @@ class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
-  /// Gathers the samples at `indices` into one batch.
+  /// Gathers the samples at `indices` into one batch. Safe to call from several
+  /// threads at once (the data set is read-only after construction).
   virtual Batch get(const std::vector<int64_t>& indices) const = 0;
   virtual std::string describe() const = 0;
   /// Number of classes in the targets (the vocabulary size for tokens). A model
