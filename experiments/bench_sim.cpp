@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
                         {"1f1b", ps::StashPolicy::CheckpointOffload},
                         {"pipefb-sync", ps::StashPolicy::Offload},
                         {"pipefb-async", ps::StashPolicy::Offload}};
-  std::printf("%-14s %-19s %7s %9s %10s %10s %12s\n", "schedule", "policy", "actions",
-              "lower_s", "validate_s", "simulate_s", "bubble");
+  std::printf("%-14s %-19s %7s %9s %10s %10s %12s\n", "schedule", "policy", "actions", "lower_s",
+              "validate_s", "simulate_s", "bubble");
   double worst = 0;
   for (const Case& c : cases) {
     auto t0 = std::chrono::steady_clock::now();

@@ -53,38 +53,58 @@ Action allReduce(int stage, int n) { return make(ActionType::AllReduce, stage, n
 
 ActionType matchingType(ActionType t) {
   switch (t) {
-    case ActionType::SendAct: return ActionType::RecvAct;
-    case ActionType::RecvAct: return ActionType::SendAct;
-    case ActionType::SendGrad: return ActionType::RecvGrad;
-    case ActionType::RecvGrad: return ActionType::SendGrad;
-    case ActionType::SyncWeights: return ActionType::RecvWeights;
-    case ActionType::RecvWeights: return ActionType::SyncWeights;
+    case ActionType::SendAct:
+      return ActionType::RecvAct;
+    case ActionType::RecvAct:
+      return ActionType::SendAct;
+    case ActionType::SendGrad:
+      return ActionType::RecvGrad;
+    case ActionType::RecvGrad:
+      return ActionType::SendGrad;
+    case ActionType::SyncWeights:
+      return ActionType::RecvWeights;
+    case ActionType::RecvWeights:
+      return ActionType::SyncWeights;
     case ActionType::Forward:
     case ActionType::Backward:
     case ActionType::Offload:
     case ActionType::Prefetch:
     case ActionType::Drop:
     case ActionType::Step:
-    case ActionType::AllReduce: break;
+    case ActionType::AllReduce:
+      break;
   }
   PIPEFB_ASSERT(false, "matchingType of a non-communication action " << typeName(t));
 }
 
 const char* typeName(ActionType t) {
   switch (t) {
-    case ActionType::Forward: return "F";
-    case ActionType::Backward: return "B";
-    case ActionType::SendAct: return "SA";
-    case ActionType::RecvAct: return "RA";
-    case ActionType::SendGrad: return "SG";
-    case ActionType::RecvGrad: return "RG";
-    case ActionType::Offload: return "OFF";
-    case ActionType::Prefetch: return "PRE";
-    case ActionType::Drop: return "DROP";
-    case ActionType::Step: return "STEP";
-    case ActionType::SyncWeights: return "SW";
-    case ActionType::RecvWeights: return "RW";
-    case ActionType::AllReduce: return "AR";
+    case ActionType::Forward:
+      return "F";
+    case ActionType::Backward:
+      return "B";
+    case ActionType::SendAct:
+      return "SA";
+    case ActionType::RecvAct:
+      return "RA";
+    case ActionType::SendGrad:
+      return "SG";
+    case ActionType::RecvGrad:
+      return "RG";
+    case ActionType::Offload:
+      return "OFF";
+    case ActionType::Prefetch:
+      return "PRE";
+    case ActionType::Drop:
+      return "DROP";
+    case ActionType::Step:
+      return "STEP";
+    case ActionType::SyncWeights:
+      return "SW";
+    case ActionType::RecvWeights:
+      return "RW";
+    case ActionType::AllReduce:
+      return "AR";
   }
   return "?";
 }
@@ -92,8 +112,8 @@ const char* typeName(ActionType t) {
 std::string toString(const Action& a) {
   std::string out = typeName(a.type);
   if (a.type == ActionType::Backward && a.recompute) out += "R";
-  bool stashAction = a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
-                     a.type == ActionType::Drop;
+  bool stashAction =
+      a.type == ActionType::Offload || a.type == ActionType::Prefetch || a.type == ActionType::Drop;
   if (stashAction && a.stash == StashKind::Weights) out += "W";
   out += std::to_string(a.stage) + "." + std::to_string(a.index);
   if (a.isSend()) out += ">" + std::to_string(a.peer);

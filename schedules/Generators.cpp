@@ -15,8 +15,8 @@ void checkShape(const std::string& kind, int S, int M, int K, const Placement& p
   if (M < 1) throw UserError(kind + ": microbatches must be >= 1, got " + std::to_string(M));
   if (K < 1) throw UserError(kind + ": iterations must be >= 1, got " + std::to_string(K));
   if (p.numStages() != S)
-    throw UserError(kind + ": the placement has " + std::to_string(p.numStages()) +
-                    " stages but " + std::to_string(S) + " were asked for");
+    throw UserError(kind + ": the placement has " + std::to_string(p.numStages()) + " stages but " +
+                    std::to_string(S) + " were asked for");
 }
 
 // GPipe, 1F1B and PipeDream: F(s) == B(s) and one stage per device.
@@ -38,12 +38,16 @@ void checkSplit(const std::string& kind, const Placement& p) {
   std::set<int> used;
   for (int s = 0; s < p.numStages(); ++s) {
     if (!p.split(s))
-      throw UserError(kind + " needs a different forward and backward device for every stage, "
-                             "but stage " + std::to_string(s) + " is placed " +
-                      std::to_string(p.forward(s)) + "/" + std::to_string(p.backward(s)));
+      throw UserError(kind +
+                      " needs a different forward and backward device for every stage, "
+                      "but stage " +
+                      std::to_string(s) + " is placed " + std::to_string(p.forward(s)) + "/" +
+                      std::to_string(p.backward(s)));
     if (!used.insert(p.forward(s)).second || !used.insert(p.backward(s)).second)
-      throw UserError(kind + ": a device holds more than one pass; every forward and backward "
-                             "device must be distinct (placement " + p.toString() + ")");
+      throw UserError(kind +
+                      ": a device holds more than one pass; every forward and backward "
+                      "device must be distinct (placement " +
+                      p.toString() + ")");
   }
 }
 

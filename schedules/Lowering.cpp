@@ -59,10 +59,8 @@ Schedule addCommunication(const Schedule& in) {
   return out;
 }
 
-Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policiesIn,
-                    int lookahead) {
-  if (lookahead < 0)
-    throw UserError("lookahead must be >= 0, got " + std::to_string(lookahead));
+Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policiesIn, int lookahead) {
+  if (lookahead < 0) throw UserError("lookahead must be >= 0, got " + std::to_string(lookahead));
   const int S = in.numStages;
   std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
   for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));

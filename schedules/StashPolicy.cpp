@@ -7,10 +7,14 @@ namespace pipefb::schedules {
 
 const char* toString(StashPolicy p) {
   switch (p) {
-    case StashPolicy::Keep: return "keep";
-    case StashPolicy::Offload: return "offload";
-    case StashPolicy::Checkpoint: return "checkpoint";
-    case StashPolicy::CheckpointOffload: return "checkpoint-offload";
+    case StashPolicy::Keep:
+      return "keep";
+    case StashPolicy::Offload:
+      return "offload";
+    case StashPolicy::Checkpoint:
+      return "checkpoint";
+    case StashPolicy::CheckpointOffload:
+      return "checkpoint-offload";
   }
   return "?";
 }

@@ -82,18 +82,17 @@ class AbstractRun {
         if (a.type == ActionType::Forward) {
           Position& p = fPos_[at(a.stage, a.index)];
           if (p.device >= 0)
-            fail("F" + std::to_string(a.stage) + "." + std::to_string(a.index) +
-                     " appears twice",
+            fail("F" + std::to_string(a.stage) + "." + std::to_string(a.index) + " appears twice",
                  {{p.device, p.step}, {d, i}});
           p = {d, i};
         } else if (a.type == ActionType::Backward) {
           Position& p = bPos_[at(a.stage, a.index)];
-          if (p.device >= 0)
-            fail(toString(a) + " appears twice", {{p.device, p.step}, {d, i}});
+          if (p.device >= 0) fail(toString(a) + " appears twice", {{p.device, p.step}, {d, i}});
           p = {d, i};
         } else if (a.isSend()) {
           auto [it, fresh] = sendPos_.emplace(commKey(a.type, a.stage, a.index), Position{d, i});
-          if (!fresh) fail(toString(a) + " is sent twice", {{it->second.device, it->second.step}, {d, i}});
+          if (!fresh)
+            fail(toString(a) + " is sent twice", {{it->second.device, it->second.step}, {d, i}});
         } else if (a.type == ActionType::Offload && a.stash == StashKind::Activation) {
           offInSchedule_[at(a.stage, a.index)] = true;
         }
@@ -120,8 +119,7 @@ class AbstractRun {
         why << (blocked.size() > 1 ? "; " : "") << "device " << d << " waits at "
             << toString(s_.devices[d][pc_[d]]) << " (" << waitReason(d) << ")";
       }
-    if (!blocked.empty())
-      fail("deadlock: no device can progress: " + why.str(), blocked);
+    if (!blocked.empty()) fail("deadlock: no device can progress: " + why.str(), blocked);
     for (const auto& [key, pos] : sendPos_)
       if (!received_.count(key))
         fail("unmatched send: " + toString(s_.devices[pos.device][pos.step]) + " on device " +
@@ -171,8 +169,9 @@ class AbstractRun {
       return "for " + toString(want) + " on device " + std::to_string(it->second.device) +
              ", which has not run";
     }
-    if (a.type == ActionType::Backward) return "for PRE" + std::to_string(a.stage) + "." +
-                                               std::to_string(a.index) + " to complete (its OFF has not run)";
+    if (a.type == ActionType::Backward)
+      return "for PRE" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+             " to complete (its OFF has not run)";
     return "?";
   }
 
@@ -223,10 +222,11 @@ class AbstractRun {
     switch (a.type) {
       case ActionType::Forward: {
         if (st > 0 && !has(Have::Act, d, st - 1, i))
-          failHere(d, "missing receive: the output of stage " + std::to_string(st - 1) +
-                          " microbatch " + std::to_string(i) +
-                          " is neither computed on this device nor received before it (expected RA" +
-                          std::to_string(st - 1) + "." + std::to_string(i) + "<...)");
+          failHere(
+              d, "missing receive: the output of stage " + std::to_string(st - 1) + " microbatch " +
+                     std::to_string(i) +
+                     " is neither computed on this device nor received before it (expected RA" +
+                     std::to_string(st - 1) + "." + std::to_string(i) + "<...)");
         checkResidency(d);
         fDone_[at(st, i)] = true;
         have_.insert(haveKey(Have::Act, d, st, i));
@@ -245,8 +245,9 @@ class AbstractRun {
       }
       case ActionType::Backward: {
         const Position& f = fPos_[at(st, i)];
-        if (f.device < 0) failHere(d, "B before F: there is no F" + std::to_string(st) + "." +
-                                          std::to_string(i) + " in the schedule");
+        if (f.device < 0)
+          failHere(d, "B before F: there is no F" + std::to_string(st) + "." + std::to_string(i) +
+                          " in the schedule");
         if (!fDone_[at(st, i)] && f.device == d)
           fail(toString(a) + " on device " + std::to_string(d) + " (step " +
                    std::to_string(pc_[d]) + "): B before F: F" + std::to_string(st) + "." +
@@ -254,19 +255,21 @@ class AbstractRun {
                    std::to_string(f.step) + ")",
                {{d, pc_[d]}, {f.device, f.step}});
         if (st + 1 < S_ && !has(Have::Grad, d, st + 1, i))
-          failHere(d, "missing receive: the gradient from stage " + std::to_string(st + 1) +
-                          " microbatch " + std::to_string(i) +
-                          " is neither computed on this device nor received before it (expected RG" +
-                          std::to_string(st + 1) + "." + std::to_string(i) + "<...)");
+          failHere(d,
+                   "missing receive: the gradient from stage " + std::to_string(st + 1) +
+                       " microbatch " + std::to_string(i) +
+                       " is neither computed on this device nor received before it (expected RG" +
+                       std::to_string(st + 1) + "." + std::to_string(i) + "<...)");
         if (st + 1 == S_ && !has(Have::Act, d, st, i))
           failHere(d, "missing receive: the output of the last stage, microbatch " +
-                          std::to_string(i) + ", is neither computed on this device nor received "
-                          "before it (expected RA" + std::to_string(st) + "." + std::to_string(i) +
-                          "<...)");
+                          std::to_string(i) +
+                          ", is neither computed on this device nor received "
+                          "before it (expected RA" +
+                          std::to_string(st) + "." + std::to_string(i) + "<...)");
         if (stashAt_[at(st, i)] != d) {
           if (prePending_[at(st, i)] == d) return false;  // waits for the prefetch
-          failHere(d, std::string("the stash of F") + std::to_string(st) + "." +
-                          std::to_string(i) + " is not on this device (it is " +
+          failHere(d, std::string("the stash of F") + std::to_string(st) + "." + std::to_string(i) +
+                          " is not on this device (it is " +
                           (stashAt_[at(st, i)] == kHost ? "in the host pool" : "elsewhere") +
                           "); a PRE" + std::to_string(st) + "." + std::to_string(i) +
                           " must precede its use");
@@ -290,8 +293,8 @@ class AbstractRun {
                                                   : Have::Weights;
         if (!has(h, d, st, i))
           failHere(d, std::string("sends data this device does not have yet (") +
-                          (h == Have::Act    ? "no F" :
-                           h == Have::Grad   ? "no B"
+                          (h == Have::Act    ? "no F"
+                           : h == Have::Grad ? "no B"
                                              : "no STEP") +
                           std::to_string(st) + "." + std::to_string(i) + " ran here before it)");
         sent_.insert(commKey(a.type, st, i));
@@ -329,8 +332,8 @@ class AbstractRun {
       case ActionType::Offload: {
         if (a.stash == StashKind::Weights) return true;
         if (stashAt_[at(st, i)] != d)
-          failHere(d, "offloads a stash that is not on this device (F" + std::to_string(st) +
-                          "." + std::to_string(i) + " did not run here, or it was moved)");
+          failHere(d, "offloads a stash that is not on this device (F" + std::to_string(st) + "." +
+                          std::to_string(i) + " did not run here, or it was moved)");
         removeStash(st, i);
         stashAt_[at(st, i)] = kHost;
         offDone_[at(st, i)] = true;
@@ -373,7 +376,8 @@ class AbstractRun {
         updateVersions(d, st);
         return true;
       }
-      case ActionType::AllReduce: return true;
+      case ActionType::AllReduce:
+        return true;
     }
     PIPEFB_ASSERT(false, "unhandled action type");
   }

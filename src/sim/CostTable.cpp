@@ -2,9 +2,8 @@
 
 #include <cmath>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Size.h"
@@ -52,18 +51,23 @@ double readTime(const json& v, const std::string& where) {
     }
     std::string unit = s.substr(used);
     while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-    double mult = unit == "s" || unit.empty() ? 1 : unit == "ms" ? 1e-3 : unit == "us" ? 1e-6
-                                                 : unit == "ns"  ? 1e-9 : -1;
+    double mult = unit == "s" || unit.empty() ? 1
+                  : unit == "ms"              ? 1e-3
+                  : unit == "us"              ? 1e-6
+                  : unit == "ns"              ? 1e-9
+                                              : -1;
     if (used > 0 && mult > 0 && x >= 0) return x * mult;
   }
-  bad(where, "expected a time in seconds (a number >= 0, or a string like \"1.5ms\", \"20us\"), got " +
-                 v.dump());
+  bad(where,
+      "expected a time in seconds (a number >= 0, or a string like \"1.5ms\", \"20us\"), got " +
+          v.dump());
 }
 
 // Bytes: an integer, or a size string "4MiB", "1.5GB".
 std::int64_t readBytes(const json& v, const std::string& where) {
   if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return v.get<std::int64_t>();
-  if (v.is_number_float() && v.get<double>() >= 0) return static_cast<std::int64_t>(v.get<double>());
+  if (v.is_number_float() && v.get<double>() >= 0)
+    return static_cast<std::int64_t>(v.get<double>());
   if (v.is_string())
     if (auto b = parseSize(v.get<std::string>()); b && *b >= 0) return *b;
   bad(where, "expected a size in bytes (an integer, or a string like \"4MiB\"), got " + v.dump());
@@ -85,11 +89,20 @@ void checkKeys(const json& obj, const std::vector<std::string>& allowed, const s
 
 void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   requireObject(obj, where);
-  static const std::vector<std::string> keys = {
-      "forward",        "backward",       "recompute",          "step",
-      "allreduce",      "activation_bytes", "gradient_bytes",   "stash_bytes",
-      "checkpoint_bytes", "weight_version_bytes", "weights_bytes", "grads_bytes",
-      "optimizer_state_bytes", "working_set_bytes"};
+  static const std::vector<std::string> keys = {"forward",
+                                                "backward",
+                                                "recompute",
+                                                "step",
+                                                "allreduce",
+                                                "activation_bytes",
+                                                "gradient_bytes",
+                                                "stash_bytes",
+                                                "checkpoint_bytes",
+                                                "weight_version_bytes",
+                                                "weights_bytes",
+                                                "grads_bytes",
+                                                "optimizer_state_bytes",
+                                                "working_set_bytes"};
   checkKeys(obj, keys, where);
   auto time = [&](const char* k, double& out) {
     if (obj.contains(k)) out = readTime(obj[k], where + "." + k);

@@ -1,9 +1,8 @@
 #include "pipefb/sim/SimReport.h"
 
 #include <cstdio>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "pipefb/common/Size.h"
 
@@ -134,8 +133,8 @@ std::string simSummaryText(const schedules::Schedule& s, const schedules::Memory
   std::snprintf(buf, sizeof buf, "iteration time %.6g s, makespan %.6g s, bubble fraction %.4f\n",
                 r.iterationTime, r.makespan, r.bubbleFraction);
   os << buf;
-  std::snprintf(buf, sizeof buf, "%-6s %10s %12s %12s %12s\n", "device", "busy s",
-                "peak memory", "peak stashes", "stash bytes");
+  std::snprintf(buf, sizeof buf, "%-6s %10s %12s %12s %12s\n", "device", "busy s", "peak memory",
+                "peak stashes", "stash bytes");
   os << buf;
   for (int d = 0; d < s.numDevices(); ++d) {
     std::snprintf(buf, sizeof buf, "%-6d %10.4g %12s %12d %12s\n", d, r.busy[d],
@@ -153,8 +152,8 @@ std::string simSummaryText(const schedules::Schedule& s, const schedules::Memory
                   r.peakWeightVersions[st]);
     os << buf;
     if (contract)
-      os << "   in flight <= " << contract->inFlight[st] << ", versions <= "
-         << contract->weightVersions[st];
+      os << "   in flight <= " << contract->inFlight[st]
+         << ", versions <= " << contract->weightVersions[st];
     os << "\n";
   }
   return os.str();

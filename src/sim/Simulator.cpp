@@ -417,8 +417,8 @@ class Simulation {
       for (size_t j = 0; j < s_.devices[d].size(); ++j) {
         const Action& a = s_.devices[d][j];
         bool weightAction = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||
-                            a.type == ActionType::RecvWeights ||
-                            a.type == ActionType::AllReduce || a.stash == StashKind::Weights;
+                            a.type == ActionType::RecvWeights || a.type == ActionType::AllReduce ||
+                            a.stash == StashKind::Weights;
         if (!weightAction) iter = std::min(K - 1, a.index / M);
         hasCompute |= a.isCompute();
         double end = r.spans[d][j].end;
@@ -428,7 +428,8 @@ class Simulation {
       r.computeDevices += hasCompute;
     }
     // Iteration ends are monotone by construction for sane schedules; keep them so.
-    for (int k = 1; k < K; ++k) r.iterationEnd[k] = std::max(r.iterationEnd[k], r.iterationEnd[k - 1]);
+    for (int k = 1; k < K; ++k)
+      r.iterationEnd[k] = std::max(r.iterationEnd[k], r.iterationEnd[k - 1]);
     r.iterationTime = K == 1 ? r.makespan : (r.iterationEnd[K - 1] - r.iterationEnd[0]) / (K - 1);
     double busy = 0;
     for (double b : r.busy) busy += b;

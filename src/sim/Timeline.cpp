@@ -13,19 +13,26 @@ namespace {
 
 char glyph(const Action& a) {
   switch (a.type) {
-    case ActionType::Forward: return static_cast<char>('0' + a.index % 10);
-    case ActionType::Backward: return static_cast<char>('a' + a.index % 10);
-    case ActionType::Step: return '#';
-    case ActionType::AllReduce: return '*';
-    case ActionType::Offload: return 'o';
-    case ActionType::Prefetch: return 'p';
+    case ActionType::Forward:
+      return static_cast<char>('0' + a.index % 10);
+    case ActionType::Backward:
+      return static_cast<char>('a' + a.index % 10);
+    case ActionType::Step:
+      return '#';
+    case ActionType::AllReduce:
+      return '*';
+    case ActionType::Offload:
+      return 'o';
+    case ActionType::Prefetch:
+      return 'p';
     case ActionType::SendAct:
     case ActionType::RecvAct:
     case ActionType::SendGrad:
     case ActionType::RecvGrad:
     case ActionType::Drop:
     case ActionType::SyncWeights:
-    case ActionType::RecvWeights: return 0;
+    case ActionType::RecvWeights:
+      return 0;
   }
   return 0;
 }
@@ -78,7 +85,8 @@ std::string renderTimeline(const schedules::Schedule& s, const SimResult& r, int
       os << label << row(d, true) << "|\n";
     }
   }
-  os << "legend: F(s,m) = m%10 digit, B(s,m) = 'a'+m%10, STEP '#', AR '*', OFF 'o', PRE 'p', idle '.'\n";
+  os << "legend: F(s,m) = m%10 digit, B(s,m) = 'a'+m%10, STEP '#', AR '*', OFF 'o', PRE 'p', idle "
+        "'.'\n";
   return os.str();
 }
 

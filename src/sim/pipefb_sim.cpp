@@ -72,15 +72,15 @@ int run(int argc, char** argv) {
   } else {
     ps::Placement placement = ps::Placement::defaultFor(kind, std::max(stages, 1));
     if (!placementArg.empty()) {
-      std::string text = "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " +
-                         placementArg + "\n";
+      std::string text =
+          "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " + placementArg + "\n";
       placement = ps::parseSchedule(text, "--placement").placement;
     }
     if (lookahead < 0)
       throw pipefb::UserError("--lookahead must be >= 0, got " + std::to_string(lookahead));
     auto policies = ps::policiesPerStage(parsePolicies(policyArg), std::max(stages, 1));
-    plan = ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations),
-                     policies, lookahead);
+    plan = ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations), policies,
+                     lookahead);
     haveContract = true;
   }
   const ps::MemoryContract* contract = haveContract ? &plan.contract : nullptr;

@@ -24,12 +24,22 @@ TEST(ActionTest, PrintsShortForm) {
 }
 
 TEST(ActionTest, EveryTypeRoundTrips) {
-  std::vector<Action> all = {F(0, 0),           B(12, 345),        B(1, 1, true),
-                             sendAct(3, 9, 1),  recvAct(3, 9, 0),  sendGrad(2, 7, 11),
-                             recvGrad(2, 7, 12), offload(4, 5),    prefetch(4, 5),
-                             drop(4, 5),        offload(4, 5, StashKind::Weights),
-                             prefetch(4, 6, StashKind::Weights),   drop(4, 7, StashKind::Weights),
-                             step(3, 2),        syncWeights(3, 2, 1), recvWeights(3, 2, 6),
+  std::vector<Action> all = {F(0, 0),
+                             B(12, 345),
+                             B(1, 1, true),
+                             sendAct(3, 9, 1),
+                             recvAct(3, 9, 0),
+                             sendGrad(2, 7, 11),
+                             recvGrad(2, 7, 12),
+                             offload(4, 5),
+                             prefetch(4, 5),
+                             drop(4, 5),
+                             offload(4, 5, StashKind::Weights),
+                             prefetch(4, 6, StashKind::Weights),
+                             drop(4, 7, StashKind::Weights),
+                             step(3, 2),
+                             syncWeights(3, 2, 1),
+                             recvWeights(3, 2, 6),
                              allReduce(0, 10)};
   std::set<int> types;
   for (const Action& a : all) {

@@ -11,8 +11,8 @@
 using namespace pipefb::schedules;
 
 namespace {
-const std::vector<std::pair<int, int>> kShapes = {{1, 1}, {1, 4}, {2, 1}, {3, 2}, {4, 10},
-                                                   {7, 3}, {5, 5}, {8, 64}, {6, 1}};
+const std::vector<std::pair<int, int>> kShapes = {{1, 1}, {1, 4}, {2, 1},  {3, 2}, {4, 10},
+                                                  {7, 3}, {5, 5}, {8, 64}, {6, 1}};
 const std::vector<StashPolicy> kPolicies = {StashPolicy::Keep, StashPolicy::Offload,
                                             StashPolicy::Checkpoint,
                                             StashPolicy::CheckpointOffload};
@@ -53,8 +53,12 @@ TEST(GeneratorsTest, EveryMicrobatchHasOneForwardAndOneBackwardOnItsDevices) {
       std::map<std::tuple<int, int, int>, int> count;  // (type, stage, mb) -> n
       for (int d = 0; d < s.numDevices(); ++d)
         for (const Action& a : s.devices[d]) {
-          if (a.type == ActionType::Forward) EXPECT_EQ(d, s.placement.forward(a.stage));
-          if (a.type == ActionType::Backward) EXPECT_EQ(d, s.placement.backward(a.stage));
+          if (a.type == ActionType::Forward) {
+            EXPECT_EQ(d, s.placement.forward(a.stage));
+          }
+          if (a.type == ActionType::Backward) {
+            EXPECT_EQ(d, s.placement.backward(a.stage));
+          }
           if (a.isCompute()) ++count[{static_cast<int>(a.type), a.stage, a.index}];
         }
       EXPECT_EQ(static_cast<int>(count.size()), 2 * S * M * K) << kind;
@@ -133,8 +137,8 @@ TEST(GeneratorsTest, PipefbAsyncForwardRunsOneVersionStale) {
     ASSERT_EQ(vs.size(), static_cast<size_t>(M * K));
     for (int m = 0; m < M * K; ++m) {
       int k = m / M;
-      EXPECT_EQ(vs[m], k);                     // sync: the newest weights
-      EXPECT_EQ(va[m], std::max(0, k - 1));    // async: at most one version stale
+      EXPECT_EQ(vs[m], k);                   // sync: the newest weights
+      EXPECT_EQ(va[m], std::max(0, k - 1));  // async: at most one version stale
     }
   }
   EXPECT_EQ(async.contract.weightVersions, std::vector<int>(S, 2));
@@ -159,8 +163,7 @@ TEST(GeneratorsTest, RejectsBadShapesAndPlacements) {
   EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement::pipefb(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("pipefb-sync", 2, 2, Placement::sameDevice(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement({{0, 0}, {0, 0}})), pipefb::UserError);
-  EXPECT_THROW(makeSchedule("pipefb-async", 2, 2, Placement({{0, 1}, {1, 2}})),
-               pipefb::UserError);
+  EXPECT_THROW(makeSchedule("pipefb-async", 2, 2, Placement({{0, 1}, {1, 2}})), pipefb::UserError);
   EXPECT_THROW(makeSchedule("gpipe", 3, 2, Placement::sameDevice(2)), pipefb::UserError);
 }
 

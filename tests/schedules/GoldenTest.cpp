@@ -20,8 +20,8 @@ struct Golden {
   StashPolicy policy;
   int lookahead;
   std::string file() const {
-    return kind + "_S" + std::to_string(S) + "_M" + std::to_string(M) + "_K" +
-           std::to_string(K) + "_" + toString(policy) + "_L" + std::to_string(lookahead) + ".txt";
+    return kind + "_S" + std::to_string(S) + "_M" + std::to_string(M) + "_K" + std::to_string(K) +
+           "_" + toString(policy) + "_L" + std::to_string(lookahead) + ".txt";
   }
 };
 

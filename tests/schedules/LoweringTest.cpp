@@ -22,9 +22,8 @@ int indexOf(const std::vector<Action>& list, const std::string& token) {
 TEST(LoweringTest, CommunicationFor1F1BTwoStages) {
   Schedule s = addCommunication(makeSchedule("1f1b", 2, 2).schedule);
   using V = std::vector<std::string>;
-  EXPECT_EQ(tokens(s.devices[0]),
-            (V{"F0.0", "SA0.0>1", "F0.1", "SA0.1>1", "RG1.0<1", "B0.0", "RG1.1<1", "B0.1",
-               "STEP0.0"}));
+  EXPECT_EQ(tokens(s.devices[0]), (V{"F0.0", "SA0.0>1", "F0.1", "SA0.1>1", "RG1.0<1", "B0.0",
+                                     "RG1.1<1", "B0.1", "STEP0.0"}));
   EXPECT_EQ(tokens(s.devices[1]), (V{"RA0.0<0", "F1.0", "B1.0", "SG1.0>0", "RA0.1<0", "F1.1",
                                      "B1.1", "SG1.1>0", "STEP1.0"}));
 }
@@ -46,7 +45,9 @@ TEST(LoweringTest, PipefbHandsTheLastOutputToItsBackwardDevice) {
   EXPECT_GE(indexOf(s.devices[4], "SG1.0>5"), 0);
   for (int d = 0; d < s.numDevices(); ++d)
     for (const Action& a : s.devices[d])
-      if (a.isSend() && a.type != ActionType::SyncWeights) EXPECT_GT(a.peer, d) << toString(a);
+      if (a.isSend() && a.type != ActionType::SyncWeights) {
+        EXPECT_GT(a.peer, d) << toString(a);
+      }
 }
 
 TEST(LoweringTest, CommunicationIsIdempotent) {
@@ -109,7 +110,9 @@ TEST(LoweringTest, CheckpointMarksRecomputeAndKeepAddsNothing) {
   EXPECT_EQ(ck.numActions(), base.numActions());
   for (const auto& list : ck.devices)
     for (const Action& a : list)
-      if (a.type == ActionType::Backward) EXPECT_TRUE(a.recompute);
+      if (a.type == ActionType::Backward) {
+        EXPECT_TRUE(a.recompute);
+      }
   Schedule cko = addOffload(base, {StashPolicy::CheckpointOffload}, 1);
   EXPECT_EQ(cko.numActions(), base.numActions() + 2 * 3 * 4);
 }

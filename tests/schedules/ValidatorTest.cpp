@@ -12,8 +12,8 @@ namespace {
 
 void removeToken(Schedule& s, int d, const std::string& token) {
   auto& list = s.devices[d];
-  auto it = std::find_if(list.begin(), list.end(),
-                         [&](const Action& a) { return toString(a) == token; });
+  auto it =
+      std::find_if(list.begin(), list.end(), [&](const Action& a) { return toString(a) == token; });
   ASSERT_NE(it, list.end()) << token;
   list.erase(it);
 }

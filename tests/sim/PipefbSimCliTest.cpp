@@ -1,15 +1,15 @@
 // Runs the real pipefb_sim binary (build/pipefb_sim).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
-#include <cstdlib>
-#include <filesystem>
 
 namespace {
 
@@ -47,27 +47,28 @@ TEST(PipefbSimCliTest, TextOutputHasTimelineAndNumbers) {
 }
 
 TEST(PipefbSimCliTest, JsonReportHasTheDocumentedFields) {
-  CliRun r = pipefbSim("--schedule pipefb-sync --stages 3 --microbatches 4 --policy offload --json");
+  CliRun r =
+      pipefbSim("--schedule pipefb-sync --stages 3 --microbatches 4 --policy offload --json");
   ASSERT_EQ(r.code, 0) << r.out;
   nlohmann::json j = nlohmann::json::parse(r.out);
-  for (const char* k : {"schedule", "stages", "microbatches", "iterations", "devices", "policy",
-                        "lookahead", "costs", "time_unit", "makespan", "iteration_time",
-                        "iteration_ends", "bubble_fraction", "compute_devices", "per_device",
-                        "per_stage", "host_pool", "memory_timeline", "actions"})
+  for (const char* k :
+       {"schedule", "stages", "microbatches", "iterations", "devices", "policy", "lookahead",
+        "costs", "time_unit", "makespan", "iteration_time", "iteration_ends", "bubble_fraction",
+        "compute_devices", "per_device", "per_stage", "host_pool", "memory_timeline", "actions"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["devices"], 6);
   ASSERT_EQ(j["per_device"].size(), 6u);
   for (const auto& d : j["per_device"])
-    for (const char* k : {"device", "busy_time", "peak_bytes", "peak_time", "peak_breakdown",
-                          "peak_by_category", "peak_stash_count", "peak_stash_bytes",
-                          "peak_stash_count_by_stage"})
+    for (const char* k :
+         {"device", "busy_time", "peak_bytes", "peak_time", "peak_breakdown", "peak_by_category",
+          "peak_stash_count", "peak_stash_bytes", "peak_stash_count_by_stage"})
       EXPECT_TRUE(d.contains(k)) << k;
   EXPECT_EQ(j["per_device"][0]["peak_stash_count"], 0);  // forward device, offloading
   EXPECT_TRUE(j["per_device"][0]["peak_breakdown"].contains("optimizer_state"));
   for (const auto& s : j["per_stage"])
-    for (const char* k : {"stage", "forward_device", "backward_device", "peak_in_flight",
-                          "peak_resident_forward", "peak_resident_backward",
-                          "peak_weight_versions", "contract"})
+    for (const char* k :
+         {"stage", "forward_device", "backward_device", "peak_in_flight", "peak_resident_forward",
+          "peak_resident_backward", "peak_weight_versions", "contract"})
       EXPECT_TRUE(s.contains(k)) << k;
   EXPECT_GT(j["host_pool"]["peak_bytes"].get<long long>(), 0);
   EXPECT_FALSE(j["actions"].empty());
@@ -77,8 +78,8 @@ TEST(PipefbSimCliTest, JsonReportHasTheDocumentedFields) {
 
 TEST(PipefbSimCliTest, BadInputExitsTwoWithOneLine) {
   for (const std::string& args :
-       {"--stages", "--stages x", "--bogus", "--schedule zigzag", "--policy ofload",
-        "--stages 0", "--costs /nonexistent.json", "--lookahead -1", "--policy keep,keep"}) {
+       {"--stages", "--stages x", "--bogus", "--schedule zigzag", "--policy ofload", "--stages 0",
+        "--costs /nonexistent.json", "--lookahead -1", "--policy keep,keep"}) {
     CliRun r = pipefbSim(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << args << ": " << r.out;
@@ -100,7 +101,7 @@ TEST(PipefbSimCliTest, LoadsATextScheduleAndCostFile) {
   std::ofstream(dir + "/cli_schedule.txt") << text;
   std::ofstream(dir + "/cli_costs.json") << R"({"stage": {"forward": 0.5, "backward": 1.0}})";
   CliRun r = pipefbSim("--load " + dir + "/cli_schedule.txt --costs " + dir +
-                    "/cli_costs.json --json --no-actions --no-memory-timeline");
+                       "/cli_costs.json --json --no-actions --no-memory-timeline");
   ASSERT_EQ(r.code, 0) << r.out;
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_DOUBLE_EQ(j["makespan"].get<double>(), 3 * 1.5);  // (M+S-1)(F+B)

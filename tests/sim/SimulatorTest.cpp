@@ -13,8 +13,8 @@ using pipefb::MemoryCategory;
 
 namespace {
 
-const std::vector<std::pair<int, int>> kShapes = {{3, 2}, {4, 10}, {7, 3}, {8, 64}, {1, 1},
-                                                   {2, 5}, {5, 1}, {16, 16}, {6, 7}};
+const std::vector<std::pair<int, int>> kShapes = {{3, 2}, {4, 10}, {7, 3},   {8, 64}, {1, 1},
+                                                  {2, 5}, {5, 1},  {16, 16}, {6, 7}};
 
 SchedulePlan plan(const std::string& kind, int S, int M, int K = 1,
                   StashPolicy p = StashPolicy::Keep, int lookahead = 1) {
@@ -65,7 +65,8 @@ TEST(SimulatorTest, PeakStashPerStageMatchesContracts) {
       EXPECT_EQ(g.peakInFlight[s], M);
       EXPECT_EQ(f.peakStashCountByStage[s][s], std::min(S - s, M));
       EXPECT_EQ(f.peakInFlight[s], std::min(S - s, M));
-      EXPECT_EQ(f.peakStashBytes[s], std::min(S - s, M) * CostTable::uniform(S).stages[s].stashBytes);
+      EXPECT_EQ(f.peakStashBytes[s],
+                std::min(S - s, M) * CostTable::uniform(S).stages[s].stashBytes);
     }
   }
 }
@@ -138,8 +139,8 @@ TEST(SimulatorTest, EveryKindAndPolicyStaysWithinItsContract) {
           ASSERT_FALSE(tl.empty());
           EXPECT_EQ(tl.front().time, 0.0);
           EXPECT_GT(tl.front().bytes[index(MemoryCategory::Weights)], 0);
-          for (MemoryCategory cat : {MemoryCategory::Stash, MemoryCategory::WorkingSet,
-                                     MemoryCategory::CommBuffers})
+          for (MemoryCategory cat :
+               {MemoryCategory::Stash, MemoryCategory::WorkingSet, MemoryCategory::CommBuffers})
             EXPECT_EQ(tl.back().bytes[index(cat)], 0) << toString(cat);
           EXPECT_EQ(r.memory[d].peakBytes, r.memory[d].atPeak[0] + r.memory[d].atPeak[1] +
                                                r.memory[d].atPeak[2] + r.memory[d].atPeak[3] +
@@ -199,7 +200,7 @@ TEST(SimulatorTest, SlowPrefetchStallsTheBackward) {
   double copy = c.stages[0].stashBytes / 1e8;
   EXPECT_NEAR(r.spans[fd][off].end - r.spans[fd][off].start, copy, 1e-9);
   EXPECT_GE(r.spans[bd][pre].start, r.spans[fd][off].end - 1e-12);  // PRE after its OFF
-  EXPECT_NEAR(r.spans[bd][b].start, r.spans[bd][pre].end, 1e-12);    // B waits for it
+  EXPECT_NEAR(r.spans[bd][b].start, r.spans[bd][pre].end, 1e-12);   // B waits for it
   // While offloading, the forward device still holds the stash; afterwards it does not.
   EXPECT_EQ(r.peakStashCount[fd], 2);
 }
@@ -224,7 +225,9 @@ TEST(SimulatorTest, PipefbAsyncBeatsSyncInSteadyState) {
     // With 2 stages the weights come back before the forward devices need them, so the
     // backward devices never idle in steady state. (Deeper pipelines pay for the round trip
     // F0 -> ... -> B0 of the one-stale weights, which the simulator shows.)
-    if (S == 2) EXPECT_NEAR(as.iterationTime, M * 2e-3, 1e-9) << S << "x" << M;
+    if (S == 2) {
+      EXPECT_NEAR(as.iterationTime, M * 2e-3, 1e-9) << S << "x" << M;
+    }
   }
 }
 

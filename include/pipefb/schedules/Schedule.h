@@ -22,10 +22,10 @@
 namespace pipefb::schedules {
 
 struct Schedule {
-  std::string kind;          // generator name, informational ("custom" for hand-written)
-  int numStages = 0;         // S
-  int numMicrobatches = 0;   // M, per iteration
-  int numIterations = 1;     // K; microbatch indices run over [0, K*M)
+  std::string kind;         // generator name, informational ("custom" for hand-written)
+  int numStages = 0;        // S
+  int numMicrobatches = 0;  // M, per iteration
+  int numIterations = 1;    // K; microbatch indices run over [0, K*M)
   Placement placement;
   std::vector<std::vector<Action>> devices;  // devices[d] = ordered actions of device d
 

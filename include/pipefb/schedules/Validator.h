@@ -20,9 +20,9 @@
 namespace pipefb::schedules {
 
 struct ValidationStats {
-  std::vector<int> peakInFlight;                // per stage
-  std::vector<std::vector<int>> peakResident;   // [device][stage] at F/B starts
-  std::vector<int> peakWeightVersions;          // per stage
+  std::vector<int> peakInFlight;               // per stage
+  std::vector<std::vector<int>> peakResident;  // [device][stage] at F/B starts
+  std::vector<int> peakWeightVersions;         // per stage
 };
 
 /// Throws ScheduleError (with the step x device grid) on the first violation.

@@ -16,15 +16,15 @@ struct StageCosts {
   double recompute = 1e-3;  // extra time of BR(s,m): re-running F from the checkpoint
   double step = 0;          // STEP (optimizer)
   double allReduce = 0;     // AR
-  std::int64_t activationBytes = 1 << 20;     // SA/RA: the stage's output
-  std::int64_t gradientBytes = 1 << 20;       // SG/RG: the gradient of the stage's input
-  std::int64_t stashBytes = 4 << 20;          // graph stash (keep/offload)
-  std::int64_t checkpointBytes = 1 << 20;     // checkpoint stash (checkpoint kinds)
-  std::int64_t weightVersionBytes = 8 << 20;  // one weight version: SW/RW, OFFW/PREW, stashes
-  std::int64_t weightsBytes = 8 << 20;        // resident weights on F(s) and B(s)
-  std::int64_t gradsBytes = 8 << 20;          // resident grads on B(s)
+  std::int64_t activationBytes = 1 << 20;       // SA/RA: the stage's output
+  std::int64_t gradientBytes = 1 << 20;         // SG/RG: the gradient of the stage's input
+  std::int64_t stashBytes = 4 << 20;            // graph stash (keep/offload)
+  std::int64_t checkpointBytes = 1 << 20;       // checkpoint stash (checkpoint kinds)
+  std::int64_t weightVersionBytes = 8 << 20;    // one weight version: SW/RW, OFFW/PREW, stashes
+  std::int64_t weightsBytes = 8 << 20;          // resident weights on F(s) and B(s)
+  std::int64_t gradsBytes = 8 << 20;            // resident grads on B(s)
   std::int64_t optimizerStateBytes = 16 << 20;  // resident optimizer state on B(s)
-  std::int64_t workingSetBytes = 2 << 20;     // transient, while F/B runs
+  std::int64_t workingSetBytes = 2 << 20;       // transient, while F/B runs
 };
 
 /// A one-way link. time(bytes) = latency + bytes / bandwidth; bandwidth 0 = unlimited.
@@ -38,10 +38,10 @@ struct LinkCost {
 
 struct CostTable {
   std::vector<StageCosts> stages;
-  LinkCost defaultLink;                        // device -> device
+  LinkCost defaultLink;                           // device -> device
   std::map<std::pair<int, int>, LinkCost> links;  // (src, dst) overrides
-  LinkCost defaultHostLink;                    // device <-> host pool (copy engine)
-  std::map<int, LinkCost> hostLinks;           // per device overrides
+  LinkCost defaultHostLink;                       // device <-> host pool (copy engine)
+  std::map<int, LinkCost> hostLinks;              // per device overrides
 
   const LinkCost& link(int src, int dst) const;
   const LinkCost& hostLink(int device) const;

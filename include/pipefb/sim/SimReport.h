@@ -12,8 +12,8 @@ struct SimReportOptions {
   std::string policy = "keep";  // as given on the command line
   int lookahead = 1;
   std::string costs = "uniform";
-  bool includeActions = true;   // "actions": every action's start/end
-  bool includeMemory = true;    // "memory_timeline" and "host_pool.timeline"
+  bool includeActions = true;  // "actions": every action's start/end
+  bool includeMemory = true;   // "memory_timeline" and "host_pool.timeline"
 };
 
 /// The JSON document (pretty-printed). `contract` may be null (a loaded schedule).

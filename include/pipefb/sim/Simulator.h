@@ -60,13 +60,13 @@ struct SimResult {
   double makespan = 0;
   double iterationTime = 0;  // K == 1: makespan; else (end of last - end of first) / (K-1)
   double bubbleFraction = 0;
-  std::vector<double> iterationEnd;  // per iteration: the last end of its actions
-  std::vector<int> peakStashCount;   // per device
-  std::vector<std::int64_t> peakStashBytes;      // per device
+  std::vector<double> iterationEnd;          // per iteration: the last end of its actions
+  std::vector<int> peakStashCount;           // per device
+  std::vector<std::int64_t> peakStashBytes;  // per device
   std::vector<std::vector<int>> peakStashCountByStage;  // [device][stage]
-  std::vector<int> peakInFlight;        // per stage, device + host
-  std::vector<int> peakWeightVersions;  // per stage
-  int computeDevices = 0;               // devices with at least one compute action
+  std::vector<int> peakInFlight;                        // per stage, device + host
+  std::vector<int> peakWeightVersions;                  // per stage
+  int computeDevices = 0;                               // devices with at least one compute action
 };
 
 /// Simulates a lowered schedule. A schedule that cannot finish throws
