@@ -89,7 +89,7 @@ TEST(GeneratorsTest, ContractsMatchTheAbstractRun) {
 
 TEST(GeneratorsTest, PipefbForwardDevicesHoldNoStashWhenOffloading) {
   for (auto [S, M] : kShapes)
-    for (const std::string& kind : {"pipefb-sync", "pipefb-async"})
+    for (std::string kind : {"pipefb-sync", "pipefb-async"})
       for (int lookahead : {0, 1, 2}) {
         SchedulePlan plan = lower(makeSchedule(kind, S, M, 3), {StashPolicy::Offload}, lookahead);
         ValidationStats st = validate(plan.schedule, &plan.contract);

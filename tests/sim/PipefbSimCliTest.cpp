@@ -91,7 +91,7 @@ TEST(PipefbSimCliTest, BadInputExitsTwoWithOneLine) {
 }
 
 TEST(PipefbSimCliTest, LoadsATextScheduleAndCostFile) {
-  // A private directory: ctest may run this binary twice at once (sim_test_all).
+  // A private directory, so parallel runs do not share files.
   std::string tmpl = std::string(PIPEFB_BINARY_DIR) + "/tests/sim/cli_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
   std::string dir = tmpl;

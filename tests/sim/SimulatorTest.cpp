@@ -33,7 +33,7 @@ int find(const Schedule& s, int d, const std::string& token) {
 }  // namespace
 
 TEST(SimulatorTest, BubbleMatchesAnalyticForGpipeAnd1F1B) {
-  for (const std::string& kind : {"gpipe", "1f1b"})
+  for (std::string kind : {"gpipe", "1f1b"})
     for (auto [S, M] : kShapes)
       for (auto [f, b] : {std::pair{1e-3, 2e-3}, {1e-3, 1e-3}, {2.5e-3, 4e-3}}) {
         SCOPED_TRACE(kind + " " + std::to_string(S) + "x" + std::to_string(M));
@@ -46,7 +46,7 @@ TEST(SimulatorTest, BubbleMatchesAnalyticForGpipeAnd1F1B) {
 }
 
 TEST(SimulatorTest, SteadyStateOfSyncSchedulesIsOneFlushedIteration) {
-  for (const std::string& kind : {"gpipe", "1f1b"})
+  for (std::string kind : {"gpipe", "1f1b"})
     for (auto [S, M] : {std::pair{3, 2}, {4, 10}, {7, 3}}) {
       SimResult r = simulate(plan(kind, S, M, 4).schedule, CostTable::uniform(S));
       EXPECT_NEAR(r.iterationTime, (M + S - 1) * 3e-3, 1e-12);
@@ -73,7 +73,7 @@ TEST(SimulatorTest, PeakStashPerStageMatchesContracts) {
 
 TEST(SimulatorTest, PipefbForwardDevicesHoldNoStashWhenOffloading) {
   for (auto [S, M] : kShapes)
-    for (const std::string& kind : {"pipefb-sync", "pipefb-async"})
+    for (std::string kind : {"pipefb-sync", "pipefb-async"})
       for (StashPolicy p : {StashPolicy::Offload, StashPolicy::CheckpointOffload})
         for (int lookahead : {0, 1, 2}) {
           SchedulePlan pl = plan(kind, S, M, 3, p, lookahead);
