@@ -77,7 +77,7 @@ TEST(PipefbSimCliTest, JsonReportHasTheDocumentedFields) {
 }
 
 TEST(PipefbSimCliTest, BadInputExitsTwoWithOneLine) {
-  for (const std::string& args :
+  for (std::string args :
        {"--stages", "--stages x", "--bogus", "--schedule zigzag", "--policy ofload", "--stages 0",
         "--costs /nonexistent.json", "--lookahead -1", "--policy keep,keep"}) {
     CliRun r = pipefbSim(args);
