@@ -1,0 +1,81 @@
+#pragma once
+// The trainer behind pipefb_train. With pipeline.schedule "none" it trains on one
+// device, accumulating gradients over pipeline.microbatches; this is also the
+// reference the pipeline schedules are checked against (DESIGN.md, "Correctness").
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipefb/config/Config.h"
+#include "pipefb/data/Dataset.h"
+#include "pipefb/model/Model.h"
+
+namespace pipefb::memory {
+class MemoryDomain;
+}
+
+namespace pipefb::train {
+
+struct DeviceSummary {
+  std::string name;
+  int64_t capacity_bytes = -1;  // -1 = unlimited
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::map<std::string, int64_t> peak_by_category;  // live bytes per category at the peak
+};
+
+struct RunSummary {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double final_loss = 0;
+  double test_accuracy = -1;  // -1 when not evaluated
+  double test_loss = -1;
+  double throughput_samples_per_s = 0;  // training samples / training seconds
+  double wall_seconds = 0;
+  std::vector<DeviceSummary> devices;
+  std::string run_dir;
+  std::string checkpoint;  // path of the final checkpoint ("" if none)
+};
+
+class Trainer {
+ public:
+  explicit Trainer(config::Config config);
+  ~Trainer();
+
+  /// Trains for the configured steps, evaluates, writes the run folder
+  /// (config.yaml, metrics.csv, summary.json, model.pt) and returns the summary.
+  RunSummary run();
+
+  /// One optimizer step on `batch`: gradient accumulation over the configured
+  /// microbatches, then the optimizer. Returns the batch's mean loss.
+  double step(const data::Batch& batch);
+  /// Test-set accuracy and mean loss, without grad.
+  std::pair<double, double> evaluate(data::Dataset& test);
+
+  model::Model& model() { return *model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const config::Config& config() const { return config_; }
+  int64_t totalSteps() const { return totalSteps_; }
+
+ private:
+  std::vector<DeviceSummary> deviceSummaries() const;
+
+  config::Config config_;
+  std::shared_ptr<model::Model> model_;
+  std::shared_ptr<data::Dataset> train_;
+  std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t totalSteps_ = 0;
+  int64_t stepsDone_ = 0;
+  memory::MemoryDomain* device_ = nullptr;  // cpu:0
+};
+
+/// Number of optimizer steps a config asks for: training.iterations when set,
+/// else epochs × batches per epoch.
+int64_t plannedSteps(const config::Config& config, int64_t trainSamples);
+
+}  // namespace pipefb::train
