@@ -174,8 +174,8 @@ void requireImageModel(const DataOptions& data, const model::ModelOptions& model
 void requireClasses(const std::string& dataName, int64_t classes, const model::ModelOptions& m) {
   if (m.num_classes < classes) {
     throw UserError("model.num_classes = " + std::to_string(m.num_classes) + " but " + dataName +
-                    " has " + std::to_string(classes) + " classes; set model.num_classes=" +
-                    std::to_string(classes));
+                    " has " + std::to_string(classes) +
+                    " classes; set model.num_classes=" + std::to_string(classes));
   }
 }
 
@@ -214,15 +214,18 @@ std::shared_ptr<Dataset> loadFashionMnist(const DataOptions& data, const model::
       throw UserError(os.str());
     }
   }
-  const int64_t n = capped(images.dims[0], split == Split::Train ? data.limit_train : data.limit_test);
+  const int64_t n =
+      capped(images.dims[0], split == Split::Train ? data.limit_train : data.limit_test);
   const int64_t h = images.dims[1], w = images.dims[2];
   std::ostringstream how;
   how << "fashion-mnist " << splitName(split) << ": " << n << " samples from " << dir.string()
       << ", ";
   torch::Tensor raw = torch::from_blob(images.bytes.data(), {n, 1, h, w}, torch::kUInt8);
-  torch::Tensor x = shapeImages(raw, {{0.2860}, {0.3530}}, "fashion-mnist", model, data.normalize, how);
+  torch::Tensor x =
+      shapeImages(raw, {{0.2860}, {0.3530}}, "fashion-mnist", model, data.normalize, how);
   torch::Tensor y = torch::from_blob(labels.bytes.data(), {n}, torch::kUInt8).to(torch::kLong);
-  return std::make_shared<ImageDataset>(x, y, model.channels, model.input_size, kClasses, how.str());
+  return std::make_shared<ImageDataset>(x, y, model.channels, model.input_size, kClasses,
+                                        how.str());
 }
 
 // ---------------------------------------------------------------- CIFAR-10
@@ -247,7 +250,8 @@ std::shared_ptr<Dataset> loadCifar10(const DataOptions& data, const model::Model
   }
   std::vector<std::string> files;
   if (split == Split::Train) {
-    for (int i = 1; i <= 5; ++i) files.push_back((dir / ("data_batch_" + std::to_string(i) + ".bin")).string());
+    for (int i = 1; i <= 5; ++i)
+      files.push_back((dir / ("data_batch_" + std::to_string(i) + ".bin")).string());
   } else {
     files.push_back((dir / "test_batch.bin").string());
   }
@@ -261,7 +265,8 @@ std::shared_ptr<Dataset> loadCifar10(const DataOptions& data, const model::Model
   torch::Tensor x = shapeImages(raw, {{0.4914, 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616}},
                                 "cifar10", model, data.normalize, how);
   torch::Tensor y = torch::from_blob(records.labels.data(), {n}, torch::kUInt8).to(torch::kLong);
-  return std::make_shared<ImageDataset>(x, y, model.channels, model.input_size, kClasses, how.str());
+  return std::make_shared<ImageDataset>(x, y, model.channels, model.input_size, kClasses,
+                                        how.str());
 }
 
 // ---------------------------------------------------------------- synthetic
@@ -278,9 +283,17 @@ std::shared_ptr<Dataset> loadCifar10(const DataOptions& data, const model::Model
 //    chain's entropy rate, which describe() prints.
 
 /// Stream ids for mixSeed, so that the parts of a task draw unrelated numbers.
-enum : uint64_t { kStreamTemplates = 1, kStreamLabels = 2, kStreamNoise = 4, kStreamSucc = 5, kStreamSeqs = 6 };
+enum : uint64_t {
+  kStreamTemplates = 1,
+  kStreamLabels = 2,
+  kStreamNoise = 4,
+  kStreamSucc = 5,
+  kStreamSeqs = 6
+};
 
-uint64_t splitStream(uint64_t stream, Split split) { return stream * 2 + (split == Split::Test ? 1 : 0); }
+uint64_t splitStream(uint64_t stream, Split split) {
+  return stream * 2 + (split == Split::Test ? 1 : 0);
+}
 
 class SyntheticImages : public Dataset {
  public:
@@ -353,9 +366,9 @@ class SyntheticTokens : public Dataset {
     const double entropy = -ps * std::log(ps) - (a - 1) * q * std::log(q);
     std::ostringstream os;
     os << "synthetic " << splitName(split) << ": " << n << " token sequences of " << t + 1
-       << " over vocab " << vocab_ << " (Markov chain on " << a << " ids; best loss "
-       << std::fixed << std::setprecision(3) << entropy << " nats vs ln V = "
-       << std::log(double(vocab_)) << ", seed " << seed << ")";
+       << " over vocab " << vocab_ << " (Markov chain on " << a << " ids; best loss " << std::fixed
+       << std::setprecision(3) << entropy << " nats vs ln V = " << std::log(double(vocab_))
+       << ", seed " << seed << ")";
     description_ = os.str();
   }
 
@@ -377,7 +390,8 @@ class SyntheticTokens : public Dataset {
 
 void checkOptions(const DataOptions& data, const model::ModelOptions& model) {
   auto nonNegative = [](const char* key, int64_t v) {
-    if (v < 0) throw UserError(std::string(key) + " = " + std::to_string(v) + ", expected >= 0 (0 = all)");
+    if (v < 0)
+      throw UserError(std::string(key) + " = " + std::to_string(v) + ", expected >= 0 (0 = all)");
   };
   nonNegative("data.limit_train", data.limit_train);
   nonNegative("data.limit_test", data.limit_test);
@@ -388,8 +402,8 @@ void checkOptions(const DataOptions& data, const model::ModelOptions& model) {
     throw UserError("model.channels = " + std::to_string(model.channels) + ", expected >= 1");
   }
   if (model.num_classes < 1 || (isTokenModel(model) && model.num_classes < 2)) {
-    throw UserError("model.num_classes = " + std::to_string(model.num_classes) + ", expected >= " +
-                    (isTokenModel(model) ? "2 (the vocabulary size)" : "1"));
+    throw UserError("model.num_classes = " + std::to_string(model.num_classes) +
+                    ", expected >= " + (isTokenModel(model) ? "2 (the vocabulary size)" : "1"));
   }
 }
 

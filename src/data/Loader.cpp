@@ -10,12 +10,17 @@ namespace pipefb::data {
 
 Loader::Loader(std::shared_ptr<Dataset> dataset, int64_t batch, bool shuffle, uint64_t seed,
                bool dropLast)
-    : dataset_(std::move(dataset)), batch_(batch), shuffle_(shuffle), seed_(seed), dropLast_(dropLast) {
+    : dataset_(std::move(dataset)),
+      batch_(batch),
+      shuffle_(shuffle),
+      seed_(seed),
+      dropLast_(dropLast) {
   PIPEFB_ASSERT(dataset_ != nullptr, "Loader without a data set");
   if (batch_ < 1) throw UserError("training.batch = " + std::to_string(batch_) + ", expected >= 1");
   if (batchesPerEpoch() == 0) {
-    throw UserError("training.batch = " + std::to_string(batch_) + " is larger than the data set (" +
-                    dataset_->describe() + "), so an epoch has no full batch; lower training.batch");
+    throw UserError("training.batch = " + std::to_string(batch_) +
+                    " is larger than the data set (" + dataset_->describe() +
+                    "), so an epoch has no full batch; lower training.batch");
   }
   reshuffle();
 }

@@ -19,13 +19,16 @@ inline uint64_t splitmix64(uint64_t x) {
 }
 
 /// A seed derived from (a, b); different b give unrelated streams.
-inline uint64_t mixSeed(uint64_t a, uint64_t b) { return splitmix64(splitmix64(a) ^ (b * 0xD6E8FEB86659FD93ull)); }
+inline uint64_t mixSeed(uint64_t a, uint64_t b) {
+  return splitmix64(splitmix64(a) ^ (b * 0xD6E8FEB86659FD93ull));
+}
 
 /// Uniform integer in [0, n), n > 0, without modulo bias.
 inline uint64_t uniformBelow(std::mt19937_64& rng, uint64_t n) {
   const uint64_t limit = ~uint64_t(0) - (~uint64_t(0) % n);  // largest multiple of n
   uint64_t x;
-  do x = rng(); while (x >= limit);
+  do x = rng();
+  while (x >= limit);
   return x % n;
 }
 

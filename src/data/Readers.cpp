@@ -178,8 +178,8 @@ void expectEnd(ByteStream& s, uint64_t total, const std::string& layout) {
   uint8_t extra;
   if (s.read(&extra, 1) == 1) {
     std::ostringstream os;
-    os << "unexpected data after byte " << total << ": expected the data to end there ("
-       << layout << ")";
+    os << "unexpected data after byte " << total << ": expected the data to end there (" << layout
+       << ")";
     fail(s.path(), os.str());
   }
   if (s.truncated()) {
@@ -196,9 +196,8 @@ IdxArray readIdx(const std::string& path, int ndims, const std::string& what) {
   PIPEFB_ASSERT(ndims >= 1 && ndims <= 4, "readIdx: ndims " << ndims);
   ByteStream s(path);
   const uint32_t expectedMagic = 0x00000800u | static_cast<uint32_t>(ndims);
-  const std::string headerLayout =
-      std::to_string(4 + 4 * ndims) + "-byte IDX header with " + std::to_string(ndims) +
-      " dimension" + (ndims > 1 ? "s" : "");
+  const std::string headerLayout = std::to_string(4 + 4 * ndims) + "-byte IDX header with " +
+                                   std::to_string(ndims) + " dimension" + (ndims > 1 ? "s" : "");
 
   uint8_t head[4 + 4 * 4];
   readExact(s, head, 4, 4 + 4 * ndims, headerLayout);
@@ -206,8 +205,8 @@ IdxArray readIdx(const std::string& path, int ndims, const std::string& what) {
                          (uint32_t(head[2]) << 8) | uint32_t(head[3]);
   if (magic != expectedMagic) {
     std::ostringstream os;
-    os << "bad magic " << hex32(magic) << " at byte 0, expected " << hex32(expectedMagic)
-       << " (IDX" << ndims << " unsigned byte " << what << ")";
+    os << "bad magic " << hex32(magic) << " at byte 0, expected " << hex32(expectedMagic) << " (IDX"
+       << ndims << " unsigned byte " << what << ")";
     if (head[0] == 0 && head[1] == 0 && head[2] == 0x08 && head[3] != ndims)
       os << "; the file has " << int(head[3]) << " dimension" << (head[3] == 1 ? "" : "s");
     else if (head[0] == 0 && head[1] == 0 && head[3] == ndims)

@@ -62,9 +62,10 @@ double FashionMnist::loadSeconds_ = 0;
 double FashionMnist::inflateSeconds_ = 0;
 
 TEST_F(FashionMnist, TrainSetLoadsQuickly) {
-  std::printf("fashion-mnist train (60000 images, 28->32 px) loaded in %.3f s (of which ~%.3f s "
-              "reading the images file): %s\n",
-              loadSeconds_, inflateSeconds_, train_->describe().c_str());
+  std::printf(
+      "fashion-mnist train (60000 images, 28->32 px) loaded in %.3f s (of which ~%.3f s "
+      "reading the images file): %s\n",
+      loadSeconds_, inflateSeconds_, train_->describe().c_str());
   EXPECT_LT(loadSeconds_, 5.0);  // ~0.5 s unloaded; slack for a shared machine
 }
 
@@ -96,7 +97,8 @@ TEST_F(FashionMnist, RawPixelMeanAndZeroBorder) {
   Batch all = train_->get(range(0, 60000));  // (60000, 1, 32, 32), values in [0, 1]
   const auto& x = all.input;
   // The 2-pixel frame added by padding is exactly zero...
-  for (const auto& frame : {x.slice(2, 0, 2), x.slice(2, 30, 32), x.slice(3, 0, 2), x.slice(3, 30, 32)})
+  for (const auto& frame :
+       {x.slice(2, 0, 2), x.slice(2, 30, 32), x.slice(3, 0, 2), x.slice(3, 30, 32)})
     EXPECT_EQ(frame.abs().max().item<float>(), 0.0f);
   // ...so the sum over all pixels is that of the 28×28 originals.
   const double mean = x.sum(torch::kDouble).item<double>() / (60000.0 * 28 * 28);
@@ -260,7 +262,8 @@ TEST(SyntheticTokens, BigramStructureIsLearnable) {
   auto tin = test.input.flatten(), tout = test.target.flatten();
   int64_t hits = 0;
   for (int64_t i = 0; i < tin.numel(); ++i)
-    hits += best.count(tin[i].item<int64_t>()) && best[tin[i].item<int64_t>()] == tout[i].item<int64_t>();
+    hits += best.count(tin[i].item<int64_t>()) &&
+            best[tin[i].item<int64_t>()] == tout[i].item<int64_t>();
   const double rate = double(hits) / tin.numel();
   EXPECT_NEAR(rate, 0.75, 0.03);
 }
@@ -268,8 +271,9 @@ TEST(SyntheticTokens, BigramStructureIsLearnable) {
 TEST(MakeDatasetOptions, BadSizesAreUserErrors) {
   auto m = imageModel(16, 3);
   DataOptions d = synthetic(0, 10);
-  EXPECT_NE(userErrorOf([&] { makeDataset(d, m, Split::Train, 0); }).find("data.synthetic_train = 0"),
-            std::string::npos);
+  EXPECT_NE(
+      userErrorOf([&] { makeDataset(d, m, Split::Train, 0); }).find("data.synthetic_train = 0"),
+      std::string::npos);
   d = synthetic(10, 10);
   d.limit_test = -1;
   EXPECT_NE(userErrorOf([&] { makeDataset(d, m, Split::Test, 0); }).find("data.limit_test = -1"),

@@ -96,7 +96,8 @@ TEST(Loader, SeekReproducesTheSequence) {
   auto ds = std::make_shared<IndexDataset>(64);
   Loader reference(ds, 6, true, 11);  // 10 batches per epoch
   auto all = take(reference, 35);
-  for (auto [epoch, position] : std::vector<std::pair<int, int>>{{0, 0}, {0, 7}, {1, 3}, {2, 9}, {1, 10}}) {
+  for (auto [epoch, position] :
+       std::vector<std::pair<int, int>>{{0, 0}, {0, 7}, {1, 3}, {2, 9}, {1, 10}}) {
     Loader resumed(ds, 6, true, 11);
     take(resumed, 4);  // wherever it was before
     resumed.seek(epoch, position);
@@ -113,12 +114,14 @@ TEST(Loader, SeekReproducesTheSequence) {
 TEST(Loader, NoShuffleIsSequential) {
   auto ds = std::make_shared<IndexDataset>(10);
   Loader loader(ds, 4, false, 0, false);
-  EXPECT_EQ(take(loader, 4), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}, {0, 1, 2, 3}}));
+  EXPECT_EQ(take(loader, 4),
+            (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}, {0, 1, 2, 3}}));
 }
 
 TEST(Loader, BadBatchSizes) {
   auto ds = std::make_shared<IndexDataset>(10);
-  EXPECT_NE(userErrorOf([&] { Loader(ds, 0, true, 0); }).find("training.batch = 0"), std::string::npos);
+  EXPECT_NE(userErrorOf([&] { Loader(ds, 0, true, 0); }).find("training.batch = 0"),
+            std::string::npos);
   EXPECT_NE(userErrorOf([&] { Loader(ds, 11, true, 0, true); }).find("larger than the data set"),
             std::string::npos);
   Loader ok(ds, 11, true, 0, false);  // one short batch per epoch

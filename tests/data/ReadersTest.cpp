@@ -74,8 +74,8 @@ TEST(IdxReader, GoodFileRoundTripsExactly) {
   Batch b = ds->get(iota(kN));
   ASSERT_EQ(b.input.sizes(), (std::vector<int64_t>{kN, 1, kH, kW}));
   auto back = b.input.mul(255).round().to(torch::kUInt8).contiguous();
-  EXPECT_TRUE(torch::equal(back.flatten(), torch::from_blob(pixels.data(), {int64_t(pixels.size())},
-                                                            torch::kUInt8)));
+  EXPECT_TRUE(torch::equal(
+      back.flatten(), torch::from_blob(pixels.data(), {int64_t(pixels.size())}, torch::kUInt8)));
   auto labels = someLabels(kN);
   for (uint32_t i = 0; i < kN; ++i) EXPECT_EQ(b.target[i].item<int64_t>(), labels[i]);
 }
@@ -138,8 +138,9 @@ TEST(IdxReader, BadMagic) {
   const std::string path = dir.file("train-images-idx3-ubyte.gz");
   writeGz(path, idxBytes({kN, kH, kW}, patternBytes(kN * kH * kW, 4), /*magic=*/0x12345678));
   std::string msg = userErrorOf([&] { readIdx(path, 3, "images N×H×W"); });
-  EXPECT_EQ(msg, path + ": bad magic 0x12345678 at byte 0, expected 0x00000803 (IDX3 unsigned "
-                        "byte images N×H×W)");
+  EXPECT_EQ(msg, path +
+                     ": bad magic 0x12345678 at byte 0, expected 0x00000803 (IDX3 unsigned "
+                     "byte images N×H×W)");
   // Wrong element type (0x0D = float).
   writeGz(path, idxBytes({kN, kH, kW}, patternBytes(kN * kH * kW, 4), 0x00000D03));
   msg = userErrorOf([&] { readIdx(path, 3, "images N×H×W"); });
@@ -185,8 +186,8 @@ TEST(IdxReader, LabelImageCountMismatch) {
   writeFashionTrain(dir);
   const std::string labels = dir.file("train-labels-idx1-ubyte.gz");
   writeGz(labels, idxBytes({kN - 1}, someLabels(kN - 1)));
-  std::string msg = userErrorOf(
-      [&] { makeDataset(fashionAt(dir), imageModel(32, 1), Split::Train, 0); });
+  std::string msg =
+      userErrorOf([&] { makeDataset(fashionAt(dir), imageModel(32, 1), Split::Train, 0); });
   EXPECT_EQ(msg, labels + ": label count 6 at byte 4 does not match " +
                      dir.file("train-images-idx3-ubyte.gz") +
                      ", expected 7 labels (its image count at byte 4)");
@@ -199,8 +200,8 @@ TEST(IdxReader, LabelOutOfRange) {
   labels[4] = 10;
   const std::string path = dir.file("train-labels-idx1-ubyte.gz");
   writeGz(path, idxBytes({kN}, labels));
-  std::string msg = userErrorOf(
-      [&] { makeDataset(fashionAt(dir), imageModel(32, 1), Split::Train, 0); });
+  std::string msg =
+      userErrorOf([&] { makeDataset(fashionAt(dir), imageModel(32, 1), Split::Train, 0); });
   EXPECT_EQ(msg, path + ": label 10 at byte 12 out of range, expected 0..9");
 }
 
@@ -208,9 +209,10 @@ TEST(IdxReader, MissingFile) {
   TempDir dir;
   writeFashionTrain(dir);
   // The test split was never written.
-  std::string msg = userErrorOf(
-      [&] { makeDataset(fashionAt(dir), imageModel(32, 1), Split::Test, 0); });
-  EXPECT_EQ(msg, dir.file("t10k-images-idx3-ubyte.gz") + ": cannot open: No such file or directory");
+  std::string msg =
+      userErrorOf([&] { makeDataset(fashionAt(dir), imageModel(32, 1), Split::Test, 0); });
+  EXPECT_EQ(msg,
+            dir.file("t10k-images-idx3-ubyte.gz") + ": cannot open: No such file or directory");
 }
 
 TEST(IdxReader, GarbageNotGzip) {
@@ -369,8 +371,9 @@ TEST(Cifar10, TruncatedRecordNamesFileAndOffset) {
   writeRaw(path, bytes);
   std::string msg =
       userErrorOf([&] { makeDataset(cifarAt(dir), imageModel(32, 3), Split::Test, 0); });
-  EXPECT_EQ(msg, path + ": truncated at byte 3173: record 1 is incomplete, expected 6146 bytes "
-                        "(records of 3073 bytes: 1 label + 3072 pixels)");
+  EXPECT_EQ(msg, path +
+                     ": truncated at byte 3173: record 1 is incomplete, expected 6146 bytes "
+                     "(records of 3073 bytes: 1 label + 3072 pixels)");
 }
 
 TEST(Cifar10, BadLabelAndMissingBatch) {

@@ -51,7 +51,8 @@ inline void writeGz(const std::string& path, const std::vector<uint8_t>& bytes) 
 
 inline void writeRaw(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
 }
 
@@ -66,8 +67,7 @@ inline void putBe32(std::vector<uint8_t>& out, uint32_t v) {
 
 /// An IDX stream: magic 0x0000 08 <ndims>, big-endian dims, then the data.
 inline std::vector<uint8_t> idxBytes(const std::vector<uint32_t>& dims,
-                                     const std::vector<uint8_t>& data,
-                                     uint32_t magic = 0) {
+                                     const std::vector<uint8_t>& data, uint32_t magic = 0) {
   std::vector<uint8_t> out;
   putBe32(out, magic ? magic : 0x800u | static_cast<uint32_t>(dims.size()));
   for (uint32_t d : dims) putBe32(out, d);
