@@ -137,7 +137,7 @@ class ByteStream {
     if (eof_) return inAvail_ > 0;
     if (inPos_ > 0 && inAvail_ > 0) std::memmove(in_, in_ + inPos_, inAvail_);
     inPos_ = 0;
-    size_t k = std::fread(in_ + inAvail_, 1, sizeof in_ - inAvail_, file_);
+    size_t k = std::fread(in_ + inAvail_, 1, buffer_.size() - inAvail_, file_);
     if (k == 0) {
       if (std::ferror(file_)) fail(path_, std::string("read error: ") + std::strerror(errno));
       eof_ = true;
@@ -151,7 +151,8 @@ class ByteStream {
   bool gzip_ = false;
   bool zInit_ = false;
   z_stream z_{};
-  uint8_t in_[1 << 18];
+  std::vector<uint8_t> buffer_ = std::vector<uint8_t>(1 << 18);  // heap: callers may be threads
+  uint8_t* in_ = buffer_.data();
   size_t inPos_ = 0, inAvail_ = 0;
   bool eof_ = false, ended_ = false, truncated_ = false;
   uint64_t offset_ = 0;
