@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -52,7 +53,9 @@ Trainer::Trainer(config::Config config) : config_(std::move(config)) {
   memory::installTrackingAllocator();
   device_ = &memory::configureDomain(memory::virtualDeviceName(0),
                                      config_.devices.memory.value_or(memory::kUnlimited));
-  if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
+  // LibTorch here starts with one intra-op thread; 0 means every core.
+  at::set_num_threads(t.threads > 0 ? static_cast<int>(t.threads)
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   torch::manual_seed(t.seed);
   train_ = data::makeDataset(config_.data, config_.model, data::Split::Train, t.seed);
   loader_ = std::make_unique<data::Loader>(train_, t.batch, /*shuffle=*/true, t.seed);
