@@ -1,0 +1,154 @@
+#pragma once
+// The planner's cost model: what one stage costs in time and memory for a pipeline
+// shape. The DP (Solver.h) and the exhaustive search (BruteForce.h) both call it, so the
+// optimality test compares search strategies, never two cost models.
+//
+// Note [Planner cost model]
+// Steady state, per microbatch of size b (the profile scaled by b / profile.microbatch,
+// Note [Microbatch scaling]). Each device has three resources: a compute thread, a copy
+// engine to the host pool, and one-way links to other devices. A stage's *time* is the
+// busiest of the resources it uses:
+//   same device:  compute = F + B (+R if checkpointed) + step/M;  copy = 2 x stash / host bw
+//   PipeFB split: forward device: compute = F, copy = stash / host bw (offload);
+//                 backward device: compute = B (+R) + step/M, copy = stash / host bw (prefetch)
+//   boundary with the previous stage: activations one way, gradients the other, each
+//   latency + bytes / bandwidth on its own link; a split last stage also sends its output
+//   from its forward to its backward device.
+// Copies and transfers hide under compute whenever they are shorter (they are separate
+// resources), so the pipeline's pace tau is the largest of these over all stages, and
+//   iteration time = (M + D - 1) x tau   for flushing schedules (gpipe, 1f1b, pipefb-sync),
+//                    D = devices along the chain (S, or 2S for PipeFB),
+//                  = M x tau             for asynchronous ones (pipedream, pipefb-async).
+// Memory of a device, by category (the simulator's categories):
+//   weights W; weight versions (v-1) x W; grads G and optimizer state O on the backward
+//   device; stash = resident x stash bytes; working set = the largest layer working set,
+//   plus one recomputed graph while a checkpointed B runs.
+//   stash bytes: keep/offload = saved bytes of the stage; checkpoint kinds = its input.
+//   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
+//   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
+//   (min(n, lookahead + 2) on a same device; min(n, 1) on a split forward device).
+//   host pool: n x stash bytes for each offloaded stage.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipefb/common/MemoryCategory.h"
+#include "pipefb/planner/Cluster.h"
+#include "pipefb/planner/LayerCost.h"
+#include "pipefb/schedules/StashPolicy.h"
+
+namespace pipefb::planner {
+
+using schedules::StashPolicy;
+
+enum class ScheduleKind { GPipe, OneFOneB, PipeDream, PipeFbSync, PipeFbAsync };
+
+const char* toString(ScheduleKind k);
+/// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async"; else UserError.
+ScheduleKind parseScheduleKind(const std::string& name);
+std::vector<ScheduleKind> allScheduleKinds();
+/// Forward and backward of a stage on different devices (PipeFB).
+bool isSplit(ScheduleKind k);
+/// Flushes every iteration (iteration time has a fill/drain bubble).
+bool isFlushing(ScheduleKind k);
+
+/// Closed forms of the steady-state MemoryContract of schedules::makeSchedule (many
+/// iterations); PlannerTest checks them against the generators.
+int inFlightStashes(ScheduleKind k, int S, int s, int M);
+int weightVersions(ScheduleKind k, int S, int s, int M);
+
+std::vector<StashPolicy> allStashPolicies();
+
+/// A pipeline shape without its partition: schedule, stages, microbatches, and the chain
+/// of devices. Stage k runs F on chain[k] and B on chain[k] (same device) or on
+/// chain[2S-1-k] (PipeFB: activations flow F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0).
+struct PipelineShape {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int stages = 1;
+  int microbatches = 1;
+  std::int64_t microbatchSize = 1;
+  int lookahead = 1;
+  std::vector<int> chain;
+
+  int forwardDevice(int k) const { return chain.at(k); }
+  int backwardDevice(int k) const {
+    return isSplit(kind) ? chain.at(2 * stages - 1 - k) : chain.at(k);
+  }
+  int chainLength() const { return isSplit(kind) ? 2 * stages : stages; }
+  /// Iteration time for pace tau (Note [Planner cost model]).
+  double iterationTime(double tau) const;
+};
+
+using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
+std::int64_t total(const CategoryBytes& b);
+
+/// Which resource sets a stage's time.
+enum class Resource { ForwardCompute, BackwardCompute, Compute, ForwardCopy, BackwardCopy,
+                      Copy, LinkIn, LinkOut };
+const char* toString(Resource r);
+
+struct StageEstimate {
+  StashPolicy policy = StashPolicy::Keep;  // as chosen
+  StashPolicy effective = StashPolicy::Keep;  // effectivePolicy(policy, split)
+  double forwardTime = 0;   // seconds per microbatch on its forward device
+  double backwardTime = 0;  // incl. recompute
+  double stepTime = 0;      // per iteration
+  double forwardCompute = 0, backwardCompute = 0;  // busy time per microbatch per device
+  double forwardCopy = 0, backwardCopy = 0;         // copy-engine time per microbatch
+  double linkIn = 0;   // boundary with the previous stage (0 for stage 0)
+  double linkOut = 0;  // split last stage: F(S-1) -> B(S-1)
+  double time = 0;     // the largest of the above (the stage's pace)
+  Resource binding = Resource::Compute;
+  std::int64_t stashBytes = 0;  // one stash
+  int inFlight = 0;
+  int versions = 1;
+  CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
+  CategoryBytes backwardMemory{};  // on the backward device
+  std::int64_t hostBytes = 0;
+  bool same = true;  // forward device == backward device
+  std::int64_t peakMemory() const;
+};
+
+/// Prefix sums over a profile and the cluster, to cost stages in O(1) (except the
+/// working-set maximum, which the caller may pass in).
+class CostModel {
+ public:
+  CostModel(Profile profile, Cluster cluster);
+
+  const Profile& profile() const { return profile_; }
+  const Cluster& cluster() const { return cluster_; }
+  int numLayers() const { return profile_.numLayers(); }
+
+  /// Stage k = layers [first, last) in `shape`, under `policy`. `linkIn` is included.
+  StageEstimate stage(const PipelineShape& shape, int k, int first, int last,
+                      StashPolicy policy) const;
+  /// Same, with the working-set maximum of [first, last) (unscaled) given.
+  StageEstimate stage(const PipelineShape& shape, int k, int first, int last,
+                      StashPolicy policy, std::int64_t maxWorking) const;
+  /// Time of the boundary in front of stage k (k >= 1), whose first layer is `first`.
+  double linkTime(const PipelineShape& shape, int k, int first) const;
+  /// A lower bound of stage(...).time that never decreases as the stage grows.
+  double computeLowerBound(const PipelineShape& shape, int k, int first, int last) const;
+  /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.
+  std::int64_t memoryLowerBound(const PipelineShape& shape, int k, int first, int last,
+                                std::int64_t maxWorking) const;
+  /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
+  std::int64_t limit(int device, std::int64_t budget) const;
+
+  std::int64_t inputBytes(int layer) const;  // unscaled; layer 0: the model input
+  std::int64_t workingBytes(int layer) const { return profile_.layers[layer].workingBytes; }
+  double scale(const PipelineShape& shape) const;
+
+ private:
+  template <typename T>
+  static T range(const std::vector<T>& prefix, int a, int b) {
+    return prefix[b] - prefix[a];
+  }
+  Profile profile_;
+  Cluster cluster_;
+  std::vector<double> F_, B_, R_, step_;
+  std::vector<std::int64_t> saved_, param_, grad_, opt_;
+};
+
+}  // namespace pipefb::planner

@@ -1,0 +1,44 @@
+#pragma once
+// What the solver knows about one layer, and a model's profile: the output of the
+// profiler (measured) or of an analytic profile (FLOPs and bytes with a device spec).
+// Torch-free (Note [Build layout]).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipefb::planner {
+
+/// One layer at the profile's microbatch size, on the profile's reference device.
+/// Times are seconds per microbatch, bytes are per microbatch unless they are states.
+struct LayerCost {
+  std::string name;
+  double forward = 0;    // F
+  double backward = 0;   // B without recompute
+  double recompute = 0;  // extra time of re-running F inside a checkpointed B
+  double step = 0;       // optimizer step of this layer's parameters, per iteration
+  std::int64_t outputBytes = 0;  // the activation this layer hands to the next
+  std::int64_t savedBytes = 0;   // what autograd keeps for B (the graph stash)
+  std::int64_t workingBytes = 0; // transient peak while F or B runs, beyond the stash
+  std::int64_t paramBytes = 0;
+  std::int64_t gradBytes = 0;
+  std::int64_t optimizerBytes = 0;
+};
+
+/// Note [Microbatch scaling]
+/// A profile is taken at one microbatch size. The solver scales every time and every
+/// activation byte count (output, saved, working, input) linearly to other microbatch
+/// sizes; parameter, gradient, optimizer and step costs do not scale. Per-kernel fixed
+/// costs are therefore under-estimated at small microbatches; profiling at the
+/// microbatch size the plan will use avoids that.
+struct Profile {
+  std::string model;   // cache key part: model name and options
+  std::string device;  // the reference device the times were taken (or computed) for
+  std::string source = "analytic";  // "analytic" | "measured"
+  std::int64_t microbatch = 1;      // samples per microbatch the numbers are for
+  std::int64_t inputBytes = 0;      // the model input per microbatch (stage 0's checkpoint)
+  std::vector<LayerCost> layers;
+
+  int numLayers() const { return static_cast<int>(layers.size()); }
+};
+
+}  // namespace pipefb::planner

@@ -1,0 +1,138 @@
+#pragma once
+// The solver: a pure dynamic program (no LibTorch) that picks the stage partition, the
+// stage -> device mapping, the microbatch count, each stage's stash policy and the
+// placement (by schedule family) that minimise iteration time under per-device and
+// host-pool memory budgets (Note [Solver search]).
+//
+// Note [Solver search]
+// For every (schedule, microbatches M, stages S, device chain) the DP runs over
+// (layers covered j, stages used k):
+//   best[k][j] = min over i, policy of max(best[k-1][i], link(k-1, i), stage(k-1, i, j))
+// where stage() (CostModel) is infinite when a device of the stage is over its limit.
+// Because the pace tau is a maximum, and the iteration time of a fixed (schedule, M, S,
+// chain) is increasing in tau, the DP is exact for that shape. A host-pool budget adds a
+// sum constraint; the DP then keeps, per cell, the Pareto front of (tau, host bytes),
+// which is exact too. The scan over i stops once CostModel::computeLowerBound (which only
+// grows with the stage) reaches the cell's best, and shapes are visited by a lower bound
+// of their iteration time and skipped once it cannot beat the best found.
+// Chains: ordered selections of distinct devices. Devices that can be swapped without
+// changing any cost (same speed, capacity, host link, and link rows/columns) form
+// classes, and the solver enumerates chains up to those swaps, which is exhaustive
+// (8 identical T4s give one chain per length). When the count of distinct chains exceeds
+// SolverOptions::maxChains, it falls back to greedy chains (highest-bandwidth next hop
+// from every start device, and the cluster order) and says so in the result.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipefb/planner/CostModel.h"
+
+namespace pipefb::planner {
+
+/// A schedule family in a search: a kind and the stash policies it may use
+/// ("1f1b" = every policy, "1f1b-keep" = keep only).
+struct ScheduleFamily {
+  std::string name;
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  std::vector<StashPolicy> policies;
+};
+/// "1f1b", "1f1b-keep", "pipefb-sync-offload", ...; else a UserError listing the forms.
+ScheduleFamily parseScheduleFamily(const std::string& name);
+std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>& names);
+
+enum class Objective {
+  Time,    // minimise iteration time under the budgets
+  Memory,  // minimise the largest device memory (the smallest feasible uniform budget)
+};
+
+struct SolverOptions {
+  std::int64_t batch = 1;  // global batch, samples per iteration
+  std::vector<ScheduleFamily> schedules;  // empty = every kind with every policy
+  std::int64_t budget = -1;      // per device (min with its capacity); -1 = capacity only
+  std::int64_t hostBudget = -1;  // host pool (min with the cluster's); -1 = cluster's
+  int maxMicrobatches = 64;      // M ranges over divisors of batch up to this
+  int maxStages = 0;             // 0 = as many as devices (and layers) allow
+  int lookahead = 1;             // prefetch distance of offloaded stashes
+  int maxChains = 5000;          // per chain length; beyond it, greedy chains
+  int keepTop = 4;               // candidates kept (distinct shapes) for re-scoring
+  int simulateTop = 4;           // re-score this many with the simulator (0 = DP only)
+  Objective objective = Objective::Time;
+  void validate() const;
+};
+
+struct StagePlan {
+  int first = 0, last = 0;  // layers [first, last)
+  int forwardDevice = 0, backwardDevice = 0;
+  StashPolicy policy = StashPolicy::Keep;
+  StageEstimate estimate;
+};
+
+struct Plan {
+  std::string family;  // the ScheduleFamily name it came from
+  PipelineShape shape;
+  std::vector<StagePlan> stages;
+  double tau = 0;            // pace: seconds per microbatch of the slowest resource
+  double iterationTime = 0;  // predicted by the cost model
+  double throughput = 0;     // samples per second
+  std::vector<std::int64_t> deviceMemory;  // per cluster device (0 when unused)
+  std::int64_t hostBytes = 0;
+  std::int64_t peakMemory = 0;  // the largest of deviceMemory
+  // Re-scored by the event simulator (Solver.cpp, simulatePlan()).
+  bool simulated = false;
+  double simIterationTime = 0;
+  std::vector<std::int64_t> simPeak;  // per cluster device
+  std::int64_t simHostPeak = 0;
+  bool simFits = true;  // the simulated peaks are within the limits
+
+  int bindingStage() const;   // the stage whose time is tau
+  int bindingDevice(const CostModel& m, std::int64_t budget) const;  // highest use of limit
+};
+
+struct SolveResult {
+  bool feasible = false;
+  Plan best;                     // when feasible
+  std::vector<Plan> candidates;  // best first (DP order, or simulated order if re-scored)
+  // When nothing fits: the smallest uniform per-device budget that fits (within the
+  // capacities; -1 if even unlimited budgets do not fit them) and the plan that needs it.
+  std::int64_t minimalBudget = -1;
+  std::optional<Plan> minimalPlan;
+  // Search statistics.
+  long shapesTotal = 0, shapesSolved = 0;
+  bool heuristicChains = false;  // some chain length used greedy chains
+  double seconds = 0;
+};
+
+/// The DP for one shape (no pruning across shapes). Returns the best plan, or nullopt.
+/// `limits` per cluster device (-1 = unlimited), `hostLimit` (-1 = unlimited).
+std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
+                               const std::vector<StashPolicy>& policies,
+                               const std::vector<std::int64_t>& limits,
+                               std::int64_t hostLimit, Objective objective);
+
+/// The whole search. With objective Time and nothing feasible, also searches for the
+/// smallest feasible budget (objective Memory).
+SolveResult solve(const CostModel& model, const SolverOptions& options);
+
+/// The smallest uniform per-device budget any plan fits in (objective Memory).
+SolveResult minimalBudget(const CostModel& model, const SolverOptions& options);
+
+/// Microbatch counts tried: divisors of batch, at most maxMicrobatches.
+std::vector<int> microbatchCounts(std::int64_t batch, int maxMicrobatches);
+
+/// Chains of `length` distinct devices, up to swaps of interchangeable devices; empty
+/// with *heuristic = true when more than maxChains exist (then: greedyChains()).
+std::vector<std::vector<int>> distinctChains(const Cluster& c, int length, int maxChains,
+                                             bool* heuristic);
+std::vector<std::vector<int>> greedyChains(const Cluster& c, int length);
+
+/// Recomputes a plan's per-stage estimates, tau, iteration time and memory from its
+/// shape, cuts and policies (used after editing a plan, and by the plan-file reader).
+void evaluatePlan(const CostModel& model, Plan& plan);
+
+/// Runs the event simulator on the lowered schedule of a plan (3 iterations) and stores
+/// the simulated iteration time and peaks in it.
+void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int64_t>& limits,
+                  std::int64_t hostLimit);
+
+}  // namespace pipefb::planner

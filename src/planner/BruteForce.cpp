@@ -1,0 +1,151 @@
+// Exhaustive search for tests (BruteForce.h). Deliberately simple: it enumerates every
+// combination explicitly and keeps the best, with no bounds and no dominance.
+#include "pipefb/planner/BruteForce.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <tuple>
+
+namespace pipefb::planner {
+
+namespace {
+
+// Every ordered selection of `length` distinct devices out of D.
+void chainsOf(int D, int length, std::vector<int>& cur, std::vector<bool>& used,
+              std::vector<std::vector<int>>& out) {
+  if (static_cast<int>(cur.size()) == length) {
+    out.push_back(cur);
+    return;
+  }
+  for (int d = 0; d < D; ++d) {
+    if (used[d]) continue;
+    used[d] = true;
+    cur.push_back(d);
+    chainsOf(D, length, cur, used, out);
+    cur.pop_back();
+    used[d] = false;
+  }
+}
+
+// Every composition of L layers into S non-empty stages, as cut vectors [0, c1, ..., L].
+void partitionsOf(int L, int S, std::vector<int>& cuts, std::vector<std::vector<int>>& out) {
+  const int k = static_cast<int>(cuts.size()) - 1;  // stages placed so far
+  if (k == S - 1) {
+    cuts.push_back(L);
+    out.push_back(cuts);
+    cuts.pop_back();
+    return;
+  }
+  for (int c = cuts.back() + 1; c <= L - (S - 1 - k); ++c) {
+    cuts.push_back(c);
+    partitionsOf(L, S, cuts, out);
+    cuts.pop_back();
+  }
+}
+
+}  // namespace
+
+BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options) {
+  BruteForceResult res;
+  res.objective = std::numeric_limits<double>::infinity();
+  std::vector<ScheduleFamily> families = options.schedules;
+  if (families.empty())
+    for (ScheduleKind k : allScheduleKinds()) families.push_back({toString(k), k, allStashPolicies()});
+  const Cluster& cl = model.cluster();
+  const int D = cl.numDevices(), L = model.numLayers();
+  std::vector<std::int64_t> limits;
+  for (int d = 0; d < D; ++d)
+    limits.push_back(options.objective == Objective::Memory ? model.limit(d, -1)
+                                                            : model.limit(d, options.budget));
+  std::int64_t hostLimit = cl.hostPool;
+  if (options.hostBudget >= 0)
+    hostLimit = hostLimit < 0 ? options.hostBudget : std::min(hostLimit, options.hostBudget);
+
+  for (const ScheduleFamily& fam : families) {
+    // Policies that behave identically under this placement are tried once.
+    std::vector<StashPolicy> pols;
+    for (StashPolicy p : fam.policies) {
+      StashPolicy e = schedules::effectivePolicy(p, isSplit(fam.kind));
+      if (std::find(pols.begin(), pols.end(), e) == pols.end()) pols.push_back(e);
+    }
+    for (int M : microbatchCounts(options.batch, options.maxMicrobatches)) {
+      for (int S = 1; S <= L; ++S) {
+        if (options.maxStages > 0 && S > options.maxStages) break;
+        PipelineShape sh;
+        sh.kind = fam.kind;
+        sh.stages = S;
+        sh.microbatches = M;
+        sh.microbatchSize = options.batch / M;
+        sh.lookahead = options.lookahead;
+        const int len = sh.chainLength();
+        if (len > D) break;
+        std::vector<std::vector<int>> chains, parts;
+        std::vector<int> cur;
+        std::vector<bool> used(D, false);
+        chainsOf(D, len, cur, used, chains);
+        std::vector<int> cuts{0};
+        partitionsOf(L, S, cuts, parts);
+        for (const auto& chain : chains) {
+          sh.chain = chain;
+          for (const auto& cut : parts) {
+            // Stage costs per (stage, policy), then every policy combination.
+            std::vector<std::vector<StageEstimate>> est(S);
+            for (int k = 0; k < S; ++k)
+              for (StashPolicy p : pols) est[k].push_back(model.stage(sh, k, cut[k], cut[k + 1], p));
+            std::vector<int> choice(S, 0);
+            while (true) {
+              ++res.visited;
+              std::vector<std::int64_t> mem(D, 0);
+              std::int64_t host = 0;
+              double tau = 0;
+              for (int k = 0; k < S; ++k) {
+                const StageEstimate& e = est[k][choice[k]];
+                tau = std::max(tau, e.time);
+                host += e.hostBytes;
+                if (e.same) {
+                  mem[sh.forwardDevice(k)] += total(e.backwardMemory);
+                } else {
+                  mem[sh.forwardDevice(k)] += total(e.forwardMemory);
+                  mem[sh.backwardDevice(k)] += total(e.backwardMemory);
+                }
+              }
+              bool ok = hostLimit < 0 || host <= hostLimit;
+              std::int64_t peak = 0;
+              for (int d = 0; d < D && ok; ++d) {
+                if (limits[d] >= 0 && mem[d] > limits[d]) ok = false;
+                peak = std::max(peak, mem[d]);
+              }
+              if (ok) {
+                const double obj =
+                    options.objective == Objective::Time ? sh.iterationTime(tau) : double(peak);
+                if (obj < res.objective) {
+                  res.objective = obj;
+                  res.feasible = true;
+                  Plan p;
+                  p.family = fam.name;
+                  p.shape = sh;
+                  for (int k = 0; k < S; ++k) {
+                    StagePlan st;
+                    st.first = cut[k];
+                    st.last = cut[k + 1];
+                    st.policy = pols[choice[k]];
+                    p.stages.push_back(st);
+                  }
+                  evaluatePlan(model, p);
+                  res.plan = p;
+                }
+              }
+              int k = 0;
+              while (k < S && ++choice[k] == static_cast<int>(pols.size())) choice[k++] = 0;
+              if (k == S) break;
+            }
+          }
+        }
+      }
+    }
+  }
+  return res;
+}
+
+}  // namespace pipefb::planner

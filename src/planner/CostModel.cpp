@@ -1,0 +1,325 @@
+// The planner's cost model (Note [Planner cost model] in CostModel.h).
+#include "pipefb/planner/CostModel.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/common/Suggest.h"
+
+namespace pipefb::planner {
+
+const char* toString(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::GPipe:
+      return "gpipe";
+    case ScheduleKind::OneFOneB:
+      return "1f1b";
+    case ScheduleKind::PipeDream:
+      return "pipedream";
+    case ScheduleKind::PipeFbSync:
+      return "pipefb-sync";
+    case ScheduleKind::PipeFbAsync:
+      return "pipefb-async";
+  }
+  return "?";
+}
+
+std::vector<ScheduleKind> allScheduleKinds() {
+  return {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::PipeDream,
+          ScheduleKind::PipeFbSync, ScheduleKind::PipeFbAsync};
+}
+
+ScheduleKind parseScheduleKind(const std::string& name) {
+  std::vector<std::string> names;
+  for (ScheduleKind k : allScheduleKinds()) {
+    if (name == toString(k)) return k;
+    names.push_back(toString(k));
+  }
+  throw UserError("unknown schedule '" + name + "'" + didYouMean(name, names) +
+                  "; allowed: " + joinAllowed(names));
+}
+
+bool isSplit(ScheduleKind k) {
+  return k == ScheduleKind::PipeFbSync || k == ScheduleKind::PipeFbAsync;
+}
+
+bool isFlushing(ScheduleKind k) {
+  return k == ScheduleKind::GPipe || k == ScheduleKind::OneFOneB ||
+         k == ScheduleKind::PipeFbSync;
+}
+
+int inFlightStashes(ScheduleKind k, int S, int s, int M) {
+  switch (k) {
+    case ScheduleKind::GPipe:
+      return M;
+    case ScheduleKind::OneFOneB:
+      return std::min(S - s, M);
+    case ScheduleKind::PipeDream:
+      return S - s;  // min(S-s, K*M) with many iterations K
+    case ScheduleKind::PipeFbSync:
+      return M;
+    case ScheduleKind::PipeFbAsync:
+      return 2 * M;
+  }
+  return M;
+}
+
+int weightVersions(ScheduleKind k, int S, int s, int M) {
+  switch (k) {
+    case ScheduleKind::PipeDream:
+      return S - s;
+    case ScheduleKind::PipeFbAsync:
+      return 2;
+    case ScheduleKind::GPipe:
+    case ScheduleKind::OneFOneB:
+    case ScheduleKind::PipeFbSync:
+      return 1;
+  }
+  return 1;
+}
+
+std::vector<StashPolicy> allStashPolicies() {
+  return {StashPolicy::Keep, StashPolicy::Offload, StashPolicy::Checkpoint,
+          StashPolicy::CheckpointOffload};
+}
+
+double PipelineShape::iterationTime(double tau) const {
+  if (isFlushing(kind)) return (microbatches + chainLength() - 1) * tau;
+  return microbatches * tau;
+}
+
+std::int64_t total(const CategoryBytes& b) {
+  std::int64_t t = 0;
+  for (auto x : b) t += x;
+  return t;
+}
+
+const char* toString(Resource r) {
+  switch (r) {
+    case Resource::ForwardCompute:
+      return "forward compute";
+    case Resource::BackwardCompute:
+      return "backward compute";
+    case Resource::Compute:
+      return "compute";
+    case Resource::ForwardCopy:
+      return "offload copies";
+    case Resource::BackwardCopy:
+      return "prefetch copies";
+    case Resource::Copy:
+      return "offload+prefetch copies";
+    case Resource::LinkIn:
+      return "link from the previous stage";
+    case Resource::LinkOut:
+      return "forward-to-backward link";
+  }
+  return "?";
+}
+
+std::int64_t StageEstimate::peakMemory() const {
+  return std::max(total(forwardMemory), total(backwardMemory));
+}
+
+void Cluster::validate() const {
+  const int n = numDevices();
+  if (n < 1) throw UserError("cluster '" + name + "': no devices");
+  if (static_cast<int>(links.size()) != n)
+    throw UserError("cluster '" + name + "': the link matrix has " +
+                    std::to_string(links.size()) + " rows for " + std::to_string(n) +
+                    " devices");
+  for (int a = 0; a < n; ++a) {
+    if (static_cast<int>(links[a].size()) != n)
+      throw UserError("cluster '" + name + "': link matrix row " + std::to_string(a) + " has " +
+                      std::to_string(links[a].size()) + " entries, expected " +
+                      std::to_string(n));
+    if (!(devices[a].speed > 0))
+      throw UserError("cluster '" + name + "': device " + std::to_string(a) +
+                      " has speed <= 0");
+  }
+}
+
+Cluster Cluster::uniform(int n, double speed, std::int64_t capacity, Link link, Link host,
+                         std::int64_t hostPool) {
+  Cluster c;
+  c.name = std::to_string(n) + "x-uniform";
+  for (int i = 0; i < n; ++i)
+    c.devices.push_back({"dev:" + std::to_string(i), speed, capacity, host});
+  c.links.assign(n, std::vector<Link>(n, link));
+  c.hostPool = hostPool;
+  return c;
+}
+
+CostModel::CostModel(Profile profile, Cluster cluster)
+    : profile_(std::move(profile)), cluster_(std::move(cluster)) {
+  cluster_.validate();
+  if (profile_.layers.empty()) throw UserError("profile '" + profile_.model + "' has no layers");
+  if (profile_.microbatch < 1) throw UserError("profile microbatch must be >= 1");
+  const size_t L = profile_.layers.size();
+  F_.assign(L + 1, 0);
+  B_ = R_ = step_ = F_;
+  saved_.assign(L + 1, 0);
+  param_ = grad_ = opt_ = saved_;
+  for (size_t l = 0; l < L; ++l) {
+    const LayerCost& c = profile_.layers[l];
+    F_[l + 1] = F_[l] + c.forward;
+    B_[l + 1] = B_[l] + c.backward;
+    R_[l + 1] = R_[l] + c.recompute;
+    step_[l + 1] = step_[l] + c.step;
+    saved_[l + 1] = saved_[l] + c.savedBytes;
+    param_[l + 1] = param_[l] + c.paramBytes;
+    grad_[l + 1] = grad_[l] + c.gradBytes;
+    opt_[l + 1] = opt_[l] + c.optimizerBytes;
+  }
+}
+
+std::int64_t CostModel::inputBytes(int layer) const {
+  return layer == 0 ? profile_.inputBytes : profile_.layers[layer - 1].outputBytes;
+}
+
+double CostModel::scale(const PipelineShape& shape) const {
+  return static_cast<double>(shape.microbatchSize) / static_cast<double>(profile_.microbatch);
+}
+
+namespace {
+std::int64_t scaled(std::int64_t bytes, double f) {
+  return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * f));
+}
+}  // namespace
+
+std::int64_t CostModel::limit(int device, std::int64_t budget) const {
+  std::int64_t cap = cluster_.devices.at(device).capacity;
+  if (budget < 0) return cap;
+  if (cap < 0) return budget;
+  return std::min(cap, budget);
+}
+
+double CostModel::linkTime(const PipelineShape& shape, int k, int first) const {
+  if (k == 0) return 0;
+  const std::int64_t bytes = scaled(inputBytes(first), scale(shape));
+  double act, grad;
+  if (isSplit(shape.kind)) {
+    act = cluster_.link(shape.forwardDevice(k - 1), shape.forwardDevice(k)).time(bytes);
+    grad = cluster_.link(shape.backwardDevice(k), shape.backwardDevice(k - 1)).time(bytes);
+  } else {
+    act = cluster_.link(shape.chain[k - 1], shape.chain[k]).time(bytes);
+    grad = cluster_.link(shape.chain[k], shape.chain[k - 1]).time(bytes);
+  }
+  return std::max(act, grad);
+}
+
+double CostModel::computeLowerBound(const PipelineShape& shape, int k, int first,
+                                    int last) const {
+  const double f = scale(shape);
+  const double fw = range(F_, first, last) * f, bw = range(B_, first, last) * f;
+  const double step = range(step_, first, last) / shape.microbatches;
+  const double sf = cluster_.devices[shape.forwardDevice(k)].speed;
+  const double sb = cluster_.devices[shape.backwardDevice(k)].speed;
+  if (isSplit(shape.kind)) return std::max(fw / sf, (bw + step) / sb);
+  return (fw + bw + step) / sf;
+}
+
+std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int first, int last,
+                                         std::int64_t maxWorking) const {
+  // Weights, grads and optimizer state on the backward device, and the working set: all
+  // grow with the stage; the stash (which may shrink under a checkpoint) is left out.
+  return range(param_, first, last) + range(grad_, first, last) + range(opt_, first, last) +
+         scaled(maxWorking, scale(shape));
+}
+
+StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
+                               StashPolicy policy) const {
+  std::int64_t ws = 0;
+  for (int l = first; l < last; ++l) ws = std::max(ws, profile_.layers[l].workingBytes);
+  return stage(shape, k, first, last, policy, ws);
+}
+
+StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
+                               StashPolicy policy, std::int64_t maxWorking) const {
+  PIPEFB_ASSERT(first < last && first >= 0 && last <= numLayers(),
+                "bad stage [" << first << "," << last << ")");
+  const double f = scale(shape);
+  const int S = shape.stages, M = shape.microbatches;
+  const bool split = isSplit(shape.kind);
+  const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);
+  const ClusterDevice& fdev = cluster_.devices[fd];
+  const ClusterDevice& bdev = cluster_.devices[bd];
+
+  StageEstimate e;
+  e.policy = policy;
+  e.effective = schedules::effectivePolicy(policy, split);
+  e.same = !split;
+  const bool ckpt = schedules::isCheckpoint(e.effective);
+  const bool off = schedules::isOffloaded(e.effective);
+
+  const std::int64_t W = range(param_, first, last);
+  const std::int64_t G = range(grad_, first, last);
+  const std::int64_t O = range(opt_, first, last);
+  const std::int64_t graph = scaled(range(saved_, first, last), f);
+  const std::int64_t input = scaled(inputBytes(first), f);
+  const std::int64_t ws = scaled(maxWorking, f);
+  e.stashBytes = ckpt ? input : graph;
+  e.inFlight = inFlightStashes(shape.kind, S, k, M);
+  e.versions = weightVersions(shape.kind, S, k, M);
+
+  // Times (Note [Planner cost model]).
+  e.forwardTime = range(F_, first, last) * f / fdev.speed;
+  e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f /
+                   bdev.speed;
+  e.stepTime = range(step_, first, last) / bdev.speed;
+  const double stepPerMb = e.stepTime / M;
+  e.linkIn = linkTime(shape, k, first);
+  if (split && k == S - 1)
+    e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
+
+  auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
+  if (split) {
+    e.forwardCompute = e.forwardTime;
+    e.backwardCompute = e.backwardTime + stepPerMb;
+    e.forwardCopy = off ? fdev.host.time(e.stashBytes) : 0;
+    e.backwardCopy = off ? bdev.host.time(e.stashBytes) : 0;
+    struct {
+      double t;
+      Resource r;
+    } rs[] = {{e.forwardCompute, Resource::ForwardCompute},
+              {e.backwardCompute, Resource::BackwardCompute},
+              {e.forwardCopy, Resource::ForwardCopy},
+              {e.backwardCopy, Resource::BackwardCopy},
+              {e.linkIn, Resource::LinkIn},
+              {e.linkOut, Resource::LinkOut}};
+    e.time = -1;
+    for (auto& x : rs)
+      if (x.t > e.time) e.time = x.t, e.binding = x.r;
+    // Forward device: weights, the stash until its offload copy is done, working set.
+    w(e.forwardMemory, MemoryCategory::Weights, W);
+    w(e.forwardMemory, MemoryCategory::Stash, std::min(e.inFlight, 1) * e.stashBytes);
+    w(e.forwardMemory, MemoryCategory::WorkingSet, ws);
+    const int resident = std::min(e.inFlight, shape.lookahead + 1);
+    w(e.backwardMemory, MemoryCategory::Weights, W);
+    w(e.backwardMemory, MemoryCategory::WeightVersions, (e.versions - 1) * W);
+    w(e.backwardMemory, MemoryCategory::Grads, G);
+    w(e.backwardMemory, MemoryCategory::OptimizerState, O);
+    w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
+    w(e.backwardMemory, MemoryCategory::WorkingSet, ws + (ckpt ? graph : 0));
+  } else {
+    e.forwardCompute = e.backwardCompute = e.forwardTime + e.backwardTime + stepPerMb;
+    e.forwardCopy = e.backwardCopy = off ? 2 * fdev.host.time(e.stashBytes) : 0;
+    e.time = e.forwardCompute;
+    e.binding = Resource::Compute;
+    if (e.forwardCopy > e.time) e.time = e.forwardCopy, e.binding = Resource::Copy;
+    if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
+    const int resident = off ? std::min(e.inFlight, shape.lookahead + 2) : e.inFlight;
+    CategoryBytes& m = e.backwardMemory;
+    w(m, MemoryCategory::Weights, W);
+    w(m, MemoryCategory::WeightVersions, (e.versions - 1) * W);
+    w(m, MemoryCategory::Grads, G);
+    w(m, MemoryCategory::OptimizerState, O);
+    w(m, MemoryCategory::Stash, resident * e.stashBytes);
+    w(m, MemoryCategory::WorkingSet, ws + (ckpt ? graph : 0));
+    e.forwardMemory = m;
+  }
+  e.hostBytes = off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0;
+  return e;
+}
+
+}  // namespace pipefb::planner

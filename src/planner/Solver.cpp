@@ -1,0 +1,598 @@
+// The planner's dynamic program (Note [Solver search] in Solver.h).
+#include "pipefb/planner/Solver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/common/Suggest.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/sim/Simulator.h"
+
+namespace pipefb::planner {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Families and options
+
+ScheduleFamily parseScheduleFamily(const std::string& name) {
+  std::vector<ScheduleKind> kinds = allScheduleKinds();
+  // Longest kind name first, so "pipefb-sync-keep" is not read as "pipefb" + "sync-keep".
+  std::sort(kinds.begin(), kinds.end(), [](ScheduleKind a, ScheduleKind b) {
+    return std::string(toString(a)).size() > std::string(toString(b)).size();
+  });
+  for (ScheduleKind k : kinds) {
+    const std::string kn = toString(k);
+    if (name == kn) return {name, k, allStashPolicies()};
+    if (name.size() > kn.size() + 1 && name.compare(0, kn.size() + 1, kn + "-") == 0) {
+      const std::string rest = name.substr(kn.size() + 1);
+      for (StashPolicy p : allStashPolicies())
+        if (rest == schedules::toString(p)) return {name, k, {p}};
+    }
+  }
+  std::vector<std::string> forms;
+  for (ScheduleKind k : allScheduleKinds()) {
+    forms.push_back(toString(k));
+    for (StashPolicy p : allStashPolicies())
+      forms.push_back(std::string(toString(k)) + "-" + schedules::toString(p));
+  }
+  throw UserError("unknown schedule family '" + name + "'" + didYouMean(name, forms) +
+                  "; allowed: a schedule (" +
+                  joinAllowed({"gpipe", "1f1b", "pipedream", "pipefb-sync", "pipefb-async"}) +
+                  "), optionally with -keep, -offload, -checkpoint or -checkpoint-offload");
+}
+
+std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>& names) {
+  std::vector<ScheduleFamily> out;
+  for (const auto& n : names) out.push_back(parseScheduleFamily(n));
+  return out;
+}
+
+void SolverOptions::validate() const {
+  if (batch < 1) throw UserError("planner: batch must be >= 1, got " + std::to_string(batch));
+  if (maxMicrobatches < 1)
+    throw UserError("planner: max microbatches must be >= 1, got " +
+                    std::to_string(maxMicrobatches));
+  if (lookahead < 0)
+    throw UserError("planner: lookahead must be >= 0, got " + std::to_string(lookahead));
+  if (budget == 0) throw UserError("planner: a budget of 0 bytes leaves nothing to plan");
+  if (maxStages < 0) throw UserError("planner: max stages must be >= 0");
+}
+
+std::vector<int> microbatchCounts(std::int64_t batch, int maxMicrobatches) {
+  std::vector<int> out;
+  for (std::int64_t m = 1; m <= std::min<std::int64_t>(batch, maxMicrobatches); ++m)
+    if (batch % m == 0) out.push_back(static_cast<int>(m));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Chains
+
+namespace {
+
+bool interchangeable(const Cluster& c, int a, int b) {
+  const auto &da = c.devices[a], &db = c.devices[b];
+  if (da.speed != db.speed || da.capacity != db.capacity || !(da.host == db.host)) return false;
+  if (!(c.links[a][b] == c.links[b][a])) return false;
+  for (int x = 0; x < c.numDevices(); ++x) {
+    if (x == a || x == b) continue;
+    if (!(c.links[a][x] == c.links[b][x]) || !(c.links[x][a] == c.links[x][b])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> distinctChains(const Cluster& c, int length, int maxChains,
+                                             bool* heuristic) {
+  if (heuristic) *heuristic = false;
+  const int D = c.numDevices();
+  if (length > D || length < 1) return {};
+  // Classes of interchangeable devices (transpositions that are automorphisms of the
+  // cost structure; their closure is a group, so comparing with a representative works).
+  std::vector<std::vector<int>> classes;
+  for (int d = 0; d < D; ++d) {
+    bool placed = false;
+    for (auto& cl : classes)
+      if (interchangeable(c, cl.front(), d)) {
+        cl.push_back(d);
+        placed = true;
+        break;
+      }
+    if (!placed) classes.push_back({d});
+  }
+  std::vector<std::vector<int>> out;
+  std::vector<int> used(classes.size(), 0), chain;
+  bool overflow = false;
+  // Depth-first over class sequences; the concrete device is the class's next free one.
+  std::function<void()> dfs = [&]() {
+    if (overflow) return;
+    if (static_cast<int>(chain.size()) == length) {
+      out.push_back(chain);
+      if (static_cast<int>(out.size()) > maxChains) overflow = true;
+      return;
+    }
+    for (size_t k = 0; k < classes.size(); ++k) {
+      if (used[k] == static_cast<int>(classes[k].size())) continue;
+      chain.push_back(classes[k][used[k]++]);
+      dfs();
+      --used[k];
+      chain.pop_back();
+    }
+  };
+  dfs();
+  if (overflow) {
+    if (heuristic) *heuristic = true;
+    return greedyChains(c, length);
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> greedyChains(const Cluster& c, int length) {
+  const int D = c.numDevices();
+  std::set<std::vector<int>> seen;
+  std::vector<std::vector<int>> out;
+  auto add = [&](std::vector<int> ch) {
+    ch.resize(length);
+    if (seen.insert(ch).second) out.push_back(ch);
+  };
+  auto bw = [&](int a, int b) {
+    double x = c.link(a, b).bandwidth;
+    return x <= 0 ? kInf : x;
+  };
+  for (int start = 0; start < D; ++start) {
+    std::vector<int> ch{start};
+    std::vector<bool> used(D, false);
+    used[start] = true;
+    while (static_cast<int>(ch.size()) < D) {
+      int best = -1;
+      for (int x = 0; x < D; ++x) {
+        if (used[x]) continue;
+        if (best < 0 || bw(ch.back(), x) > bw(ch.back(), best) ||
+            (bw(ch.back(), x) == bw(ch.back(), best) &&
+             c.devices[x].speed > c.devices[best].speed))
+          best = x;
+      }
+      used[best] = true;
+      ch.push_back(best);
+    }
+    add(ch);
+  }
+  std::vector<int> ident(D);
+  for (int i = 0; i < D; ++i) ident[i] = i;
+  add(ident);
+  std::stable_sort(ident.begin(), ident.end(),
+                   [&](int a, int b) { return c.devices[a].speed > c.devices[b].speed; });
+  add(ident);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Plan evaluation
+
+int Plan::bindingStage() const {
+  int best = 0;
+  for (int s = 1; s < static_cast<int>(stages.size()); ++s)
+    if (stages[s].estimate.time > stages[best].estimate.time) best = s;
+  return best;
+}
+
+int Plan::bindingDevice(const CostModel& m, std::int64_t budget) const {
+  int best = -1;
+  double bestUse = -1;
+  for (int d = 0; d < static_cast<int>(deviceMemory.size()); ++d) {
+    if (deviceMemory[d] == 0) continue;
+    std::int64_t lim = m.limit(d, budget);
+    double use = lim > 0 ? double(deviceMemory[d]) / double(lim) : double(deviceMemory[d]) * 1e-30;
+    if (use > bestUse) bestUse = use, best = d;
+  }
+  return best;
+}
+
+void evaluatePlan(const CostModel& model, Plan& plan) {
+  const PipelineShape& sh = plan.shape;
+  plan.tau = 0;
+  plan.hostBytes = 0;
+  plan.deviceMemory.assign(model.cluster().numDevices(), 0);
+  for (int k = 0; k < static_cast<int>(plan.stages.size()); ++k) {
+    StagePlan& sp = plan.stages[k];
+    sp.forwardDevice = sh.forwardDevice(k);
+    sp.backwardDevice = sh.backwardDevice(k);
+    sp.estimate = model.stage(sh, k, sp.first, sp.last, sp.policy);
+    plan.tau = std::max(plan.tau, sp.estimate.time);
+    plan.hostBytes += sp.estimate.hostBytes;
+    if (sp.estimate.same) {
+      plan.deviceMemory[sp.forwardDevice] += total(sp.estimate.backwardMemory);
+    } else {
+      plan.deviceMemory[sp.forwardDevice] += total(sp.estimate.forwardMemory);
+      plan.deviceMemory[sp.backwardDevice] += total(sp.estimate.backwardMemory);
+    }
+  }
+  plan.iterationTime = sh.iterationTime(plan.tau);
+  plan.throughput = plan.iterationTime > 0
+                        ? double(sh.microbatches * sh.microbatchSize) / plan.iterationTime
+                        : 0;
+  plan.peakMemory = 0;
+  for (auto m : plan.deviceMemory) plan.peakMemory = std::max(plan.peakMemory, m);
+}
+
+// ---------------------------------------------------------------------------------------
+// The DP for one shape
+
+namespace {
+
+struct Entry {
+  double score = kInf;  // max so far (time, or bytes for Objective::Memory)
+  double tie = 0;       // secondary: summed work (Time) / pace (Memory); only breaks ties
+  std::int64_t host = 0;
+  int prevI = -1;       // start layer of the last stage
+  int prevIdx = -1;     // entry index in the previous cell (Pareto mode)
+  StashPolicy policy = StashPolicy::Keep;
+};
+
+bool better(const Entry& a, const Entry& b) {
+  return a.score < b.score || (a.score == b.score && a.tie < b.tie);
+}
+
+}  // namespace
+
+std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
+                               const std::vector<StashPolicy>& policiesIn,
+                               const std::vector<std::int64_t>& limits, std::int64_t hostLimit,
+                               Objective objective) {
+  const int L = model.numLayers(), S = shape.stages;
+  if (S < 1 || S > L) return std::nullopt;
+  // Effective policies, deduplicated (a split stage cannot keep; Lowering.h).
+  std::vector<StashPolicy> policies;
+  for (StashPolicy p : policiesIn) {
+    StashPolicy e = schedules::effectivePolicy(p, isSplit(shape.kind));
+    if (std::find(policies.begin(), policies.end(), e) == policies.end()) policies.push_back(e);
+  }
+  const bool pareto = hostLimit >= 0;
+  auto fits = [&](const StageEstimate& e, int k) {
+    const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);
+    if (e.same) return limits[fd] < 0 || total(e.backwardMemory) <= limits[fd];
+    return (limits[fd] < 0 || total(e.forwardMemory) <= limits[fd]) &&
+           (limits[bd] < 0 || total(e.backwardMemory) <= limits[bd]);
+  };
+  const size_t W = static_cast<size_t>(L) + 1;
+  std::vector<std::vector<Entry>> cells(static_cast<size_t>(S + 1) * W);
+  auto cell = [&](int k, int j) -> std::vector<Entry>& { return cells[k * W + j]; };
+  Entry start;
+  start.score = 0;
+  cell(0, 0).push_back(start);
+
+  std::vector<Entry> cand;
+  for (int k = 1; k <= S; ++k) {
+    const int stage = k - 1;
+    for (int j = k; j <= L - (S - k); ++j) {
+      cand.clear();
+      Entry best;  // scalar mode
+      std::int64_t maxWorking = 0;
+      for (int i = j - 1; i >= k - 1; --i) {
+        maxWorking = std::max(maxWorking, model.workingBytes(i));
+        const double lb = objective == Objective::Time
+                              ? model.computeLowerBound(shape, stage, i, j)
+                              : double(model.memoryLowerBound(shape, stage, i, j, maxWorking));
+        if (!pareto && lb >= best.score) break;  // the stage only grows from here
+        const auto& prev = cell(k - 1, i);
+        if (prev.empty()) continue;
+        for (StashPolicy p : policies) {
+          StageEstimate e = model.stage(shape, stage, i, j, p, maxWorking);
+          if (!fits(e, stage)) continue;
+          const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
+          const double t = objective == Objective::Time ? e.forwardCompute + e.backwardCompute
+                                                        : e.time;
+          for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
+            const Entry& pe = prev[idx];
+            Entry n;
+            n.score = std::max(pe.score, c);
+            n.tie = objective == Objective::Time ? pe.tie + t : std::max(pe.tie, t);
+            n.host = pe.host + e.hostBytes;
+            n.prevI = i;
+            n.prevIdx = idx;
+            n.policy = p;
+            if (pareto) {
+              if (n.host > hostLimit) continue;
+              cand.push_back(n);
+            } else if (better(n, best)) {
+              best = n;
+            }
+          }
+        }
+      }
+      auto& out = cell(k, j);
+      if (!pareto) {
+        if (best.score < kInf) out.push_back(best);
+        continue;
+      }
+      // Pareto front of (score, host): sort by score (then tie, host), keep strictly
+      // decreasing host.
+      std::sort(cand.begin(), cand.end(), [](const Entry& a, const Entry& b) {
+        if (a.score != b.score) return a.score < b.score;
+        if (a.host != b.host) return a.host < b.host;
+        return a.tie < b.tie;
+      });
+      std::int64_t minHost = std::numeric_limits<std::int64_t>::max();
+      for (const Entry& e : cand)
+        if (e.host < minHost) {
+          out.push_back(e);
+          minHost = e.host;
+        }
+    }
+  }
+  const auto& last = cell(S, L);
+  if (last.empty()) return std::nullopt;
+  // Pareto mode: every entry is within the host limit; the front's first has the lowest score.
+  int idx = 0;
+  Plan plan;
+  plan.shape = shape;
+  plan.stages.resize(S);
+  int j = L;
+  for (int k = S; k >= 1; --k) {
+    const Entry& e = cell(k, j)[idx];
+    StagePlan& sp = plan.stages[k - 1];
+    sp.first = e.prevI;
+    sp.last = j;
+    sp.policy = e.policy;
+    idx = e.prevIdx < 0 ? 0 : e.prevIdx;
+    j = e.prevI;
+  }
+  evaluatePlan(model, plan);
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------
+// The search over shapes
+
+namespace {
+
+struct Job {
+  const ScheduleFamily* family;
+  PipelineShape shape;
+  double bound;
+};
+
+double objectiveOf(const Plan& p, Objective o) {
+  return o == Objective::Time ? p.iterationTime : double(p.peakMemory);
+}
+
+SolveResult search(const CostModel& model, const SolverOptions& options,
+                   const std::vector<std::int64_t>& limits, std::int64_t hostLimit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SolveResult res;
+  std::vector<ScheduleFamily> families = options.schedules;
+  if (families.empty())
+    for (ScheduleKind k : allScheduleKinds()) families.push_back({toString(k), k, allStashPolicies()});
+  const Cluster& cl = model.cluster();
+  const int D = cl.numDevices(), L = model.numLayers();
+  const Profile& prof = model.profile();
+  double sumF = 0, sumB = 0, sumStep = 0;
+  std::int64_t sumStatic = 0;
+  for (const auto& l : prof.layers) {
+    sumF += l.forward;
+    sumB += l.backward;
+    sumStep += l.step;
+    sumStatic += l.paramBytes + l.gradBytes + l.optimizerBytes;
+  }
+  std::map<int, std::vector<std::vector<int>>> chainCache;
+  auto chains = [&](int len) -> const std::vector<std::vector<int>>& {
+    auto it = chainCache.find(len);
+    if (it != chainCache.end()) return it->second;
+    bool heur = false;
+    auto v = distinctChains(cl, len, options.maxChains, &heur);
+    res.heuristicChains = res.heuristicChains || heur;
+    return chainCache.emplace(len, std::move(v)).first->second;
+  };
+
+  std::vector<Job> jobs;
+  for (const ScheduleFamily& fam : families) {
+    const bool split = isSplit(fam.kind);
+    int maxS = split ? D / 2 : D;
+    maxS = std::min(maxS, L);
+    if (options.maxStages > 0) maxS = std::min(maxS, options.maxStages);
+    for (int M : microbatchCounts(options.batch, options.maxMicrobatches)) {
+      for (int S = 1; S <= maxS; ++S) {
+        PipelineShape sh;
+        sh.kind = fam.kind;
+        sh.stages = S;
+        sh.microbatches = M;
+        sh.microbatchSize = options.batch / M;
+        sh.lookahead = options.lookahead;
+        const double f = double(sh.microbatchSize) / double(prof.microbatch);
+        for (const auto& ch : chains(sh.chainLength())) {
+          sh.chain = ch;
+          double bound;
+          if (options.objective == Objective::Time) {
+            double sf = 0, sb = 0;
+            for (int k = 0; k < S; ++k) {
+              sf += cl.devices[sh.forwardDevice(k)].speed;
+              sb += cl.devices[sh.backwardDevice(k)].speed;
+            }
+            double tau = split ? std::max(sumF * f / sf, (sumB * f + sumStep / M) / sb)
+                               : ((sumF + sumB) * f + sumStep / M) / sf;
+            bound = sh.iterationTime(tau);
+          } else {
+            bound = double(sumStatic) / S;
+          }
+          jobs.push_back({&fam, sh, bound});
+        }
+      }
+    }
+  }
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const Job& a, const Job& b) { return a.bound < b.bound; });
+  res.shapesTotal = static_cast<long>(jobs.size());
+  const size_t keep = static_cast<size_t>(std::max(1, options.keepTop));
+  std::vector<Plan>& top = res.candidates;
+  for (const Job& job : jobs) {
+    if (top.size() >= keep && job.bound >= objectiveOf(top.back(), options.objective)) break;
+    ++res.shapesSolved;
+    auto plan = solveShape(model, job.shape, job.family->policies, limits, hostLimit,
+                           options.objective);
+    if (!plan) continue;
+    plan->family = job.family->name;
+    const double v = objectiveOf(*plan, options.objective);
+    if (top.size() >= keep && v >= objectiveOf(top.back(), options.objective)) continue;
+    auto pos = std::upper_bound(top.begin(), top.end(), v, [&](double x, const Plan& p) {
+      return x < objectiveOf(p, options.objective);
+    });
+    top.insert(pos, std::move(*plan));
+    if (top.size() > keep) top.pop_back();
+  }
+  res.feasible = !top.empty();
+  if (res.feasible) res.best = top.front();
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+std::vector<std::int64_t> limitsFor(const CostModel& model, std::int64_t budget) {
+  std::vector<std::int64_t> out;
+  for (int d = 0; d < model.cluster().numDevices(); ++d) out.push_back(model.limit(d, budget));
+  return out;
+}
+
+std::int64_t hostLimitFor(const CostModel& model, std::int64_t hostBudget) {
+  std::int64_t c = model.cluster().hostPool;
+  if (hostBudget < 0) return c;
+  if (c < 0) return hostBudget;
+  return std::min(c, hostBudget);
+}
+
+}  // namespace
+
+SolveResult minimalBudget(const CostModel& model, const SolverOptions& optionsIn) {
+  SolverOptions o = optionsIn;
+  o.objective = Objective::Memory;
+  o.budget = -1;
+  o.validate();
+  const std::int64_t host = hostLimitFor(model, o.hostBudget);
+  SolveResult r = search(model, o, limitsFor(model, -1), host);
+  if (r.feasible) {
+    r.minimalBudget = r.best.peakMemory;
+    r.minimalPlan = r.best;
+    return r;
+  }
+  // Not even the full capacities: report what it would take without them.
+  SolveResult u = search(model, o, std::vector<std::int64_t>(model.cluster().numDevices(), -1),
+                         host);
+  r.minimalBudget = -1;
+  if (u.feasible) r.minimalPlan = u.best;
+  return r;
+}
+
+SolveResult solve(const CostModel& model, const SolverOptions& options) {
+  options.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto limits = limitsFor(model, options.budget);
+  const std::int64_t host = hostLimitFor(model, options.hostBudget);
+  SolveResult r = search(model, options, limits, host);
+  if (options.objective == Objective::Time && r.feasible && options.simulateTop > 0) {
+    const int n = std::min<int>(options.simulateTop, static_cast<int>(r.candidates.size()));
+    for (int i = 0; i < n; ++i) simulatePlan(model, r.candidates[i], limits, host);
+    // Among the simulated, those that fit first, then by simulated iteration time.
+    std::stable_sort(r.candidates.begin(), r.candidates.begin() + n,
+                     [](const Plan& a, const Plan& b) {
+                       if (a.simFits != b.simFits) return a.simFits;
+                       return a.simIterationTime < b.simIterationTime;
+                     });
+    r.best = r.candidates.front();
+  }
+  if (options.objective == Objective::Time && !r.feasible) {
+    SolveResult m = minimalBudget(model, options);
+    r.minimalBudget = m.minimalBudget;
+    r.minimalPlan = m.minimalPlan;
+    r.heuristicChains = r.heuristicChains || m.heuristicChains;
+  }
+  if (options.objective == Objective::Memory && r.feasible) {
+    r.minimalBudget = r.best.peakMemory;
+    r.minimalPlan = r.best;
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Simulator re-scoring
+
+void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int64_t>& limits,
+                  std::int64_t hostLimit) {
+  const PipelineShape& sh = plan.shape;
+  const int S = sh.stages;
+  std::vector<schedules::StagePlacement> sp;
+  std::vector<StashPolicy> policies;
+  sim::CostTable ct;
+  const Cluster& cl = model.cluster();
+  const double f = model.scale(sh);
+  for (int k = 0; k < S; ++k) {
+    const StagePlan& st = plan.stages[k];
+    sp.push_back({st.forwardDevice, st.backwardDevice});
+    policies.push_back(st.policy);
+    const StageEstimate& e = st.estimate;
+    sim::StageCosts c;
+    c.forward = e.forwardTime;
+    const double sb = cl.devices[st.backwardDevice].speed;
+    double b = 0, r = 0;
+    for (int l = st.first; l < st.last; ++l) {
+      b += model.profile().layers[l].backward;
+      r += model.profile().layers[l].recompute;
+    }
+    c.backward = b * f / sb;
+    c.recompute = r * f / sb;
+    c.step = e.stepTime;
+    c.activationBytes = std::llround(model.profile().layers[st.last - 1].outputBytes * f);
+    c.gradientBytes = std::llround(model.inputBytes(st.first) * f);
+    std::int64_t saved = 0, W = 0, G = 0, O = 0, ws = 0;
+    for (int l = st.first; l < st.last; ++l) {
+      const auto& lc = model.profile().layers[l];
+      saved += lc.savedBytes;
+      W += lc.paramBytes;
+      G += lc.gradBytes;
+      O += lc.optimizerBytes;
+      ws = std::max(ws, lc.workingBytes);
+    }
+    c.stashBytes = std::llround(saved * f);
+    c.checkpointBytes = c.gradientBytes;
+    c.weightVersionBytes = W;
+    c.weightsBytes = W;
+    c.gradsBytes = G;
+    c.optimizerStateBytes = O;
+    c.workingSetBytes = std::llround(ws * f);
+    ct.stages.push_back(c);
+  }
+  std::set<int> used;
+  for (auto& p : sp) used.insert(p.forward), used.insert(p.backward);
+  for (int a : used) {
+    ct.hostLinks[a] = {cl.devices[a].host.bandwidth, cl.devices[a].host.latency};
+    for (int b : used)
+      if (a != b) ct.links[{a, b}] = {cl.link(a, b).bandwidth, cl.link(a, b).latency};
+  }
+  auto plan3 = schedules::makeSchedule(toString(sh.kind), S, sh.microbatches,
+                                       schedules::Placement(sp), 3);
+  auto lowered = schedules::lower(plan3, policies, sh.lookahead);
+  sim::SimOptions so;
+  so.recordMemoryTimeline = false;
+  sim::SimResult r = sim::simulate(lowered.schedule, ct, so);
+  plan.simulated = true;
+  plan.simIterationTime = r.iterationTime;
+  plan.simPeak.assign(cl.numDevices(), 0);
+  plan.simFits = true;
+  for (int d = 0; d < static_cast<int>(r.memory.size()) && d < cl.numDevices(); ++d) {
+    plan.simPeak[d] = r.memory[d].peakBytes;
+    if (limits[d] >= 0 && plan.simPeak[d] > limits[d]) plan.simFits = false;
+  }
+  plan.simHostPeak = r.host.peakBytes;
+  if (hostLimit >= 0 && plan.simHostPeak > hostLimit) plan.simFits = false;
+}
+
+}  // namespace pipefb::planner

@@ -1,0 +1,141 @@
+// The DP against exhaustive search (issue 6, "Optimality"): on every instance of a
+// randomized table (fixed seed, >= 200 instances, <= 10 layers, <= 4 devices, every
+// policy, heterogeneous capacities and speeds, arbitrary link matrices, some host-pool
+// budgets), the solver's objective equals the brute force's. Both use the same CostModel,
+// so this compares the search (DP, pruning, chain classes, Pareto fronts), not two models.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "PlannerTestUtil.h"
+#include "pipefb/planner/BruteForce.h"
+
+using namespace pipefb::planner;
+
+namespace {
+
+struct Instance {
+  Profile profile;
+  Cluster cluster;
+  SolverOptions options;
+};
+
+Instance randomInstance(std::mt19937& rng, int id) {
+  auto uni = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
+  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  Instance in;
+  const int L = pick(1, id % 5 == 0 ? 10 : 7);
+  const int D = pick(1, 4);
+  Profile& p = in.profile;
+  p.model = "random" + std::to_string(id);
+  p.microbatch = pick(1, 2);
+  p.inputBytes = pick(1, 400);
+  for (int l = 0; l < L; ++l) {
+    LayerCost c;
+    c.forward = uni(0.1, 2);
+    c.backward = uni(0.1, 4);
+    c.recompute = c.forward * uni(0.8, 1.2);
+    c.step = uni(0, 0.5);
+    c.outputBytes = pick(1, 400);
+    c.savedBytes = pick(0, 1000);
+    c.workingBytes = pick(0, 300);
+    c.paramBytes = pick(0, 500);
+    c.gradBytes = c.paramBytes;
+    c.optimizerBytes = c.paramBytes * pick(0, 2);
+    p.layers.push_back(c);
+  }
+  Cluster& cl = in.cluster;
+  cl.name = "random";
+  const bool identical = pick(0, 3) == 0;
+  for (int d = 0; d < D; ++d) {
+    ClusterDevice dev;
+    dev.name = "d" + std::to_string(d);
+    dev.speed = identical ? 1.0 : std::vector<double>{0.5, 1, 1.5, 2}[pick(0, 3)];
+    dev.capacity = identical ? 3000 : (pick(0, 4) == 0 ? -1 : pick(1500, 6000));
+    dev.host = Link{identical ? 2000.0 : uni(200, 5000), identical ? 0.0 : uni(0, 0.05)};
+    cl.devices.push_back(dev);
+  }
+  const bool uniformLinks = identical || pick(0, 2) == 0;
+  const double ubw = uni(100, 5000);
+  cl.links.assign(D, std::vector<Link>(D));
+  for (int a = 0; a < D; ++a)
+    for (int b = 0; b < D; ++b)
+      cl.links[a][b] = uniformLinks ? Link{ubw, 0.01} : Link{uni(50, 5000), uni(0, 0.05)};
+  cl.hostPool = pick(0, 3) == 0 ? pick(200, 6000) : -1;
+
+  SolverOptions& o = in.options;
+  o.batch = std::vector<int>{1, 2, 3, 4, 6, 8}[pick(0, 5)];
+  o.maxMicrobatches = pick(1, 4);
+  o.lookahead = pick(0, 2);
+  o.simulateTop = 0;
+  o.keepTop = 1;
+  // Families: everything, or a random subset, sometimes policy-restricted.
+  const std::vector<std::string> names = {"gpipe", "1f1b", "pipedream", "pipefb-sync",
+                                          "pipefb-async", "1f1b-keep", "gpipe-offload",
+                                          "1f1b-checkpoint", "pipefb-sync-checkpoint-offload"};
+  if (pick(0, 2) != 0) {
+    for (const auto& n : names)
+      if (pick(0, 2) == 0) o.schedules.push_back(parseScheduleFamily(n));
+  }
+  if (pick(0, 2) == 0) o.budget = pick(1000, 4000);
+  return in;
+}
+
+bool sameValue(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)); }
+
+}  // namespace
+
+TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
+  std::mt19937 rng(20240606);
+  int feasible = 0, infeasible = 0, withHost = 0, heterogeneous = 0, nonKeep = 0;
+  for (int id = 0; id < 300; ++id) {
+    Instance in = randomInstance(rng, id);
+    CostModel m(in.profile, in.cluster);
+    SolveResult dp = solve(m, in.options);
+    BruteForceResult bf = bruteForce(m, in.options);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << id;
+    if (in.cluster.hostPool >= 0) ++withHost;
+    if (in.cluster.devices.size() > 1 &&
+        in.cluster.devices[0].capacity != in.cluster.devices.back().capacity)
+      ++heterogeneous;
+    if (!bf.feasible) {
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    ASSERT_TRUE(sameValue(dp.best.iterationTime, bf.objective))
+        << "instance " << id << ": dp " << dp.best.iterationTime << " (" << dp.best.family
+        << " S=" << dp.best.shape.stages << " M=" << dp.best.shape.microbatches
+        << ") vs brute force " << bf.objective << " (" << bf.plan.family
+        << " S=" << bf.plan.shape.stages << " M=" << bf.plan.shape.microbatches << ")";
+    for (const auto& st : dp.best.stages)
+      if (st.policy != StashPolicy::Keep) {
+        ++nonKeep;
+        break;
+      }
+  }
+  std::printf("optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
+              "budget, %d heterogeneous, %d optima use a non-keep policy\n",
+              feasible, infeasible, withHost, heterogeneous, nonKeep);
+  EXPECT_GE(feasible, 150);
+  EXPECT_GE(infeasible, 5);
+  EXPECT_GE(nonKeep, 20);
+}
+
+TEST(SolverOptimality, SmallestBudgetEqualsExhaustiveSearch) {
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (int id = 0; id < 200; ++id) {
+    Instance in = randomInstance(rng, id);
+    in.options.objective = Objective::Memory;
+    CostModel m(in.profile, in.cluster);
+    SolveResult dp = minimalBudget(m, in.options);
+    BruteForceResult bf = bruteForce(m, in.options);
+    ASSERT_EQ(dp.minimalBudget >= 0, bf.feasible) << "instance " << id;
+    if (!bf.feasible) continue;
+    ++checked;
+    ASSERT_EQ(double(dp.minimalBudget), bf.objective) << "instance " << id;
+  }
+  EXPECT_GE(checked, 100);
+}

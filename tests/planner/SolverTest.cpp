@@ -1,0 +1,304 @@
+// The solver on literal numbers (STYLE.md habit 6, like torchgpipe's blockpartition tests).
+#include <gtest/gtest.h>
+
+#include "PlannerTestUtil.h"
+#include "pipefb/common/Error.h"
+#include "pipefb/planner/BruteForce.h"
+#include "pipefb/schedules/Generators.h"
+
+using namespace pipefb::planner;
+using namespace pipefb::planner::testing;
+using pipefb::schedules::StashPolicy;
+
+namespace {
+
+PipelineShape shapeOf(ScheduleKind k, int S, int M, std::vector<int> chain,
+                      std::int64_t mb = 1) {
+  PipelineShape sh;
+  sh.kind = k;
+  sh.stages = S;
+  sh.microbatches = M;
+  sh.microbatchSize = mb;
+  sh.chain = std::move(chain);
+  return sh;
+}
+
+std::vector<std::int64_t> unlimited(int n) { return std::vector<std::int64_t>(n, -1); }
+
+}  // namespace
+
+TEST(SolverLiteral, TorchgpipeBlockPartitionTwo) {
+  // torchgpipe: solve([1,2,3,4,5,6], partitions=2) == [[1,2,3,4],[5,6]]
+  CostModel m(timesProfile({1, 2, 3, 4, 5, 6}), freeCluster(2));
+  auto p = solveShape(m, shapeOf(ScheduleKind::PipeDream, 2, 1, {0, 1}), {StashPolicy::Keep},
+                      unlimited(2), -1, Objective::Time);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(cuts(*p), (std::vector<std::vector<int>>{{0, 4}, {4, 6}}));
+  EXPECT_DOUBLE_EQ(p->tau, 11);
+}
+
+TEST(SolverLiteral, TorchgpipeBlockPartitionThree) {
+  // torchgpipe: solve([1,2,3,4,5,6], partitions=3) == [[1,2,3],[4,5],[6]]
+  CostModel m(timesProfile({1, 2, 3, 4, 5, 6}), freeCluster(3));
+  auto p = solveShape(m, shapeOf(ScheduleKind::PipeDream, 3, 1, {0, 1, 2}), {StashPolicy::Keep},
+                      unlimited(3), -1, Objective::Time);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(cuts(*p), (std::vector<std::vector<int>>{{0, 3}, {3, 5}, {5, 6}}));
+  EXPECT_DOUBLE_EQ(p->tau, 9);
+  // The whole search picks 3 stages (pace 9 < 11 < 21) for the asynchronous schedule.
+  SolveResult r = solve(m, only("pipedream-keep"));
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best.shape.stages, 3);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 9);
+}
+
+TEST(SolverLiteral, FlushBubbleDecidesStageCount) {
+  // 1f1b with batch 4 = 4 microbatches of 1: S=1: 4 x 8 = 32; S=2: (4+1) x 4 = 20;
+  // S=4: (4+3) x 2 = 14.
+  CostModel m(timesProfile({2, 2, 2, 2}), freeCluster(4));
+  SolverOptions o = only("1f1b-keep", 4);
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best.shape.stages, 4);
+  EXPECT_EQ(r.best.shape.microbatches, 4);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 14);
+  EXPECT_DOUBLE_EQ(r.best.throughput, 4.0 / 14);
+}
+
+TEST(SolverLiteral, HeterogeneousSpeedsGetProportionalWork) {
+  // Device 1 is 3x faster: it takes three of the four unit layers; pace 1.
+  Profile p = timesProfile({1, 1, 1, 1});
+  Cluster c = freeCluster(2);
+  c.devices[1].speed = 3;
+  CostModel m(p, c);
+  SolveResult r = solve(m, only("pipedream-keep"));
+  ASSERT_TRUE(r.feasible);
+  ASSERT_EQ(r.best.shape.stages, 2);
+  EXPECT_DOUBLE_EQ(r.best.tau, 1);
+  EXPECT_EQ(r.best.stages[0].forwardDevice, 0);
+  EXPECT_EQ(cuts(r.best), (std::vector<std::vector<int>>{{0, 1}, {1, 4}}));
+}
+
+TEST(SolverLiteral, LinkMatrixChoosesTheFastPair) {
+  // Three devices; 0<->1 is slow (0.5 B/s), every other link is fast. Two stages of 1 s
+  // each, sending 1 byte: a chain over the slow link has pace 2 s (the link); the others
+  // 1 s (the transfer, 1 ns, hides under compute).
+  Profile p = timesProfile({1, 1});
+  p.layers[0].outputBytes = 1;
+  Cluster c = freeCluster(3);
+  for (auto& row : c.links)
+    for (auto& l : row) l = Link{1e9, 0};
+  c.links[0][1] = c.links[1][0] = Link{0.5, 0};
+  CostModel m(p, c);
+  SolverOptions o = only("pipedream-keep");
+  o.maxStages = 2;
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  ASSERT_EQ(r.best.shape.stages, 2);
+  EXPECT_DOUBLE_EQ(r.best.tau, 1.0);
+  const auto& ch = r.best.shape.chain;
+  EXPECT_FALSE((ch[0] == 0 && ch[1] == 1) || (ch[0] == 1 && ch[1] == 0));
+}
+
+TEST(SolverLiteral, MemoryForcesAnUnbalancedCut) {
+  // Equal times, but layer 0 has 60 bytes of weights; limit 100 per device.
+  // Balanced [0,2)|[2,4) needs 60+50 = 110 on device 0: over. The DP gives [0,1)|[1,4).
+  Profile p = timesProfile({1, 1, 1, 1});
+  p.layers[0].paramBytes = 60;
+  p.layers[1].paramBytes = 50;
+  p.layers[2].paramBytes = 10;
+  p.layers[3].paramBytes = 10;
+  CostModel m(p, freeCluster(2, 100));
+  SolverOptions o = only("1f1b-keep");
+  o.maxStages = 2;
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(cuts(r.best), (std::vector<std::vector<int>>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(r.best.deviceMemory[r.best.stages[0].forwardDevice], 60);
+  EXPECT_EQ(r.best.deviceMemory[r.best.stages[1].forwardDevice], 70);
+}
+
+TEST(SolverLiteral, MemoryCategoriesOfOneStage) {
+  // 1f1b, S=2, M=4, microbatch 2 from a profile at microbatch 1: stage 0 holds
+  // min(S-0, M) = 2 stashes of 2 x 10 bytes; working set 2 x 7; W=100, G=100, O=200.
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) {
+    l.savedBytes = 10;
+    l.workingBytes = 7;
+    l.paramBytes = l.gradBytes = 100;
+    l.optimizerBytes = 200;
+  }
+  CostModel m(p, freeCluster(2));
+  PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
+  StageEstimate e = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
+  EXPECT_EQ(e.inFlight, 2);
+  using pipefb::MemoryCategory;
+  using pipefb::index;
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Weights)], 100);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Grads)], 100);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::OptimizerState)], 200);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Stash)], 2 * 20);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::WorkingSet)], 14);
+  EXPECT_EQ(e.peakMemory(), 454);
+  // Checkpoint: the stash is the stage input (profile inputBytes = 0 here) and one
+  // recomputed graph (20 bytes) joins the working set while B runs.
+  StageEstimate c = m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint);
+  EXPECT_EQ(c.backwardMemory[index(MemoryCategory::Stash)], 0);
+  EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 14 + 20);
+}
+
+TEST(SolverLiteral, OffloadWinsWhenKeepDoesNotFitAndCopiesHide) {
+  // One device, gpipe with 4 microbatches: keep holds 4 stashes of 100 bytes = 400 + 10
+  // weights; the limit is 250. Offload with lookahead 0 keeps min(4, 0 + 2) = 2 -> 210 and
+  // fits (with M = 2 or 1 the stashes are 200 or 400 bytes: over). Copies: 2 x 100 B at 1000 B/s = 0.2 s
+  // per microbatch, under the 1 s of compute, so the pace stays 1 s.
+  Profile p = timesProfile({1});
+  p.layers[0].savedBytes = 100;
+  p.layers[0].paramBytes = 10;
+  p.layers[0].recompute = 1;
+  Cluster c = Cluster::uniform(1, 1.0, 250, Link{}, Link{1000, 0});
+  CostModel m(p, c);
+  SolverOptions o;
+  o.batch = 4;
+  o.maxMicrobatches = 4;
+  o.schedules = {parseScheduleFamily("gpipe-keep"), parseScheduleFamily("gpipe-offload")};
+  o.lookahead = 0;
+  o.simulateTop = 0;
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best.stages[0].policy, StashPolicy::Offload);
+  // M = 4 of 1 sample: (4 + 1 - 1) x 1 s.
+  EXPECT_EQ(r.best.shape.microbatches, 4);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 4);
+  EXPECT_EQ(r.best.stages[0].estimate.binding, Resource::Compute);
+  EXPECT_LE(r.best.peakMemory, 250);
+}
+
+TEST(SolverLiteral, SlowCopiesMakeCheckpointBetterThanOffload) {
+  // gpipe on one device, batch 4; a layer with F = B = R = 1 s per sample, 100 saved
+  // bytes and a 1-byte input; limit 350 B. At M = 4 (microbatch 1): keep needs 4 x 100
+  // (over); offload keeps min(4, lookahead + 2) = 3 x 100 = 300 and fits; checkpoint keeps
+  // 4 x 1 B + one recomputed graph of 100 B = 104. Smaller M only grows the stashes.
+  Profile p = timesProfile({1});
+  p.layers[0].backward = 1;
+  p.layers[0].recompute = 1;
+  p.layers[0].savedBytes = 100;
+  p.inputBytes = 1;
+  SolverOptions o;
+  o.batch = 4;
+  o.maxMicrobatches = 4;
+  o.schedules = {parseScheduleFamily("gpipe")};
+  o.simulateTop = 0;
+  {
+    // Fast copies (1 MB/s): offload hides under the 2 s of compute: (4 + 0) x 2 = 8 s.
+    CostModel m(p, Cluster::uniform(1, 1.0, 350, Link{}, Link{1e6, 0}));
+    SolveResult r = solve(m, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.stages[0].policy, StashPolicy::Offload);
+    EXPECT_DOUBLE_EQ(r.best.iterationTime, 4 * 2);
+  }
+  {
+    // Slow copies (10 B/s): offload's 2 x 100 B take 20 s per microbatch; recomputing
+    // costs 1 s: checkpoint, (4 + 0) x 3 = 12 s (M = 2 ties at 2 x 6 s).
+    CostModel m(p, Cluster::uniform(1, 1.0, 350, Link{}, Link{10, 0}));
+    SolveResult r = solve(m, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.stages[0].policy, StashPolicy::Checkpoint);
+    EXPECT_DOUBLE_EQ(r.best.iterationTime, 12);
+    EXPECT_EQ(r.best.stages[0].estimate.binding, Resource::Compute);
+  }
+}
+
+TEST(SolverLiteral, InfeasibleReportsTheSmallestBudget) {
+  // Two layers of 100 B weights, 2 devices: any plan needs >= 100 B on some device;
+  // the smallest budget is 100 (one layer per device).
+  Profile p = timesProfile({1, 1});
+  p.layers[0].paramBytes = p.layers[1].paramBytes = 100;
+  CostModel m(p, freeCluster(2));
+  SolverOptions o = only("1f1b-keep");
+  o.budget = 99;
+  SolveResult r = solve(m, o);
+  EXPECT_FALSE(r.feasible);
+  EXPECT_EQ(r.minimalBudget, 100);
+  ASSERT_TRUE(r.minimalPlan);
+  EXPECT_EQ(r.minimalPlan->shape.stages, 2);
+  o.budget = 100;
+  EXPECT_TRUE(solve(m, o).feasible);
+}
+
+TEST(SolverLiteral, HostPoolBudgetIsASumOverStages) {
+  // Two stages on two devices that each fit only with offload (host bytes 1 x 100 each
+  // with 1f1b at M=1); host pool 150 fits only one offloaded stage, the other must
+  // checkpoint (its input is 1 byte).
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) {
+    l.savedBytes = 100;
+    l.outputBytes = 1;
+    l.recompute = 0.5;
+  }
+  p.inputBytes = 1;
+  Cluster c = Cluster::uniform(2, 1.0, -1, Link{}, Link{1e6, 0});
+  c.hostPool = 150;
+  CostModel m(p, c);
+  SolverOptions o;
+  o.batch = 1;
+  o.maxMicrobatches = 1;
+  o.maxStages = 2;
+  o.schedules = {parseScheduleFamily("pipefb-sync")};
+  o.simulateTop = 0;
+  // PipeFB needs 4 devices for 2 stages: add two more.
+  Cluster c4 = Cluster::uniform(4, 1.0, -1, Link{}, Link{1e6, 0});
+  c4.hostPool = 150;
+  CostModel m4(p, c4);
+  SolveResult r = solve(m4, o);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_LE(r.best.hostBytes, 150);
+  BruteForceResult b = bruteForce(m4, o);
+  ASSERT_TRUE(b.feasible);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, b.objective);
+}
+
+TEST(SolverContract, ClosedFormsMatchTheGenerators) {
+  using namespace pipefb::schedules;
+  for (ScheduleKind k : allScheduleKinds())
+    for (int S : {1, 2, 3, 4, 7})
+      for (int M : {1, 2, 3, 8}) {
+        const int K = S + 2;  // steady state
+        auto plan = makeSchedule(toString(k), S, M, Placement::defaultFor(toString(k), S), K);
+        for (int s = 0; s < S; ++s) {
+          EXPECT_EQ(inFlightStashes(k, S, s, M), plan.contract.inFlight[s])
+              << toString(k) << " S=" << S << " M=" << M << " s=" << s;
+          EXPECT_EQ(weightVersions(k, S, s, M), plan.contract.weightVersions[s])
+              << toString(k) << " S=" << S << " M=" << M << " s=" << s;
+        }
+      }
+}
+
+TEST(SolverFamilies, ParseAndErrors) {
+  EXPECT_EQ(parseScheduleFamily("1f1b").policies.size(), 4u);
+  auto f = parseScheduleFamily("pipefb-sync-checkpoint-offload");
+  EXPECT_EQ(f.kind, ScheduleKind::PipeFbSync);
+  ASSERT_EQ(f.policies.size(), 1u);
+  EXPECT_EQ(f.policies[0], StashPolicy::CheckpointOffload);
+  EXPECT_THROW(parseScheduleFamily("1f1b-kep"), pipefb::UserError);
+  try {
+    parseScheduleFamily("pipdream");
+  } catch (const pipefb::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipedream"), std::string::npos);
+  }
+}
+
+TEST(SolverChains, InterchangeableDevicesGiveOneChain) {
+  Cluster c = freeCluster(8);
+  bool heur = true;
+  EXPECT_EQ(distinctChains(c, 8, 100, &heur).size(), 1u);
+  EXPECT_FALSE(heur);
+  c.devices[3].speed = 2;  // one distinct device: it can sit at any of 4 positions
+  EXPECT_EQ(distinctChains(c, 4, 100, &heur).size(), 4u + 1u);
+  // Too many distinct chains: greedy ones instead.
+  Cluster d = freeCluster(6);
+  for (int i = 0; i < 6; ++i) d.devices[i].speed = 1 + i;
+  auto g = distinctChains(d, 6, 10, &heur);
+  EXPECT_TRUE(heur);
+  EXPECT_FALSE(g.empty());
+}
