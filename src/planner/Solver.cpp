@@ -577,8 +577,12 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     for (int b : used)
       if (a != b) ct.links[{a, b}] = {cl.link(a, b).bandwidth, cl.link(a, b).latency};
   }
+  // Enough iterations to reach the steady state the cost model assumes: PipeDream keeps
+  // min(S-s, K*M) stashes, so K*M must reach S.
+  int K = 3;
+  if (sh.kind == ScheduleKind::PipeDream) K = std::max(K, (2 * S + sh.microbatches - 1) / sh.microbatches + 1);
   auto plan3 = schedules::makeSchedule(toString(sh.kind), S, sh.microbatches,
-                                       schedules::Placement(sp), 3);
+                                       schedules::Placement(sp), K);
   auto lowered = schedules::lower(plan3, policies, sh.lookahead);
   sim::SimOptions so;
   so.recordMemoryTimeline = false;

@@ -1,0 +1,56 @@
+#pragma once
+// Analytic profiles: per-layer FLOPs and bytes of the zoo models computed from their
+// options alone (no LibTorch, nothing allocated, so GPT-2 XL plans on a laptop), turned
+// into a Profile with a device spec (Note [Analytic timing]).
+//
+// Note [Analytic timing]
+// Per layer and sample, FP32: forward time = max(FLOPs / (peak x eff),
+// bytes moved / (HBM x eff)) + the spec's per-layer overhead; backward = 2 x forward
+// FLOPs (input and weight gradients); recompute = forward. The optimizer step reads and
+// writes parameters, gradients and states: (2 + 2 x states-per-param) x param bytes... per
+// step at HBM speed. Saved bytes count what autograd keeps (inputs of convs and linears,
+// ReLU outputs, pooling indices, attention probabilities); working bytes are the
+// largest transient (an output and its gradient). The numbers are estimates; a measured
+// profile (pipefb_profile) replaces them where the hardware is at hand.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipefb/model/ModelOptions.h"
+#include "pipefb/planner/DeviceSpec.h"
+#include "pipefb/planner/LayerCost.h"
+
+namespace pipefb::planner {
+
+/// One layer's work per sample.
+struct LayerWork {
+  std::string name;
+  double flops = 0;              // forward
+  double bytesMoved = 0;         // forward, for the memory-bound roofline
+  std::int64_t params = 0;       // parameter count (fp32)
+  std::int64_t outputBytes = 0;
+  std::int64_t savedBytes = 0;
+  std::int64_t workingBytes = 0;
+};
+
+struct ModelWork {
+  std::string model;  // a key naming the model and the options that change its shapes
+  std::int64_t inputBytes = 0;  // per sample
+  std::vector<LayerWork> layers;
+};
+
+/// The zoo's layer chain for these options (same layers as model::buildModel).
+ModelWork modelWork(const model::ModelOptions& options);
+
+/// Optimizer state per parameter: "sgd" with momentum -> 1, "sgd" without -> 0, "adam" -> 2.
+int optimizerStatesPerParam(const std::string& optimizer, double momentum);
+
+Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const DeviceSpec& device,
+                        int statesPerParam);
+
+/// Compute speed of each device relative to the first, from the analytic time of the
+/// whole model (forward + backward) on each spec.
+std::vector<double> analyticSpeeds(const ModelWork& work, std::int64_t microbatch,
+                                   const std::vector<DeviceSpec>& devices);
+
+}  // namespace pipefb::planner

@@ -1,0 +1,58 @@
+#pragma once
+// Plan files: what pipefb_plan writes and `pipefb_train --plan` reads (format in
+// docs/planner.md, "Plan files"). Torch-free.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipefb/planner/Solver.h"
+
+namespace pipefb::planner {
+
+/// Where a plan came from, for the file's header and the report.
+struct PlanContext {
+  std::string config;   // config path
+  std::string model;    // profile key
+  std::string profile;  // "analytic t4-16g" | "measured <file>"
+  std::string cluster;  // cluster name
+  std::int64_t budget = -1;      // per device; -1 = capacities
+  std::int64_t hostBudget = -1;  // -1 = the cluster's host pool
+};
+
+/// The plan as YAML text (every stage with its layer range, devices, policy and predicted
+/// memory by category; the predicted and simulated totals; the equivalent config keys).
+std::string planToYaml(const CostModel& model, const Plan& plan, const PlanContext& context);
+void writePlanFile(const std::string& path, const CostModel& model, const Plan& plan,
+                   const PlanContext& context);
+
+/// What a runtime needs from a plan file.
+struct PlanStage {
+  int first = 0, last = 0;
+  int forwardDevice = 0, backwardDevice = 0;
+  schedules::StashPolicy policy = schedules::StashPolicy::Keep;
+};
+struct PlanSpec {
+  std::string schedule;  // schedule kind name
+  int microbatches = 1;
+  std::int64_t microbatchSize = 1;
+  std::int64_t batch = 1;
+  int lookahead = 1;
+  int numLayers = 0;
+  std::vector<PlanStage> stages;
+  double predictedIterationTime = 0;
+  std::vector<std::int64_t> predictedPeak;  // per device
+
+  /// pipeline.partition: the first layer of stages 1..S-1.
+  std::vector<std::int64_t> partition() const;
+};
+
+/// Reads and checks a plan file (contiguous stages covering [0, layers), known schedule
+/// and policies, devices matching the schedule's placement). Errors are UserError naming
+/// the file and key.
+PlanSpec parsePlan(const std::string& yaml, const std::string& source);
+PlanSpec readPlanFile(const std::string& path);
+
+/// The solver's Plan for a plan file under a cost model (to re-check or re-explain it).
+Plan planFromSpec(const CostModel& model, const PlanSpec& spec);
+
+}  // namespace pipefb::planner

@@ -1,0 +1,38 @@
+#pragma once
+// From a run config and the planner flags to a cost model: the profile (a profile file,
+// or analytic from the device spec), the cluster (a cluster spec, or devices.count x a
+// device spec with devices.memory as capacity) and the solver options. Shared by
+// pipefb_plan and pipefb_sweep. Torch-free.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipefb/config/Config.h"
+#include "pipefb/planner/DeviceSpec.h"
+#include "pipefb/planner/Solver.h"
+
+namespace pipefb::planner {
+
+struct SetupOptions {
+  std::string cluster;         // cluster spec path or name in configs/clusters; "" = from config
+  std::string device = "cpu";  // device spec used when no cluster is given
+  std::string profile;         // profile file; "" = analytic
+  std::string configsDir;      // holds devices/ and clusters/ (default: next to the config)
+  std::int64_t profileMicrobatch = 0;  // analytic profile microbatch; 0 = 1
+};
+
+struct Planning {
+  config::Config config;
+  ClusterSpec clusterSpec;
+  std::unique_ptr<CostModel> model;
+  SolverOptions solver;  // batch, lookahead from the config; schedules empty (= all)
+  std::string profileText;  // "analytic t4-16g" or "measured <path>"
+};
+
+Planning setupPlanning(const config::Config& config, const SetupOptions& options);
+
+/// "configs" directory for a config path: <dir of config>, or PIPEFB_SOURCE_DIR/configs.
+std::string configsDirFor(const std::string& configPath);
+
+}  // namespace pipefb::planner

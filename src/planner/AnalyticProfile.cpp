@@ -1,0 +1,299 @@
+// Analytic per-layer work of the zoo models (Note [Analytic timing] in AnalyticProfile.h).
+// The layer chains mirror src/model/Vision.cpp and Gpt2.cpp; model_test-style checks
+// compare parameter and output sizes with Model::describe() for small models.
+#include "pipefb/planner/AnalyticProfile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::planner {
+
+namespace {
+
+constexpr std::int64_t kF = 4;  // bytes per fp32 element
+constexpr std::int64_t kL = 8;  // bytes per int64 (pooling indices, token ids)
+
+std::string key(const model::ModelOptions& o) {
+  std::ostringstream s;
+  s << o.name;
+  if (o.name == "gpt2") s << "-" << o.size;
+  s << " width=" << o.width << " input=" << o.input_size;
+  if (o.name != "gpt2") s << " channels=" << o.channels;
+  s << " classes=" << o.num_classes;
+  if (o.name == "mlp") {
+    s << " hidden=";
+    for (size_t i = 0; i < o.hidden.size(); ++i) s << (i ? "," : "") << o.hidden[i];
+  }
+  return s.str();
+}
+
+int64_t convOut(int64_t h, int64_t k, int64_t s, int64_t p) { return (h + 2 * p - k) / s + 1; }
+
+// conv (k x k, stride s, pad p) + ReLU [+ max-pool pk/ps], input (cin, h, h).
+LayerWork convRelu(const std::string& name, int64_t cin, int64_t cout, int64_t& h, int64_t k,
+                   int64_t s, int64_t p, int64_t pk = 0, int64_t ps = 0) {
+  LayerWork w;
+  w.name = name;
+  const int64_t ho = convOut(h, k, s, p);
+  const double in = double(cin) * h * h, pre = double(cout) * ho * ho;
+  w.flops = 2.0 * cin * k * k * cout * ho * ho + 2 * pre;  // MACs + bias + ReLU
+  w.params = cin * k * k * cout + cout;
+  int64_t hout = ho;
+  std::int64_t indices = 0;
+  if (pk > 0) {
+    hout = (ho - pk) / ps + 1;
+    indices = cout * hout * hout * kL;
+    w.flops += pre;
+  }
+  w.outputBytes = cout * hout * hout * kF;
+  // conv saves its input; ReLU (in place) its output, which max-pool also reads.
+  w.savedBytes = static_cast<std::int64_t>(in + pre) * kF + indices;
+  w.workingBytes = static_cast<std::int64_t>(2 * std::max(in, pre)) * kF;
+  w.bytesMoved = (in + 2 * pre) * kF + w.params * kF;
+  h = hout;
+  return w;
+}
+
+// [adaptive avg-pool to a x a + flatten] linear [+ ReLU], input `in` features.
+LayerWork linear(const std::string& name, int64_t in, int64_t out, bool relu,
+                 int64_t pooledFrom = 0) {
+  LayerWork w;
+  w.name = name;
+  w.flops = 2.0 * in * out + (relu ? out : 0);
+  w.params = in * out + out;
+  w.outputBytes = out * kF;
+  w.savedBytes = (in + (relu ? out : 0)) * kF;
+  w.workingBytes = 2 * std::max(in + pooledFrom, out) * kF;
+  w.bytesMoved = double(in + out + w.params) * kF;
+  return w;
+}
+
+ModelWork vgg16(const model::ModelOptions& o) {
+  ModelWork m;
+  const std::vector<std::vector<int64_t>> blocks = {
+      {64, 64}, {128, 128}, {256, 256, 256}, {512, 512, 512}, {512, 512, 512}};
+  int64_t in = o.channels, h = o.input_size;
+  m.inputBytes = in * h * h * kF;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (size_t i = 0; i < blocks[b].size(); ++i) {
+      const int64_t out = model::scaled(blocks[b][i], o.width);
+      const bool last = i + 1 == blocks[b].size();
+      m.layers.push_back(convRelu("conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1),
+                                  in, out, h, 3, 1, 1, last ? 2 : 0, last ? 2 : 0));
+      in = out;
+    }
+  const int64_t hidden = model::scaled(4096, o.width);
+  m.layers.push_back(linear("fc6", in * 49, hidden, true, in * h * h));
+  m.layers.push_back(linear("fc7", hidden, hidden, true));
+  m.layers.push_back(linear("fc8", hidden, o.num_classes, false));
+  return m;
+}
+
+ModelWork alexnet(const model::ModelOptions& o) {
+  ModelWork m;
+  const int64_t c1 = model::scaled(64, o.width), c2 = model::scaled(192, o.width),
+                c3 = model::scaled(384, o.width), c4 = model::scaled(256, o.width),
+                c5 = model::scaled(256, o.width);
+  int64_t h = o.input_size;
+  m.inputBytes = o.channels * h * h * kF;
+  m.layers.push_back(convRelu("conv1", o.channels, c1, h, 11, 4, 2, 3, 2));
+  m.layers.push_back(convRelu("conv2", c1, c2, h, 5, 1, 2, 3, 2));
+  m.layers.push_back(convRelu("conv3", c2, c3, h, 3, 1, 1));
+  m.layers.push_back(convRelu("conv4", c3, c4, h, 3, 1, 1));
+  m.layers.push_back(convRelu("conv5", c4, c5, h, 3, 1, 1, 3, 2));
+  const int64_t hidden = model::scaled(4096, o.width);
+  m.layers.push_back(linear("fc6", c5 * 36, hidden, true, c5 * h * h));
+  m.layers.push_back(linear("fc7", hidden, hidden, true));
+  m.layers.push_back(linear("fc8", hidden, o.num_classes, false));
+  return m;
+}
+
+// conv without bias + batch norm (+ ReLU): counts into w.
+void convBn(LayerWork& w, int64_t cin, int64_t cout, int64_t h, int64_t k, int64_t s, int64_t p,
+            bool relu, int64_t* hout) {
+  const int64_t ho = convOut(h, k, s, p);
+  const double in = double(cin) * h * h, out = double(cout) * ho * ho;
+  w.flops += 2.0 * cin * k * k * cout * ho * ho + 8 * out;
+  w.params += cin * k * k * cout + 2 * cout;
+  // conv input, BN input (+ stats), ReLU output.
+  w.savedBytes += static_cast<std::int64_t>(in + out + (relu ? out : 0)) * kF;
+  w.workingBytes = std::max<std::int64_t>(w.workingBytes, static_cast<std::int64_t>(2 * out) * kF);
+  w.bytesMoved += (in + 3 * out) * kF;
+  *hout = ho;
+}
+
+ModelWork resnet50(const model::ModelOptions& o) {
+  ModelWork m;
+  int64_t h = o.input_size;
+  m.inputBytes = o.channels * h * h * kF;
+  int64_t inplanes = model::scaled(64, o.width);
+  {
+    LayerWork w;
+    w.name = "stem";
+    int64_t ho;
+    convBn(w, o.channels, inplanes, h, 7, 2, 3, true, &ho);
+    const int64_t hp = convOut(ho, 3, 2, 1);
+    w.savedBytes += inplanes * hp * hp * kL;
+    w.outputBytes = inplanes * hp * hp * kF;
+    h = hp;
+    m.layers.push_back(w);
+  }
+  const int64_t blocks[4] = {3, 4, 6, 3};
+  const int64_t planes[4] = {64, 128, 256, 512};
+  for (int s = 0; s < 4; ++s) {
+    const int64_t p = model::scaled(planes[s], o.width);
+    for (int64_t i = 0; i < blocks[s]; ++i) {
+      const int64_t stride = (s > 0 && i == 0) ? 2 : 1;
+      LayerWork w;
+      w.name = "layer" + std::to_string(s + 1) + "." + std::to_string(i);
+      int64_t h1, h2, h3;
+      convBn(w, inplanes, p, h, 1, 1, 0, true, &h1);
+      convBn(w, p, p, h1, 3, stride, 1, true, &h2);
+      convBn(w, p, p * 4, h2, 1, 1, 0, true, &h3);
+      if (stride != 1 || inplanes != p * 4) {
+        int64_t hd;
+        convBn(w, inplanes, p * 4, h, 1, stride, 0, false, &hd);
+      }
+      w.outputBytes = p * 4 * h3 * h3 * kF;
+      inplanes = p * 4;
+      h = h3;
+      m.layers.push_back(w);
+    }
+  }
+  m.layers.push_back(linear("head", inplanes, o.num_classes, false, inplanes * h * h));
+  return m;
+}
+
+ModelWork gpt2(const model::ModelOptions& o) {
+  ModelWork m;
+  const model::Gpt2Config c = model::gpt2Config(o);
+  const int64_t T = o.input_size, E = c.n_embd, V = c.vocab, H = c.n_head;
+  m.inputBytes = T * kL;
+  {
+    LayerWork w;
+    w.name = "embed";
+    w.params = (V + c.n_ctx) * E;
+    w.flops = double(T) * E;
+    w.outputBytes = T * E * kF;
+    w.savedBytes = 2 * T * kL;  // token and position ids
+    w.workingBytes = 2 * T * E * kF;
+    w.bytesMoved = 3.0 * T * E * kF;
+    m.layers.push_back(w);
+  }
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    LayerWork w;
+    w.name = "block" + std::to_string(l);
+    w.params = 12 * E * E + 13 * E;
+    // QKV, projection and MLP matmuls (24 E^2 per token) and the two attention matmuls.
+    w.flops = double(T) * (24.0 * E * E + 4.0 * T * E);
+    w.outputBytes = T * E * kF;
+    // Per token: LN inputs and outputs, q/k/v, attention output, projection input, MLP
+    // input, GELU input and output (16 E); per head: probabilities and scores (3 T).
+    w.savedBytes = (16 * T * E + 3 * H * T * T) * kF;
+    w.workingBytes = 2 * std::max(H * T * T, 4 * T * E) * kF;
+    w.bytesMoved = double(w.params + 16 * T * E + 3 * H * T * T) * kF;
+    m.layers.push_back(w);
+  }
+  {
+    LayerWork w;
+    w.name = "head";
+    w.params = E * V + 2 * E;
+    w.flops = 2.0 * T * E * V;
+    w.outputBytes = T * V * kF;
+    w.savedBytes = (2 * T * E + T * V) * kF;  // LN input, lm_head input, log-softmax
+    w.workingBytes = 2 * T * V * kF;
+    w.bytesMoved = double(w.params + 2 * T * V) * kF;
+    m.layers.push_back(w);
+  }
+  return m;
+}
+
+ModelWork mlp(const model::ModelOptions& o) {
+  ModelWork m;
+  int64_t in = o.channels * o.input_size * o.input_size;
+  m.inputBytes = in * kF;
+  for (size_t i = 0; i <= o.hidden.size(); ++i) {
+    const bool last = i == o.hidden.size();
+    const int64_t out = last ? o.num_classes : model::scaled(o.hidden[i], o.width);
+    m.layers.push_back(linear("fc" + std::to_string(i + 1), in, out, !last));
+    in = out;
+  }
+  return m;
+}
+
+}  // namespace
+
+ModelWork modelWork(const model::ModelOptions& o) {
+  model::validate(o);
+  ModelWork m;
+  if (o.name == "vgg16") m = vgg16(o);
+  else if (o.name == "alexnet") m = alexnet(o);
+  else if (o.name == "resnet50") m = resnet50(o);
+  else if (o.name == "gpt2") m = gpt2(o);
+  else if (o.name == "mlp") m = mlp(o);
+  else throw UserError("model.name: no analytic profile for '" + o.name + "'");
+  m.model = key(o);
+  return m;
+}
+
+int optimizerStatesPerParam(const std::string& optimizer, double momentum) {
+  if (optimizer == "adam") return 2;
+  return momentum != 0 ? 1 : 0;
+}
+
+namespace {
+double layerTime(double flops, double bytes, const DeviceSpec& d) {
+  return std::max(flops / (d.peakFlops * d.efficiency), bytes / (d.hbmBandwidth * d.efficiency));
+}
+}  // namespace
+
+Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const DeviceSpec& d,
+                        int statesPerParam) {
+  Profile p;
+  p.model = work.model;
+  p.device = d.name;
+  p.source = "analytic";
+  p.microbatch = microbatch;
+  p.inputBytes = work.inputBytes * microbatch;
+  const double mb = static_cast<double>(microbatch);
+  for (const LayerWork& w : work.layers) {
+    LayerCost c;
+    c.name = w.name;
+    const double paramBytes = double(w.params) * kF;
+    // Activations scale with the microbatch; the weights are read once per pass.
+    const double fwdBytes = (w.bytesMoved - paramBytes) * mb + paramBytes;
+    c.forward = layerTime(w.flops * mb, fwdBytes, d) + d.layerOverhead;
+    c.backward = layerTime(2 * w.flops * mb, 2 * fwdBytes, d) + 2 * d.layerOverhead;
+    c.recompute = c.forward;
+    c.paramBytes = w.params * kF;
+    c.gradBytes = c.paramBytes;
+    c.optimizerBytes = c.paramBytes * statesPerParam;
+    // Read weights, grads and states, write weights and states.
+    c.step = double(c.paramBytes) * (3 + 2 * statesPerParam) / (d.hbmBandwidth * d.efficiency);
+    c.outputBytes = w.outputBytes * microbatch;
+    c.savedBytes = w.savedBytes * microbatch;
+    c.workingBytes = w.workingBytes * microbatch;
+    p.layers.push_back(c);
+  }
+  return p;
+}
+
+std::vector<double> analyticSpeeds(const ModelWork& work, std::int64_t microbatch,
+                                   const std::vector<DeviceSpec>& devices) {
+  std::vector<double> out;
+  if (devices.empty()) return out;
+  auto total = [&](const DeviceSpec& d) {
+    Profile p = analyticProfile(work, microbatch, d, 0);
+    double t = 0;
+    for (const auto& l : p.layers) t += l.forward + l.backward;
+    return t;
+  };
+  const double ref = total(devices.front());
+  for (const auto& d : devices) out.push_back(ref / total(d));
+  return out;
+}
+
+}  // namespace pipefb::planner

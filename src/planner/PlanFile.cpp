@@ -1,0 +1,236 @@
+// Plan files (docs/planner.md, "Plan files").
+#include "pipefb/planner/PlanFile.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/common/Size.h"
+#include "pipefb/planner/Explain.h"
+
+namespace pipefb::planner {
+
+namespace {
+
+std::string quote(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+
+std::string sizeOrCapacity(std::int64_t b) { return b < 0 ? "capacity" : formatBytes(b); }
+
+void categories(std::ostream& o, const CategoryBytes& b, const char* indent) {
+  o << indent << "{";
+  bool first = true;
+  for (MemoryCategory c : kAllMemoryCategories) {
+    if (b[index(c)] == 0) continue;
+    o << (first ? "" : ", ") << toString(c) << ": " << b[index(c)];
+    first = false;
+  }
+  o << "}";
+}
+
+}  // namespace
+
+std::string planToYaml(const CostModel& model, const Plan& plan, const PlanContext& ctx) {
+  std::ostringstream o;
+  o << std::setprecision(6);
+  const PipelineShape& sh = plan.shape;
+  o << "# pipefb plan, written by pipefb_plan. `pipefb_train --config <config> --plan <this>`\n"
+       "# runs it. Layers are [first, last); devices are cluster device indices; bytes are\n"
+       "# per device. Format: docs/planner.md.\n";
+  o << "version: 1\n";
+  o << "config: " << quote(ctx.config) << "\n";
+  o << "model: " << quote(ctx.model) << "\n";
+  o << "profile: " << quote(ctx.profile) << "\n";
+  o << "cluster: " << quote(ctx.cluster) << "\n";
+  o << "budget: " << sizeOrCapacity(ctx.budget) << "          # per device\n";
+  o << "host_budget: " << (ctx.hostBudget < 0 ? std::string("cluster") : formatBytes(ctx.hostBudget))
+    << "\n";
+  o << "layers: " << model.numLayers() << "\n";
+  o << "schedule: " << toString(sh.kind) << "\n";
+  o << "family: " << plan.family << "\n";
+  o << "microbatches: " << sh.microbatches << "\n";
+  o << "microbatch_size: " << sh.microbatchSize << "\n";
+  o << "batch: " << sh.microbatches * sh.microbatchSize << "\n";
+  o << "lookahead: " << sh.lookahead << "\n";
+  o << "stages:\n";
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const StagePlan& s = plan.stages[k];
+    const StageEstimate& e = s.estimate;
+    o << "  - layers: [" << s.first << ", " << s.last << "]   # "
+      << layerRange(model.profile(), s.first, s.last) << "\n";
+    o << "    forward_device: " << s.forwardDevice << "\n";
+    o << "    backward_device: " << s.backwardDevice << "\n";
+    o << "    policy: " << schedules::toString(s.policy) << "\n";
+    o << "    predicted:\n";
+    o << "      forward_time: " << e.forwardTime << "      # s per microbatch\n";
+    o << "      backward_time: " << e.backwardTime << "\n";
+    o << "      pace: " << e.time << "              # set by " << toString(e.binding) << "\n";
+    o << "      stash_bytes: " << e.stashBytes << "       # one stash; " << e.inFlight
+      << " in flight\n";
+    if (e.same) {
+      o << "      memory: ";
+      categories(o, e.backwardMemory, "");
+      o << "\n";
+    } else {
+      o << "      forward_memory: ";
+      categories(o, e.forwardMemory, "");
+      o << "\n      backward_memory: ";
+      categories(o, e.backwardMemory, "");
+      o << "\n";
+    }
+  }
+  o << "predicted:\n";
+  o << "  iteration_time: " << plan.iterationTime << "    # s, cost model\n";
+  if (plan.simulated)
+    o << "  simulated_iteration_time: " << plan.simIterationTime << "    # s, event simulator\n";
+  o << "  throughput: " << plan.throughput << "    # samples/s\n";
+  o << "  peak_memory: [";
+  for (size_t d = 0; d < plan.deviceMemory.size(); ++d)
+    o << (d ? ", " : "") << plan.deviceMemory[d];
+  o << "]\n";
+  if (plan.simulated) {
+    o << "  simulated_peak_memory: [";
+    for (size_t d = 0; d < plan.simPeak.size(); ++d) o << (d ? ", " : "") << plan.simPeak[d];
+    o << "]\n";
+  }
+  o << "  host_pool: " << plan.hostBytes << "\n";
+  o << "# The same pipeline as config keys (one stash policy for all stages is all the\n"
+       "# config can say; the plan's per-stage policies win):\n";
+  o << "overrides:\n";
+  o << "  - pipeline.schedule=" << toString(sh.kind) << "\n";
+  o << "  - pipeline.stages=" << sh.stages << "\n";
+  o << "  - pipeline.microbatches=" << sh.microbatches << "\n";
+  o << "  - pipeline.lookahead=" << sh.lookahead << "\n";
+  o << "  - devices.count=" << sh.chainLength() << "\n";
+  std::ostringstream part;
+  for (size_t k = 1; k < plan.stages.size(); ++k)
+    part << (k > 1 ? "," : "") << plan.stages[k].first;
+  o << "  - pipeline.partition=[" << part.str() << "]\n";
+  return o.str();
+}
+
+void writePlanFile(const std::string& path, const CostModel& model, const Plan& plan,
+                   const PlanContext& context) {
+  std::ofstream out(path);
+  if (!out) throw UserError("cannot write the plan file '" + path + "'");
+  out << planToYaml(model, plan, context);
+  if (!out) throw UserError("writing the plan file '" + path + "' failed");
+}
+
+std::vector<std::int64_t> PlanSpec::partition() const {
+  std::vector<std::int64_t> out;
+  for (size_t k = 1; k < stages.size(); ++k) out.push_back(stages[k].first);
+  return out;
+}
+
+PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
+  YAML::Node n;
+  try {
+    n = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw UserError(source + ": not valid YAML: " + e.what());
+  }
+  auto need = [&](const char* k) {
+    if (!n[k]) throw UserError(source + ": plan file without '" + std::string(k) + "'");
+    return n[k];
+  };
+  PlanSpec p;
+  try {
+    if (need("version").as<int>() != 1)
+      throw UserError(source + ": version: only plan files of version 1 are known");
+    p.schedule = need("schedule").as<std::string>();
+    const ScheduleKind kind = parseScheduleKind(p.schedule);
+    p.microbatches = need("microbatches").as<int>();
+    p.microbatchSize = need("microbatch_size").as<std::int64_t>();
+    p.batch = need("batch").as<std::int64_t>();
+    p.lookahead = n["lookahead"] ? n["lookahead"].as<int>() : 1;
+    p.numLayers = need("layers").as<int>();
+    if (p.microbatches < 1 || p.microbatchSize < 1 || p.batch != p.microbatches * p.microbatchSize)
+      throw UserError(source + ": batch must equal microbatches x microbatch_size (got " +
+                      std::to_string(p.batch) + ", " + std::to_string(p.microbatches) + " x " +
+                      std::to_string(p.microbatchSize) + ")");
+    int expect = 0;
+    for (const auto& s : need("stages")) {
+      PlanStage st;
+      st.first = s["layers"][0].as<int>();
+      st.last = s["layers"][1].as<int>();
+      st.forwardDevice = s["forward_device"].as<int>();
+      st.backwardDevice = s["backward_device"].as<int>();
+      st.policy = schedules::parseStashPolicy(s["policy"].as<std::string>());
+      if (st.first != expect || st.last <= st.first)
+        throw UserError(source + ": stages[" + std::to_string(p.stages.size()) +
+                        "].layers must start at " + std::to_string(expect) +
+                        " and be non-empty; got [" + std::to_string(st.first) + ", " +
+                        std::to_string(st.last) + "]");
+      if ((st.forwardDevice != st.backwardDevice) != isSplit(kind))
+        throw UserError(source + ": stages[" + std::to_string(p.stages.size()) + "]: " +
+                        p.schedule +
+                        (isSplit(kind) ? " needs different forward and backward devices"
+                                       : " runs forward and backward on the same device"));
+      expect = st.last;
+      p.stages.push_back(st);
+    }
+    if (expect != p.numLayers)
+      throw UserError(source + ": the stages cover layers [0, " + std::to_string(expect) +
+                      ") but the model has " + std::to_string(p.numLayers));
+    if (n["predicted"]) {
+      if (n["predicted"]["iteration_time"])
+        p.predictedIterationTime = n["predicted"]["iteration_time"].as<double>();
+      if (n["predicted"]["peak_memory"])
+        for (const auto& v : n["predicted"]["peak_memory"])
+          p.predictedPeak.push_back(v.as<std::int64_t>());
+    }
+  } catch (const YAML::Exception& e) {
+    throw UserError(source + ": malformed plan file: " + e.what());
+  }
+  return p;
+}
+
+PlanSpec readPlanFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UserError("plan file '" + path + "' cannot be read (does it exist?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parsePlan(ss.str(), path);
+}
+
+Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
+  if (spec.numLayers != model.numLayers())
+    throw UserError("the plan has " + std::to_string(spec.numLayers) + " layers, the model " +
+                    std::to_string(model.numLayers()));
+  Plan p;
+  p.family = spec.schedule;
+  p.shape.kind = parseScheduleKind(spec.schedule);
+  p.shape.stages = static_cast<int>(spec.stages.size());
+  p.shape.microbatches = spec.microbatches;
+  p.shape.microbatchSize = spec.microbatchSize;
+  p.shape.lookahead = spec.lookahead;
+  const int S = p.shape.stages;
+  p.shape.chain.assign(p.shape.chainLength(), 0);
+  for (int k = 0; k < S; ++k) {
+    p.shape.chain[k] = spec.stages[k].forwardDevice;
+    if (isSplit(p.shape.kind)) p.shape.chain[2 * S - 1 - k] = spec.stages[k].backwardDevice;
+    StagePlan sp;
+    sp.first = spec.stages[k].first;
+    sp.last = spec.stages[k].last;
+    sp.policy = spec.stages[k].policy;
+    p.stages.push_back(sp);
+  }
+  for (int d : p.shape.chain)
+    if (d < 0 || d >= model.cluster().numDevices())
+      throw UserError("the plan uses device " + std::to_string(d) + " but the cluster has " +
+                      std::to_string(model.cluster().numDevices()));
+  evaluatePlan(model, p);
+  return p;
+}
+
+}  // namespace pipefb::planner

@@ -1,0 +1,86 @@
+// Profile files (ProfileFile.h; format in docs/planner.md, "Profile files").
+#include "pipefb/planner/ProfileFile.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::planner {
+
+std::string profileKey(const Profile& p) {
+  return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device;
+}
+
+std::string profileToYaml(const Profile& p) {
+  std::ostringstream o;
+  o << std::setprecision(9);
+  o << "# pipefb profile: per layer at `microbatch` samples; times in seconds (medians after\n"
+       "# warm-up when measured), bytes per microbatch (states per model).\n";
+  o << "key: \"" << profileKey(p) << "\"\n";
+  o << "model: \"" << p.model << "\"\n";
+  o << "device: \"" << p.device << "\"\n";
+  o << "source: " << p.source << "\n";
+  o << "microbatch: " << p.microbatch << "\n";
+  o << "input_bytes: " << p.inputBytes << "\n";
+  o << "layers:\n";
+  for (const auto& l : p.layers) {
+    o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
+      << ", recompute: " << l.recompute << ", step: " << l.step
+      << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
+      << ", working_bytes: " << l.workingBytes << ", param_bytes: " << l.paramBytes
+      << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes << "}\n";
+  }
+  return o.str();
+}
+
+Profile parseProfile(const std::string& yaml, const std::string& source) {
+  Profile p;
+  try {
+    YAML::Node n = YAML::Load(yaml);
+    p.model = n["model"].as<std::string>();
+    p.device = n["device"].as<std::string>();
+    p.source = n["source"] ? n["source"].as<std::string>() : "measured";
+    p.microbatch = n["microbatch"].as<std::int64_t>();
+    p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;
+    for (const auto& l : n["layers"]) {
+      LayerCost c;
+      c.name = l["name"].as<std::string>();
+      c.forward = l["forward"].as<double>();
+      c.backward = l["backward"].as<double>();
+      c.recompute = l["recompute"] ? l["recompute"].as<double>() : c.forward;
+      c.step = l["step"] ? l["step"].as<double>() : 0;
+      c.outputBytes = l["output_bytes"].as<std::int64_t>();
+      c.savedBytes = l["saved_bytes"].as<std::int64_t>();
+      c.workingBytes = l["working_bytes"] ? l["working_bytes"].as<std::int64_t>() : 0;
+      c.paramBytes = l["param_bytes"].as<std::int64_t>();
+      c.gradBytes = l["grad_bytes"] ? l["grad_bytes"].as<std::int64_t>() : c.paramBytes;
+      c.optimizerBytes = l["optimizer_bytes"] ? l["optimizer_bytes"].as<std::int64_t>() : 0;
+      p.layers.push_back(c);
+    }
+  } catch (const YAML::Exception& e) {
+    throw UserError(source + ": malformed profile file: " + e.what());
+  }
+  if (p.layers.empty()) throw UserError(source + ": profile file without layers");
+  if (p.microbatch < 1) throw UserError(source + ": microbatch must be >= 1");
+  return p;
+}
+
+void writeProfileFile(const std::string& path, const Profile& p) {
+  std::ofstream out(path);
+  if (!out) throw UserError("cannot write the profile file '" + path + "'");
+  out << profileToYaml(p);
+}
+
+Profile readProfileFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UserError("profile file '" + path + "' cannot be read (does it exist?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseProfile(ss.str(), path);
+}
+
+}  // namespace pipefb::planner

@@ -1,0 +1,62 @@
+// From config + flags to a cost model (Setup.h).
+#include "pipefb/planner/Setup.h"
+
+#include <filesystem>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/planner/AnalyticProfile.h"
+#include "pipefb/planner/ProfileFile.h"
+
+namespace pipefb::planner {
+
+namespace fs = std::filesystem;
+
+std::string configsDirFor(const std::string& configPath) {
+  fs::path dir = fs::path(configPath).parent_path();
+  if (!dir.empty() && fs::exists(dir / "devices")) return dir.string();
+#ifdef PIPEFB_SOURCE_DIR
+  return std::string(PIPEFB_SOURCE_DIR) + "/configs";
+#else
+  return "configs";
+#endif
+}
+
+Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
+  Planning pl;
+  pl.config = cfg;
+  const std::string configs = opt.configsDir.empty() ? configsDirFor(cfg.source) : opt.configsDir;
+  const std::string devicesDir = configs + "/devices";
+  if (!opt.cluster.empty()) {
+    std::string path = opt.cluster;
+    if (!fs::exists(path)) path = configs + "/clusters/" + opt.cluster + ".yaml";
+    if (!fs::exists(path))
+      throw UserError("--cluster: no file '" + opt.cluster + "' and no cluster named so in " +
+                      configs + "/clusters");
+    pl.clusterSpec = loadClusterSpec(path, devicesDir);
+  } else {
+    DeviceSpec spec = findDeviceSpec(opt.device, devicesDir);
+    if (cfg.devices.memory) spec.memory = *cfg.devices.memory;
+    else if (spec.name == "cpu") spec.memory = std::int64_t(1) << 50;  // unlimited domain
+    pl.clusterSpec = uniformClusterSpec(spec, static_cast<int>(cfg.devices.count),
+                                        Link{spec.pcieBandwidth, spec.hostLatency},
+                                        cfg.devices.host_memory ? *cfg.devices.host_memory : -1);
+  }
+  const ModelWork work = modelWork(cfg.model);
+  const std::int64_t mb = opt.profileMicrobatch > 0 ? opt.profileMicrobatch : 1;
+  Profile profile;
+  if (!opt.profile.empty()) {
+    profile = readProfileFile(opt.profile);
+    pl.profileText = "measured " + opt.profile;
+  } else {
+    const int states = optimizerStatesPerParam(cfg.training.optimizer, cfg.training.momentum);
+    profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), states);
+    pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;
+  }
+  auto speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
+  pl.model = std::make_unique<CostModel>(profile, pl.clusterSpec.toCluster(speeds));
+  pl.solver.batch = cfg.training.batch;
+  pl.solver.lookahead = static_cast<int>(cfg.pipeline.lookahead);
+  return pl;
+}
+
+}  // namespace pipefb::planner

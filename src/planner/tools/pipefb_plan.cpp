@@ -1,0 +1,145 @@
+// pipefb_plan --config configs/gpt2-xl.yaml --cluster 8x-t4-pcie [--budget 12GiB] [--out plan.yaml]
+//
+// Plans a pipeline (docs/planner.md): the profile (a profile file, or analytic from the
+// device spec), the cluster (a cluster spec, or devices.count x --device), then the DP
+// solver, re-scored by the simulator. Prints the per-stage table and what binds, and
+// writes a plan file for `pipefb_train --plan`.
+//
+// Exit codes: 0 a plan was written; 2 bad input, or nothing fits the budget (then it
+// prints the smallest budget that fits and that plan); 1 any other failure.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/common/Size.h"
+#include "pipefb/config/Config.h"
+#include "pipefb/planner/Explain.h"
+#include "pipefb/planner/PlanFile.h"
+#include "pipefb/planner/Setup.h"
+
+using namespace pipefb;
+using namespace pipefb::planner;
+
+namespace {
+
+std::int64_t sizeFlag(const std::string& text, const std::string& flag) {
+  if (text.empty() || text == "capacity" || text == "unlimited") return -1;
+  auto v = parseSize(text);
+  if (!v || *v <= 0)
+    throw UserError(flag + ": expected a size such as 512MiB or 2GiB, got '" + text + "'");
+  return *v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pipefb_plan: the fastest pipeline plan that fits a memory budget"};
+  std::string configPath, budgetText, hostText, out = "plan.yaml";
+  std::vector<std::string> overrides, schedules;
+  SetupOptions setup;
+  int maxMicrobatches = 64, maxStages = 0, simulateTop = 4;
+  bool quiet = false;
+  app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/gpt2-xl.yaml)")
+      ->required();
+  app.add_option("--set,-s", overrides, "override a config key (repeatable)");
+  app.add_option("--budget,-b", budgetText, "memory budget per device (e.g. 2GiB; default: capacity)");
+  app.add_option("--host-budget", hostText, "host-pool budget (default: the cluster's)");
+  app.add_option("--cluster", setup.cluster,
+                 "cluster spec: a file or a name in configs/clusters (default: devices.count x --device)");
+  app.add_option("--device", setup.device, "device spec for a config-derived cluster (default cpu)");
+  app.add_option("--profile", setup.profile, "profile file from pipefb_profile (default: analytic)");
+  app.add_option("--profile-microbatch", setup.profileMicrobatch,
+                 "microbatch of the analytic profile (default 1)");
+  app.add_option("--schedules", schedules,
+                 "schedule families, e.g. 1f1b,pipefb-sync,1f1b-keep (default: all)")
+      ->delimiter(',');
+  app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
+  app.add_option("--max-stages", maxStages, "most stages tried (default: all devices)");
+  app.add_option("--simulate-top", simulateTop, "re-score this many candidates with the simulator (4)");
+  app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
+  app.add_flag("--quiet,-q", quiet, "print only the summary line");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "pipefb_plan: " << e.what() << " (see --help)\n";
+    return 2;
+  }
+  try {
+    config::Config cfg = config::loadConfig(configPath, overrides);
+    Planning pl = setupPlanning(cfg, setup);
+    SolverOptions o = pl.solver;
+    o.budget = sizeFlag(budgetText, "--budget");
+    o.hostBudget = sizeFlag(hostText, "--host-budget");
+    o.schedules = parseScheduleFamilies(schedules);
+    o.maxMicrobatches = maxMicrobatches;
+    o.maxStages = maxStages;
+    o.simulateTop = simulateTop;
+    const CostModel& model = *pl.model;
+    std::cout << "model " << model.profile().model << ": " << model.numLayers() << " layers, "
+              << pl.profileText << " profile; cluster " << model.cluster().name << " ("
+              << model.cluster().numDevices() << " devices); batch " << o.batch << "; budget "
+              << (o.budget < 0 ? std::string("capacity") : formatBytes(o.budget)) << "\n";
+    SolveResult r = solve(model, o);
+    std::cout << "searched " << r.shapesSolved << " of " << r.shapesTotal
+              << " shapes (schedule x microbatches x stages x device chain) in "
+              << formatSeconds(r.seconds)
+              << (r.heuristicChains ? "; device chains: greedy (too many to enumerate)" : "")
+              << "\n\n";
+    PlanContext ctx{configPath, model.profile().model, pl.profileText, model.cluster().name,
+                    o.budget, o.hostBudget};
+    if (!r.feasible) {
+      std::cout << "Nothing fits in "
+                << (o.budget < 0 ? std::string("the devices' capacity") : formatBytes(o.budget))
+                << " per device.\n";
+      if (r.minimalPlan) {
+        SolverOptions at = o;
+        at.budget = r.minimalBudget;
+        Plan shown = *r.minimalPlan;
+        if (r.minimalBudget >= 0) {
+          // The fastest plan at the smallest budget (the memory-minimal plan is one of them).
+          SolveResult f = solve(model, at);
+          if (f.feasible) shown = f.best;
+          std::cout << "The smallest budget that fits is " << formatBytes(r.minimalBudget)
+                    << " per device (" << r.minimalBudget << " bytes), with this plan:\n\n";
+        } else {
+          std::cout << "Even the full capacities are too small: the smallest plan needs "
+                    << formatBytes(r.minimalPlan->peakMemory) << " on its fullest device:\n\n";
+        }
+        std::cout << stageTable(model, shown, at.budget) << "\n"
+                  << explainPlan(model, shown, at.budget, std::nullopt);
+      }
+      std::cerr << "pipefb_plan: error: no plan fits the budget "
+                << (o.budget < 0 ? std::string("(capacity)") : formatBytes(o.budget))
+                << "; smallest feasible budget: "
+                << (r.minimalBudget >= 0 ? formatBytes(r.minimalBudget) : std::string("none"))
+                << " (--budget " << r.minimalBudget << ")\n";
+      return 2;
+    }
+    // What the budget costs: the same search without it (capacities only).
+    std::optional<Plan> free;
+    if (o.budget >= 0) {
+      SolverOptions u = o;
+      u.budget = -1;
+      u.simulateTop = 0;
+      SolveResult fr = solve(model, u);
+      if (fr.feasible) free = fr.best;
+    }
+    if (!quiet)
+      std::cout << stageTable(model, r.best, o.budget) << "\n"
+                << explainPlan(model, r.best, o.budget, free) << "\n";
+    writePlanFile(out, model, r.best, ctx);
+    std::cout << "plan written to " << out << ": " << toString(r.best.shape.kind) << ", "
+              << r.best.shape.stages << " stages, " << r.best.shape.microbatches
+              << " microbatches, " << formatSeconds(r.best.iterationTime) << " per iteration\n";
+    return 0;
+  } catch (const UserError& e) {
+    std::cerr << "pipefb_plan: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "pipefb_plan: failed: " << e.what() << "\n";
+    return 1;
+  }
+}
