@@ -69,7 +69,10 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
       StashPolicy e = schedules::effectivePolicy(p, isSplit(fam.kind));
       if (std::find(pols.begin(), pols.end(), e) == pols.end()) pols.push_back(e);
     }
-    for (int M : microbatchCounts(options.batch, options.maxMicrobatches)) {
+    const std::vector<int> Ms = options.microbatches > 0
+                                    ? std::vector<int>{options.microbatches}
+                                    : microbatchCounts(options.batch, options.maxMicrobatches);
+    for (int M : Ms) {
       for (int S = 1; S <= L; ++S) {
         if (options.maxStages > 0 && S > options.maxStages) break;
         PipelineShape sh;

@@ -66,6 +66,10 @@ void SolverOptions::validate() const {
     throw UserError("planner: lookahead must be >= 0, got " + std::to_string(lookahead));
   if (budget == 0) throw UserError("planner: a budget of 0 bytes leaves nothing to plan");
   if (maxStages < 0) throw UserError("planner: max stages must be >= 0");
+  if (microbatches < 0 || (microbatches > 0 && batch % microbatches != 0))
+    throw UserError("planner: microbatches must divide the batch " + std::to_string(batch) +
+                    ", got " + std::to_string(microbatches) +
+                    "; please choose a divisor or adjust training.batch");
 }
 
 std::vector<int> microbatchCounts(std::int64_t batch, int maxMicrobatches) {
@@ -401,7 +405,10 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
     int maxS = split ? D / 2 : D;
     maxS = std::min(maxS, L);
     if (options.maxStages > 0) maxS = std::min(maxS, options.maxStages);
-    for (int M : microbatchCounts(options.batch, options.maxMicrobatches)) {
+    const std::vector<int> Ms = options.microbatches > 0
+                                    ? std::vector<int>{options.microbatches}
+                                    : microbatchCounts(options.batch, options.maxMicrobatches);
+    for (int M : Ms) {
       for (int S = 1; S <= maxS; ++S) {
         PipelineShape sh;
         sh.kind = fam.kind;

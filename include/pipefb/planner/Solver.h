@@ -52,6 +52,7 @@ struct SolverOptions {
   std::int64_t budget = -1;      // per device (min with its capacity); -1 = capacity only
   std::int64_t hostBudget = -1;  // host pool (min with the cluster's); -1 = cluster's
   int maxMicrobatches = 64;      // M ranges over divisors of batch up to this
+  int microbatches = 0;          // > 0: only this M (it must divide batch)
   int maxStages = 0;             // 0 = as many as devices (and layers) allow
   int lookahead = 1;             // prefetch distance of offloaded stashes
   int maxChains = 5000;          // per chain length; beyond it, greedy chains

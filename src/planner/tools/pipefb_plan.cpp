@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   std::string configPath, budgetText, hostText, out = "plan.yaml";
   std::vector<std::string> overrides, schedules;
   SetupOptions setup;
-  int maxMicrobatches = 64, maxStages = 0, simulateTop = 4;
+  int fixedMicrobatches = 0, maxMicrobatches = 64, maxStages = 0, simulateTop = 4;
   bool quiet = false;
   app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/gpt2-xl.yaml)")
       ->required();
@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
                  "schedule families, e.g. 1f1b,pipefb-sync,1f1b-keep (default: all)")
       ->delimiter(',');
   app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
+  app.add_option("--microbatches", fixedMicrobatches, "only this microbatch count (default: search)");
   app.add_option("--max-stages", maxStages, "most stages tried (default: all devices)");
   app.add_option("--simulate-top", simulateTop, "re-score this many candidates with the simulator (4)");
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
     o.hostBudget = sizeFlag(hostText, "--host-budget");
     o.schedules = parseScheduleFamilies(schedules);
     o.maxMicrobatches = maxMicrobatches;
+    o.microbatches = fixedMicrobatches;
     o.maxStages = maxStages;
     o.simulateTop = simulateTop;
     const CostModel& model = *pl.model;
