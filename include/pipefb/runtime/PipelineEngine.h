@@ -1,0 +1,156 @@
+#pragma once
+// The pipeline runtime on memory-accounted virtual devices (DESIGN.md, "Runtime").
+//
+// A PipelineEngine takes a model, splits it into stages, lowers and validates the
+// schedule of pipeline.schedule for `iterations` iterations, and runs it: every
+// virtual device cpu:d is a worker thread (one intra-op thread) that executes its
+// action list through one exhaustive switch (execute() in PipelineEngine.cpp).
+// step(batch) feeds one iteration's microbatches and returns its mean loss.
+//
+// The model passed in IS the master copy: each stage's layers stay the model's own
+// modules, their tensors moved into the memory domain of the stage's backward device,
+// so model.parameters() (and their .grad) are what the optimizer of each stage updates.
+// Forward copies (split PipeFB stages) and weight versions (pipedream, pipefb-async)
+// are separate modules. See Note [Weights, versions and replicas] in PipelineEngine.cpp.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pipefb/common/MemoryCategory.h"
+#include "pipefb/config/Config.h"
+#include "pipefb/data/Dataset.h"
+#include "pipefb/memory/MemoryStats.h"
+#include "pipefb/memory/OutOfMemoryError.h"
+#include "pipefb/model/Model.h"
+#include "pipefb/runtime/Partition.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Schedule.h"
+
+namespace pipefb::runtime {
+
+/// Options of the engine itself (the schedule comes from the config).
+struct EngineOptions {
+  /// Iterations the schedule is generated for; step() may be called this many times.
+  int64_t iterations = 1;
+  /// Optimizer steps of the whole run, for the learning-rate schedule (0: iterations).
+  int64_t totalSteps = 0;
+  /// The watchdog: a step() during which no device finishes an action for this long
+  /// fails with a PipelineError that marks every device's current action.
+  double stallTimeoutSeconds = 60.0;
+  /// Record the memory event stream (ALLOC/FREE) for the first `traceIterations`
+  /// iterations, for trace.json. Action spans and per-action memory samples are
+  /// always recorded.
+  bool recordMemoryEvents = true;
+  int64_t traceIterations = 2;
+  /// Log the partition and the schedule shape (spdlog info).
+  bool log = true;
+};
+
+/// Measured memory of one device (or the host pool) since the engine was built.
+struct DeviceStats {
+  std::string name;              // "cpu:1", "host"
+  int64_t capacity = -1;         // bytes, -1 = unlimited
+  int64_t live = 0;              // bytes now
+  int64_t peak = 0;              // bytes
+  memory::CategoryBytes atPeak{};          // breakdown at the instant of the peak
+  memory::CategoryBytes peakByCategory{};  // each category's own peak
+  double busySeconds = 0;        // time inside F/B/STEP
+  int64_t actions = 0;           // actions executed
+};
+
+/// One executed action (times on memory::nowNs()'s clock).
+struct ActionRecord {
+  int index = 0;  // into schedule().devices[device]
+  int64_t startNs = 0;
+  int64_t endNs = 0;
+  memory::CategoryBytes liveAfter{};  // the device's live bytes per category at the end
+};
+
+/// A worker failed (or the watchdog fired). what() names the device and the action and
+/// shows the step x device grid with it marked.
+class PipelineError : public std::runtime_error {
+ public:
+  PipelineError(const std::string& message, int device, int actionIndex,
+                std::exception_ptr cause);
+  int device() const { return device_; }
+  int actionIndex() const { return actionIndex_; }
+  /// The worker's original exception (null for a stall).
+  std::exception_ptr cause() const { return cause_; }
+
+ private:
+  int device_;
+  int actionIndex_;
+  std::exception_ptr cause_;
+};
+
+/// A device ran out of memory inside the pipeline. It IS an OutOfMemoryError (info()
+/// has the domain, bytes, categories, capacity and hint); what() adds the action and
+/// the schedule grid.
+class PipelineOutOfMemoryError : public OutOfMemoryError {
+ public:
+  PipelineOutOfMemoryError(OomInfo info, std::string message, int device, int actionIndex);
+  const char* what() const noexcept override { return message_.c_str(); }
+  int device() const { return device_; }
+  int actionIndex() const { return actionIndex_; }
+
+ private:
+  std::string message_;
+  int device_;
+  int actionIndex_;
+};
+
+class PipelineEngine {
+ public:
+  /// Builds stages and devices from config.pipeline / config.devices and starts the
+  /// workers. Configures the domains cpu:0..D-1 (devices.memory) and host
+  /// (devices.host_memory) and resets their peaks. Invalid settings are UserErrors.
+  PipelineEngine(model::Model& model, const config::Config& config, EngineOptions options = {});
+  ~PipelineEngine();
+  PipelineEngine(const PipelineEngine&) = delete;
+  PipelineEngine& operator=(const PipelineEngine&) = delete;
+
+  /// Runs one iteration on `batch` (split into pipeline.microbatches) and returns its
+  /// mean loss. Synchronous schedules return after every device finished the
+  /// iteration (the stages' optimizer steps included; .grad keeps the iteration's
+  /// gradients until the next iteration's first backward). Asynchronous ones return
+  /// once the iteration's losses are known; the rest runs on. Re-raises the first
+  /// worker error (PipelineError / PipelineOutOfMemoryError).
+  double step(const data::Batch& batch);
+  /// Waits until every device finished its list (all iterations must have been fed),
+  /// then copies the forward devices' buffers (e.g. BatchNorm statistics) of split
+  /// stages into the model. After it the model is safe to read.
+  void finish();
+  /// Iterations fed so far.
+  int64_t iterationsDone() const;
+
+  const schedules::Schedule& schedule() const;
+  const schedules::MemoryContract& contract() const;
+  const std::vector<StageRange>& partition() const;
+  int numDevices() const;
+
+  /// Per device, then the host pool last.
+  std::vector<DeviceStats> deviceStats() const;
+  /// Per device: peak bytes of the stash category (its own peak).
+  std::vector<int64_t> peakStashBytes() const;
+  /// Per stage: live stash bytes one forward left behind (measured at its first F).
+  std::vector<int64_t> stashBytesPerMicrobatch() const;
+  /// What each device executed so far, in order.
+  std::vector<std::vector<ActionRecord>> records() const;
+  /// Chrome trace event format (Perfetto, chrome://tracing): one process per device
+  /// with a compute track ("X" per action) and memory counters ("C" per category),
+  /// plus the host pool's counters.
+  void writeTrace(const std::string& path) const;
+  /// Peaks per device and category, for summary.json.
+  std::string summaryJson() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipefb::runtime

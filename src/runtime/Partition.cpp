@@ -1,0 +1,100 @@
+#include "pipefb/runtime/Partition.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::runtime {
+
+bool isSplitKind(const std::string& kind) { return kind.rfind("pipefb", 0) == 0; }
+
+std::vector<StageRange> balancedPartition(const std::vector<int64_t>& costs, int S) {
+  const int64_t L = static_cast<int64_t>(costs.size());
+  if (S < 1 || S > L)
+    throw UserError("pipeline.stages: " + std::to_string(S) + " stages for a model of " +
+                    std::to_string(L) + " layers; allowed: 1.." + std::to_string(L) +
+                    " (every stage needs at least one layer)");
+  // best[k][i]: smallest max-stage cost splitting layers [0,i) into k stages.
+  std::vector<int64_t> prefix(L + 1, 0);
+  for (int64_t i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  const int64_t inf = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(S + 1, std::vector<int64_t>(L + 1, inf));
+  std::vector<std::vector<int64_t>> cut(S + 1, std::vector<int64_t>(L + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= S; ++k)
+    for (int64_t i = k; i <= L; ++i)
+      for (int64_t j = k - 1; j < i; ++j) {  // last stage is [j, i)
+        if (best[k - 1][j] == inf) continue;
+        int64_t v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+  std::vector<StageRange> out(S);
+  int64_t i = L;
+  for (int k = S; k >= 1; --k) {
+    out[k - 1] = {cut[k][i], i};
+    i = cut[k][i];
+  }
+  return out;
+}
+
+std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int64_t L) {
+  std::vector<StageRange> out;
+  int64_t first = 0;
+  for (int64_t c : cuts) {
+    if (c <= first || c >= L)
+      throw UserError("pipeline.partition: cut point " + std::to_string(c) +
+                      " is out of order or out of range; allowed: strictly increasing layer "
+                      "indices in 1.." + std::to_string(L - 1) + " (the model has " +
+                      std::to_string(L) + " layers)");
+    out.push_back({first, c});
+    first = c;
+  }
+  out.push_back({first, L});
+  return out;
+}
+
+int stagesFor(const config::Config& c) {
+  const auto& p = c.pipeline;
+  const bool split = isSplitKind(p.schedule);
+  int S = static_cast<int>(p.stages);
+  if (!p.partition.empty()) {
+    int fromCuts = static_cast<int>(p.partition.size()) + 1;
+    if (S > 0 && S != fromCuts)
+      throw UserError(c.source + ": pipeline.stages: " + std::to_string(S) +
+                      " disagrees with pipeline.partition (" + std::to_string(fromCuts - 1) +
+                      " cut points make " + std::to_string(fromCuts) +
+                      " stages); drop one of them or make them agree");
+    S = fromCuts;
+  }
+  if (S == 0) {
+    if (split && c.devices.count % 2 != 0)
+      throw UserError(c.source + ": devices.count: " + std::to_string(c.devices.count) +
+                      " is odd, but " + p.schedule +
+                      " runs the forward and the backward of a stage on different devices "
+                      "(2 devices per stage); use an even count or set pipeline.stages");
+    S = static_cast<int>(split ? c.devices.count / 2 : c.devices.count);
+  }
+  int64_t need = split ? 2 * int64_t{S} : S;
+  if (c.devices.count != need)
+    throw UserError(c.source + ": devices.count: " + std::to_string(c.devices.count) + " but " +
+                    p.schedule + " with " + std::to_string(S) + " stages needs " +
+                    std::to_string(need) + " devices" +
+                    (split ? " (F and B of each stage on their own device)" : "") +
+                    "; set devices.count: " + std::to_string(need));
+  return S;
+}
+
+std::string toString(const std::vector<StageRange>& partition) {
+  std::string s;
+  for (const auto& r : partition) {
+    if (!s.empty()) s += ' ';
+    s += "[" + std::to_string(r.first) + "," + std::to_string(r.last) + ")";
+  }
+  return s;
+}
+
+}  // namespace pipefb::runtime

@@ -1,0 +1,1259 @@
+#include "pipefb/runtime/PipelineEngine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <algorithm>
+#include <thread>
+#include <tuple>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/memory/DomainRegistry.h"
+#include "pipefb/memory/MemoryEvent.h"
+#include "pipefb/memory/MemoryScope.h"
+#include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/ScheduleError.h"
+#include "pipefb/schedules/StashPolicy.h"
+#include "pipefb/schedules/Validator.h"
+#include "pipefb/train/Optimizer.h"
+
+namespace pipefb::runtime {
+
+using schedules::Action;
+using schedules::ActionType;
+using schedules::StashKind;
+using Tensor = torch::Tensor;
+
+PipelineError::PipelineError(const std::string& message, int device, int actionIndex,
+                             std::exception_ptr cause)
+    : std::runtime_error(message), device_(device), actionIndex_(actionIndex), cause_(cause) {}
+
+PipelineOutOfMemoryError::PipelineOutOfMemoryError(OomInfo info, std::string message, int device,
+                                                   int actionIndex)
+    : OutOfMemoryError(std::move(info)),
+      message_(std::move(message)),
+      device_(device),
+      actionIndex_(actionIndex) {}
+
+namespace {
+
+// Thrown inside a worker whose receive was woken because the pipeline is stopping.
+struct Cancelled {};
+
+// Note [Weights, versions and replicas]
+// A *replica* is one set of modules for the layers of a stage, with its tensors in one
+// memory domain:
+//  * the master: the model's own layers, moved to the stage's backward device, with
+//    .grad and the stage's optimizer. Every gradient ends up in the master's .grad.
+//  * a forward copy (split PipeFB stages): lives on the forward device, refreshed by
+//    RecvWeights. RW copies in place when no stash still refers to the copy, and
+//    otherwise builds a new copy, so a pending autograd graph keeps the version its
+//    forward used (pipefb-async) until its backward released it.
+//  * a weight version (asynchronous schedules): when F(s,m) and B(s,m) see different
+//    weight versions (a STEP in between), F runs on a snapshot of the current
+//    weights (same device) or the backward device keeps a snapshot of the version
+//    before STEP (split stage with checkpoint), category weight_versions.
+// Backward never accumulates into the replica it ran on: it asks autograd for the
+// gradients w.r.t. the replica's parameters (torch::autograd::grad) and adds them to
+// the master's .grad on the backward device. That is what lets the backward device's
+// thread run a graph that the forward device built (DESIGN.md, "stash policy") with
+// the weight gradients landing in, and charged to, the backward device.
+// LibTorch modules cannot be cloned generically, so copies come from "shells": a
+// throw-away buildModel() whose layers are cut into per-stage shells, their tensors
+// freed until a replica fills them (ShellPool).
+struct Shell {
+  int stage = 0;
+  std::vector<std::shared_ptr<model::Layer>> layers;
+  std::vector<Tensor> params;
+  std::vector<Tensor> buffers;
+};
+
+struct Replica {
+  int stage = 0;
+  int version = 0;
+  std::vector<std::shared_ptr<model::Layer>> layers;
+  std::vector<Tensor> params;
+  std::vector<Tensor> buffers;
+  std::unique_ptr<Shell> shell;  // null for the master
+
+  Tensor forward(Tensor x) const {
+    for (const auto& l : layers) x = l->forward(x);
+    return x;
+  }
+};
+using ReplicaPtr = std::shared_ptr<Replica>;
+
+void collectTensors(const std::vector<std::shared_ptr<model::Layer>>& layers,
+                    std::vector<Tensor>& params, std::vector<Tensor>& buffers) {
+  for (const auto& l : layers) {
+    for (auto& p : l->parameters()) params.push_back(p);
+    for (auto& b : l->buffers()) buffers.push_back(b);
+  }
+}
+
+class ShellPool {
+ public:
+  ShellPool(model::ModelOptions options, std::vector<StageRange> partition, bool training)
+      : options_(std::move(options)), partition_(std::move(partition)), training_(training),
+        free_(partition_.size()) {}
+
+  std::unique_ptr<Shell> acquire(int stage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_[stage].empty()) buildAll();
+    auto s = std::move(free_[stage].back());
+    free_[stage].pop_back();
+    return s;
+  }
+  void release(std::unique_ptr<Shell> shell) {
+    for (auto& t : shell->params) t.set_data(torch::empty({0}, t.options()));
+    for (auto& t : shell->buffers) t.set_data(torch::empty({0}, t.options()));
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[shell->stage].push_back(std::move(shell));
+  }
+
+ private:
+  // Builds one model (outside every device: the unscoped domain), keeping the global RNG
+  // as it was, and cuts it into one shell per stage.
+  void buildAll() {
+    memory::MemoryScope scope(memory::unscopedDomain(), MemoryCategory::Weights);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    Tensor state;
+    {
+      std::lock_guard<std::mutex> g(gen.mutex());
+      state = gen.get_state();
+    }
+    auto m = model::buildModel(options_);
+    {
+      std::lock_guard<std::mutex> g(gen.mutex());
+      gen.set_state(state);
+    }
+    m->train(training_);
+    for (size_t s = 0; s < partition_.size(); ++s) {
+      auto shell = std::make_unique<Shell>();
+      shell->stage = static_cast<int>(s);
+      for (int64_t i = partition_[s].first; i < partition_[s].last; ++i)
+        shell->layers.push_back(m->layer(static_cast<size_t>(i)));
+      collectTensors(shell->layers, shell->params, shell->buffers);
+      for (auto& t : shell->params) t.set_data(torch::empty({0}, t.options()));
+      for (auto& t : shell->buffers) t.set_data(torch::empty({0}, t.options()));
+      free_[s].push_back(std::move(shell));
+    }
+  }
+
+  model::ModelOptions options_;
+  std::vector<StageRange> partition_;
+  bool training_;
+  std::mutex mu_;
+  std::vector<std::vector<std::unique_ptr<Shell>>> free_;
+};
+
+// A copy of `params`/`buffers` in `domain` under `category`, as a replica of `stage`.
+ReplicaPtr makeReplica(const std::shared_ptr<ShellPool>& pool, int stage, int version,
+                       const std::vector<Tensor>& params, const std::vector<Tensor>& buffers,
+                       memory::MemoryDomain& domain, MemoryCategory category) {
+  auto shell = pool->acquire(stage);
+  PIPEFB_ASSERT(shell->params.size() == params.size() && shell->buffers.size() == buffers.size(),
+                "replica shell of stage " << stage << " does not match the stage");
+  {
+    memory::MemoryScope scope(domain, category);
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < params.size(); ++i) shell->params[i].set_data(params[i].detach().clone());
+    for (size_t i = 0; i < buffers.size(); ++i)
+      shell->buffers[i].set_data(buffers[i].detach().clone());
+  }
+  auto* r = new Replica;
+  r->stage = stage;
+  r->version = version;
+  r->layers = shell->layers;
+  r->params = shell->params;
+  r->buffers = shell->buffers;
+  r->shell = std::move(shell);
+  return ReplicaPtr(r, [pool](Replica* p) {
+    p->params.clear();
+    p->buffers.clear();
+    p->layers.clear();
+    pool->release(std::move(p->shell));
+    delete p;
+  });
+}
+
+// What B(s,m) needs from F(s,m) (DESIGN.md, "stash").
+struct StashEntry {
+  bool graph = false;  // keep: the autograd graph of F; else a checkpoint of the input
+  Tensor input;        // graph: the leaf F ran on; checkpoint: the saved stage input
+  Tensor output;       // graph: the root of the graph
+  ReplicaPtr replica;  // graph: the weights it ran on; checkpoint: a snapshot, or null
+  bool onHost = false;
+};
+using StashPtr = std::shared_ptr<StashEntry>;
+
+enum class Chan : std::uint8_t { Act, Grad, Weights, Input, Target, Stash };
+
+struct ChanKey {
+  Chan kind;
+  int stage;
+  int index;
+  int device;  // receiver (-1 for the host stash registry)
+  bool operator<(const ChanKey& o) const {
+    return std::tie(kind, stage, index, device) < std::tie(o.kind, o.stage, o.index, o.device);
+  }
+};
+
+struct Message {
+  std::vector<Tensor> tensors;
+  StashPtr stash;
+};
+
+// In-process mailboxes. A receive blocks until its message is there, or throws
+// Cancelled once the pipeline stops.
+class Channels {
+ public:
+  void put(const ChanKey& k, Message m) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      PIPEFB_ASSERT(!box_.count(k), "duplicate message on a channel");
+      box_.emplace(k, std::move(m));
+    }
+    cv_.notify_all();
+  }
+  Message take(const ChanKey& k) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (closed_) throw Cancelled{};
+      auto it = box_.find(k);
+      if (it != box_.end()) {
+        Message m = std::move(it->second);
+        box_.erase(it);
+        return m;
+      }
+      cv_.wait(lock);
+    }
+  }
+  std::optional<Message> tryTake(const ChanKey& k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = box_.find(k);
+    if (it == box_.end()) return std::nullopt;
+    Message m = std::move(it->second);
+    box_.erase(it);
+    return m;
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Drops every message (their tensors are freed on the calling thread).
+  void clear() {
+    std::map<ChanKey, Message> old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      old.swap(box_);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<ChanKey, Message> box_;
+  bool closed_ = false;
+};
+
+using Key = std::pair<int, int>;  // (stage, microbatch)
+
+template <class V>
+V takeFrom(std::map<Key, V>& m, Key k, const char* what) {
+  auto it = m.find(k);
+  PIPEFB_ASSERT(it != m.end(), what << " of (" << k.first << "," << k.second << ") is missing");
+  V v = std::move(it->second);
+  m.erase(it);
+  return v;
+}
+
+struct DeviceState {
+  int id = 0;
+  memory::MemoryDomain* domain = nullptr;
+  std::map<Key, Tensor> acts;   // stage outputs made here or received: (stage, mb)
+  std::map<Key, Tensor> grads;  // gradients w.r.t. a stage's input: (stage, mb)
+  std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
+  std::map<Key, Tensor> targets;  // targets from step()
+  std::map<Key, StashPtr> stashes;
+  std::vector<ActionRecord> records;  // guarded by Impl::mu_
+  double busy = 0;                    // guarded by Impl::mu_
+};
+
+struct StageState {
+  int index = 0;
+  StageRange range;
+  int fDev = 0, bDev = 0;
+  bool split = false;
+  bool recompute = false;  // checkpoint kinds
+  ReplicaPtr master;       // on bDev
+  ReplicaPtr fwd;          // split: the forward copy on fDev
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  bool gradsStale = false;  // a STEP ran since the last backward: zero before accumulating
+  int masterVersion = 0;
+  // Note [Weights, versions and replicas]: per microbatch, the weight version F and B see.
+  std::vector<int> fVersion, bVersion;
+  std::weak_ptr<Replica> snapshot;          // same device: the snapshot of the current version
+  std::map<int, ReplicaPtr> versions;       // split + checkpoint: kept on bDev
+  std::map<int, int> lastUse;               // version -> last microbatch whose B needs it
+  int64_t stashBytesPerMb = -1;             // measured at the first F
+};
+
+int64_t tensorBytes(const Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
+
+}  // namespace
+
+struct PipelineEngine::Impl {
+  model::Model& model;
+  config::Config config;
+  EngineOptions options;
+  std::string kind;
+  int S = 0, M = 0, D = 0;
+  int64_t K = 0;
+  bool async = false;
+  std::vector<StageRange> partition;
+  schedules::SchedulePlan plan;  // lowered
+  std::vector<StageState> stages;
+  std::vector<DeviceState> devices;
+  memory::MemoryDomain* host = nullptr;
+  std::shared_ptr<ShellPool> pool;
+  Channels channels;
+  int64_t t0 = 0;
+
+  // Progress, failure and losses: guarded by mu_.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> done;                   // actions finished per device
+  std::vector<std::vector<int>> need;      // [device][iteration]: actions that end it
+  int64_t progress = 0;
+  std::vector<double> loss;                // per iteration
+  std::vector<int> lossCount;
+  struct Failure {
+    int device = -1;
+    int action = -1;
+    std::exception_ptr error;
+    std::string stall;  // non-empty for a watchdog stall
+  };
+  std::optional<Failure> failure;
+  std::vector<std::atomic<int>> current;  // the action each worker is at
+  std::atomic<bool> aborted{false};
+  std::vector<std::thread> workers;
+  bool joined = false;
+  int64_t fed = 0;
+
+  // Memory events for the trace.
+  bool recording = false;
+  std::vector<memory::MemoryEvent> events;
+  std::map<int, memory::CategoryBytes> eventBase;  // domain id -> live per category at start
+  int64_t eventBaseNs = 0;
+
+  Impl(model::Model& m, const config::Config& c, EngineOptions o)
+      : model(m), config(c), options(o), current(0) {}
+
+  // ---------------------------------------------------------------- set-up
+  void build();
+  void precomputeVersions(StageState& st);
+  int iterationOf(const Action& a) const;
+
+  // ---------------------------------------------------------------- running
+  void workerMain(int d);
+  void fetchExternal(DeviceState& dev, const Action& a);
+  void execute(DeviceState& dev, const Action& a);
+  void execForward(DeviceState& dev, const Action& a);
+  void execBackward(DeviceState& dev, const Action& a);
+  void execSendAct(DeviceState& dev, const Action& a);
+  void execRecvAct(DeviceState& dev, const Action& a);
+  void execSendGrad(DeviceState& dev, const Action& a);
+  void execRecvGrad(DeviceState& dev, const Action& a);
+  void execOffload(DeviceState& dev, const Action& a);
+  void execPrefetch(DeviceState& dev, const Action& a);
+  void execDrop(DeviceState& dev, const Action& a);
+  void execStep(DeviceState& dev, const Action& a);
+  void execSyncWeights(DeviceState& dev, const Action& a);
+  void execRecvWeights(DeviceState& dev, const Action& a);
+  void execAllReduce(DeviceState& dev, const Action& a);
+
+  StashPtr takeStash(DeviceState& dev, int stage, int mb);
+  void bringToDevice(DeviceState& dev, StashEntry& e);
+  ReplicaPtr forwardReplica(StageState& st, int mb);
+  ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
+
+  void fail(int d, int i, std::exception_ptr e);
+  template <class Pred>
+  void waitFor(Pred pred, const char* what);
+  [[noreturn]] void raiseFailure();
+  void stopWorkers();
+  void drainEvents();
+};
+
+// ------------------------------------------------------------------------ set-up
+
+int PipelineEngine::Impl::iterationOf(const Action& a) const {
+  const bool stepLike = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||
+                        a.type == ActionType::RecvWeights || a.type == ActionType::AllReduce;
+  if (stepLike) return kind == "pipedream" ? a.index / M : a.index;
+  if (a.stash == StashKind::Weights &&
+      (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
+       a.type == ActionType::Drop))
+    return 0;
+  return a.index / M;
+}
+
+void PipelineEngine::Impl::precomputeVersions(StageState& st) {
+  const int N = static_cast<int>(K) * M;
+  st.fVersion.assign(N, 0);
+  st.bVersion.assign(N, 0);
+  int v = 0;
+  for (const Action& a : plan.schedule.devices[st.fDev]) {
+    if (a.stage != st.index) continue;
+    if (a.type == ActionType::RecvWeights) v = a.index + 1;
+    if (a.type == ActionType::Step && !st.split) v = a.index + 1;
+    if (a.type == ActionType::Forward) st.fVersion[a.index] = v;
+  }
+  v = 0;
+  for (const Action& a : plan.schedule.devices[st.bDev]) {
+    if (a.stage != st.index) continue;
+    if (a.type == ActionType::Step) v = a.index + 1;
+    if (a.type == ActionType::Backward) st.bVersion[a.index] = v;
+  }
+  for (int m = 0; m < N; ++m)
+    if (st.fVersion[m] != st.bVersion[m]) st.lastUse[st.fVersion[m]] = m;
+}
+
+void PipelineEngine::Impl::build() {
+  const auto& p = config.pipeline;
+  kind = p.schedule;
+  if (kind == "none")
+    throw UserError(config.source +
+                    ": pipeline.schedule: none has no pipeline; allowed: gpipe, 1f1b, pipedream, "
+                    "pipefb-sync, pipefb-async");
+  async = kind == "pipedream" || kind == "pipefb-async";
+  S = stagesFor(config);
+  M = static_cast<int>(p.microbatches);
+  K = std::max<int64_t>(1, options.iterations);
+  if (options.totalSteps <= 0) options.totalSteps = K;
+  auto policy = schedules::parseStashPolicy(p.stash);
+  if (policy == schedules::StashPolicy::Offload)
+    throw UserError(config.source +
+                    ": pipeline.stash: 'offload' moves saved activations through the "
+                    "data-transfer manager, which this runtime does not have yet; allowed: keep, "
+                    "checkpoint, checkpoint-offload");
+
+  // Partition.
+  const int64_t L = static_cast<int64_t>(model.numLayers());
+  if (!p.partition.empty()) {
+    partition = partitionFromCuts(p.partition, L);
+  } else {
+    if (S > L)
+      throw UserError(config.source + ": pipeline.stages: " + std::to_string(S) +
+                      " stages but model " + config.model.name + " has only " +
+                      std::to_string(L) + " layers; allowed: 1.." + std::to_string(L) +
+                      " (lower pipeline.stages or devices.count)");
+    std::vector<int64_t> costs;
+    for (const auto& l : model.layers()) {
+      int64_t b = 0;
+      for (const auto& t : l->parameters()) b += tensorBytes(t);
+      costs.push_back(b);
+    }
+    partition = balancedPartition(costs, S);
+    if (options.log) {
+      std::string sizes;
+      for (const auto& r : partition) {
+        int64_t b = 0;
+        for (int64_t i = r.first; i < r.last; ++i) b += costs[i];
+        sizes += (sizes.empty() ? "" : ", ") + std::to_string(b / 1024) + " KiB";
+      }
+      spdlog::info("pipeline: partition balanced by parameter bytes: {} ({})",
+                   toString(partition), sizes);
+    }
+  }
+
+  // Schedule: generate, lower, validate (a deadlock is impossible after this).
+  auto placement = schedules::Placement::defaultFor(kind, S);
+  auto raw = schedules::makeSchedule(kind, S, M, placement, static_cast<int>(K));
+  plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
+                          static_cast<int>(p.lookahead));
+  schedules::validate(plan.schedule, &plan.contract);
+  D = plan.schedule.numDevices();
+  if (options.log)
+    spdlog::info("pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
+                 "{} iterations, {} actions",
+                 kind, S, M, D, placement.toString(), p.stash, K, plan.schedule.numActions());
+
+  // Devices.
+  memory::installTrackingAllocator();
+  devices.resize(D);
+  for (int d = 0; d < D; ++d) {
+    devices[d].id = d;
+    devices[d].domain = &memory::configureDomain(
+        memory::virtualDeviceName(d), config.devices.memory.value_or(memory::kUnlimited));
+    devices[d].domain->resetPeak();
+  }
+  host = &memory::configureDomain(memory::kHostDomain,
+                                  config.devices.host_memory.value_or(memory::kUnlimited));
+  host->resetPeak();
+
+  // Stages: the master replica is the model's own layers, moved to the backward device.
+  pool = std::make_shared<ShellPool>(model.options(), partition, true);
+  stages.resize(S);
+  for (int s = 0; s < S; ++s) {
+    StageState& st = stages[s];
+    st.index = s;
+    st.range = partition[s];
+    st.fDev = placement.forward(s);
+    st.bDev = placement.backward(s);
+    st.split = placement.split(s);
+    st.recompute = schedules::isCheckpoint(policy);
+    auto master = std::make_shared<Replica>();
+    master->stage = s;
+    for (int64_t i = st.range.first; i < st.range.last; ++i)
+      master->layers.push_back(model.layer(static_cast<size_t>(i)));
+    collectTensors(master->layers, master->params, master->buffers);
+    memory::MemoryDomain& bDom = *devices[st.bDev].domain;
+    {
+      memory::MemoryScope scope(bDom, MemoryCategory::Weights);
+      torch::NoGradGuard noGrad;
+      for (auto& t : master->params) t.set_data(t.detach().clone());
+      for (auto& t : master->buffers) t.set_data(t.detach().clone());
+    }
+    {
+      memory::MemoryScope scope(bDom, MemoryCategory::Grads);
+      for (auto& t : master->params) t.mutable_grad() = torch::zeros_like(t);
+    }
+    st.master = master;
+    st.optimizer = train::makeOptimizer(config.training, master->params);
+    if (st.split)
+      st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
+                           MemoryCategory::Weights);
+    precomputeVersions(st);
+  }
+
+  // When each iteration is over on each device (synchronous schedules wait for it).
+  done.assign(D, 0);
+  need.assign(D, std::vector<int>(K, 0));
+  for (int d = 0; d < D; ++d) {
+    const auto& list = plan.schedule.devices[d];
+    std::vector<int> last(K, 0);
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      int k = std::min<int64_t>(iterationOf(list[i]), K - 1);
+      last[k] = std::max(last[k], i + 1);
+    }
+    int run = 0;
+    for (int64_t k = 0; k < K; ++k) need[d][k] = run = std::max(run, last[k]);
+  }
+  loss.assign(K, 0.0);
+  lossCount.assign(K, 0);
+  current = std::vector<std::atomic<int>>(D);
+  for (auto& c : current) c = 0;
+
+  t0 = memory::nowNs();
+  for (int d = 0; d < D; ++d) workers.emplace_back([this, d] { workerMain(d); });
+}
+
+// ------------------------------------------------------------------------ workers
+
+void PipelineEngine::Impl::workerMain(int d) {
+  // Note [Intra-op threads] in MemoryScope.h: one intra-op thread per device worker.
+  at::set_num_threads(1);
+  DeviceState& dev = devices[d];
+  memory::MemoryScope scope(*dev.domain, MemoryCategory::WorkingSet);
+  const auto& list = plan.schedule.devices[d];
+  for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+    if (aborted.load()) return;
+    const Action& a = list[i];
+    current[d] = i;
+    try {
+      fetchExternal(dev, a);  // waiting for step() is not part of the action
+      int64_t start = memory::nowNs();
+      execute(dev, a);
+      int64_t end = memory::nowNs();
+      ActionRecord r;
+      r.index = i;
+      r.startNs = start;
+      r.endNs = end;
+      r.liveAfter = dev.domain->stats().liveByCategory();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        dev.records.push_back(r);
+        if (a.isCompute() || a.type == ActionType::Step) dev.busy += (end - start) * 1e-9;
+        done[d] = i + 1;
+        ++progress;
+      }
+      cv.notify_all();
+    } catch (const Cancelled&) {
+      return;
+    } catch (...) {
+      fail(d, i, std::current_exception());
+      return;
+    }
+  }
+}
+
+void PipelineEngine::Impl::fail(int d, int i, std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failure) failure = Failure{d, i, e, ""};
+  }
+  aborted = true;
+  channels.close();
+  cv.notify_all();
+}
+
+// Inputs and targets come from step(); the wait for them is idle time, not the action.
+void PipelineEngine::Impl::fetchExternal(DeviceState& dev, const Action& a) {
+  if (a.type == ActionType::Forward && a.stage == 0 && !dev.inputs.count({0, a.index}))
+    dev.inputs[{0, a.index}] =
+        channels.take({Chan::Input, 0, a.index, dev.id}).tensors.at(0);
+  if (a.type == ActionType::Backward && a.stage == S - 1 && !dev.targets.count({S - 1, a.index}))
+    dev.targets[{S - 1, a.index}] =
+        channels.take({Chan::Target, S - 1, a.index, dev.id}).tensors.at(0);
+}
+
+// STYLE.md habit 3: one exhaustive switch (-Werror=switch), one exec...() per action.
+void PipelineEngine::Impl::execute(DeviceState& dev, const Action& a) {
+  switch (a.type) {
+    case ActionType::Forward:
+      return execForward(dev, a);
+    case ActionType::Backward:
+      return execBackward(dev, a);
+    case ActionType::SendAct:
+      return execSendAct(dev, a);
+    case ActionType::RecvAct:
+      return execRecvAct(dev, a);
+    case ActionType::SendGrad:
+      return execSendGrad(dev, a);
+    case ActionType::RecvGrad:
+      return execRecvGrad(dev, a);
+    case ActionType::Offload:
+      return execOffload(dev, a);
+    case ActionType::Prefetch:
+      return execPrefetch(dev, a);
+    case ActionType::Drop:
+      return execDrop(dev, a);
+    case ActionType::Step:
+      return execStep(dev, a);
+    case ActionType::SyncWeights:
+      return execSyncWeights(dev, a);
+    case ActionType::RecvWeights:
+      return execRecvWeights(dev, a);
+    case ActionType::AllReduce:
+      return execAllReduce(dev, a);
+  }
+  PIPEFB_ASSERT(false, "unknown action type " << static_cast<int>(a.type));
+}
+
+// The weights F(s,m) runs on (Note [Weights, versions and replicas]).
+ReplicaPtr PipelineEngine::Impl::forwardReplica(StageState& st, int mb) {
+  if (st.split) return st.fwd;
+  if (st.fVersion[mb] == st.bVersion[mb]) return st.master;
+  // A STEP comes between F and B on this device: run on (and stash) a snapshot.
+  ReplicaPtr snap = st.snapshot.lock();
+  if (!snap || snap->version != st.masterVersion) {
+    snap = makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
+                       *devices[st.fDev].domain, MemoryCategory::WeightVersions);
+    st.snapshot = snap;
+  }
+  return snap;
+}
+
+ReplicaPtr PipelineEngine::Impl::backwardReplica(StageState& st, int mb, const StashEntry& e) {
+  if (e.replica) return e.replica;
+  const int v = st.fVersion[mb];
+  if (v == st.masterVersion) return st.master;
+  auto it = st.versions.find(v);
+  PIPEFB_ASSERT(it != st.versions.end(),
+                "weight version " << v << " of stage " << st.index << " was not kept");
+  return it->second;
+}
+
+void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const Key in{a.stage - 1, a.index};
+  Tensor x = a.stage == 0 ? takeFrom(dev.inputs, {0, a.index}, "input")
+                          : takeFrom(dev.acts, in, "activation");
+  ReplicaPtr rep = forwardReplica(st, a.index);
+  auto entry = std::make_shared<StashEntry>();
+  const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
+  Tensor out;
+  if (!st.recompute) {
+    // keep: the autograd graph is the stash; everything F leaves alive is charged to it.
+    memory::MemoryScope scope(MemoryCategory::Stash);
+    Tensor xin = (a.stage > 0 && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
+    out = rep->forward(xin);
+    entry->graph = true;
+    entry->input = xin;
+    entry->output = out;
+    entry->replica = rep;
+    out = out.detach();
+  } else {
+    // checkpoint: only the stage input stays; B recomputes.
+    {
+      memory::MemoryScope scope(MemoryCategory::Stash);
+      entry->input = x.clone();
+    }
+    torch::NoGradGuard noGrad;
+    out = rep->forward(x);
+    if (rep != st.master && !st.split) entry->replica = rep;  // a snapshot (same device)
+  }
+  if (st.stashBytesPerMb < 0)
+    st.stashBytesPerMb = dev.domain->liveBytes(MemoryCategory::Stash) - stashBefore;
+  dev.stashes[{a.stage, a.index}] = entry;
+  dev.acts[{a.stage, a.index}] = out;
+}
+
+StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
+  auto it = dev.stashes.find({stage, mb});
+  if (it != dev.stashes.end()) {
+    StashPtr e = it->second;
+    dev.stashes.erase(it);
+    return e;
+  }
+  // Offloaded and not prefetched yet (its OFF ran after our PRE): fetch it now.
+  StashPtr e = channels.take({Chan::Stash, stage, mb, -1}).stash;
+  bringToDevice(dev, *e);
+  return e;
+}
+
+// Note [Synchronous host copies]
+// OFF/PRE here are NOT the data-transfer manager (that is the next issue: a copy
+// engine per device, asynchronous copies, saved-tensor hooks). For now:
+//  * a checkpoint stash is copied synchronously, on the compute thread, into the
+//    "host" domain (category stash) by OFF and back into the device by PRE (or by B,
+//    when PRE ran before the OFF on the other device: PRE never blocks, because the
+//    schedules may issue it before the weights the forward waits for were sent);
+//  * a graph stash (keep on a split PipeFB stage) cannot move without saved-tensor
+//    hooks: OFF hands the graph to the backward device through the host registry, but
+//    its saved tensors stay charged to the forward device until the hooks exist.
+void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
+  if (!e.onHost) return;
+  memory::MemoryScope scope(*dev.domain, MemoryCategory::Stash);
+  e.input = e.input.clone();
+  e.onHost = false;
+}
+
+void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const int mb = a.index;
+  StashPtr e = takeStash(dev, a.stage, mb);
+  ReplicaPtr rep = backwardReplica(st, mb, *e);
+  Tensor input, output;
+  std::vector<Tensor> savedBuffers;  // recompute: buffers as they were before it
+  if (e->graph) {
+    input = e->input;
+    output = e->output;
+  } else {
+    // Recompute the forward with grad (its activations are this action's working set).
+    input = e->input.detach();
+    if (a.stage > 0 && input.is_floating_point()) input.requires_grad_(true);
+    {
+      torch::NoGradGuard noGrad;
+      for (const auto& b : rep->buffers) savedBuffers.push_back(b.clone());
+    }
+    output = rep->forward(input);
+  }
+  e.reset();
+
+  Tensor gradOut;
+  if (a.stage == S - 1) {
+    // The loss, scaled so that the summed gradients are those of the batch mean.
+    Tensor target = takeFrom(dev.targets, {S - 1, mb}, "target");
+    Tensor o;
+    auto it = dev.acts.find({S - 1, mb});
+    if (it != dev.acts.end()) {
+      o = it->second.detach();
+      dev.acts.erase(it);
+    } else {
+      o = output.detach();
+    }
+    o.requires_grad_(true);
+    const int64_t n = static_cast<int64_t>(M) * target.size(0);  // microbatches are equal
+    Tensor l = model.loss(o, target) * (static_cast<double>(target.size(0)) / n);
+    gradOut = torch::autograd::grad({l}, {o})[0];
+    double v = l.item<double>();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const int k = mb / M;
+      loss[k] += v;
+      ++lossCount[k];
+    }
+    cv.notify_all();
+  } else {
+    gradOut = takeFrom(dev.grads, {a.stage + 1, mb}, "gradient");
+  }
+
+  std::vector<Tensor> wrt;
+  for (const auto& p : rep->params)
+    if (p.requires_grad()) wrt.push_back(p);
+  const bool wantInput = input.defined() && input.requires_grad();
+  if (wantInput) wrt.push_back(input);
+  if (wrt.empty() || !output.requires_grad()) {
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < savedBuffers.size(); ++i) rep->buffers[i].copy_(savedBuffers[i]);
+    return;
+  }
+  auto g = torch::autograd::grad({output}, wrt, {gradOut}, /*retain_graph=*/false,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+  output = Tensor();
+  torch::NoGradGuard noGrad;
+  // The recompute must not count twice in BatchNorm statistics. Restored only now:
+  // batch_norm's backward reads the running statistics it saved (version check).
+  for (size_t i = 0; i < savedBuffers.size(); ++i) rep->buffers[i].copy_(savedBuffers[i]);
+  if (st.gradsStale) {
+    for (auto& p : st.master->params) p.mutable_grad().zero_();
+    st.gradsStale = false;
+  }
+  size_t j = 0;
+  for (size_t i = 0; i < rep->params.size(); ++i) {
+    if (!rep->params[i].requires_grad()) continue;
+    if (g[j].defined()) st.master->params[i].mutable_grad().add_(g[j]);
+    ++j;
+  }
+  if (wantInput) dev.grads[{a.stage, mb}] = g.back();
+  // A kept weight version may be done with (split stage, checkpoint).
+  auto lu = st.lastUse.find(st.fVersion[mb]);
+  if (lu != st.lastUse.end() && lu->second == mb) st.versions.erase(st.fVersion[mb]);
+}
+
+namespace {
+Tensor copyInto(const Tensor& t, memory::MemoryDomain& domain, MemoryCategory category) {
+  memory::MemoryScope scope(domain, category);
+  return t.detach().clone();
+}
+}  // namespace
+
+void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
+  Tensor t = takeFrom(dev.acts, {a.stage, a.index}, "activation");
+  channels.put({Chan::Act, a.stage, a.index, a.peer},
+               {{copyInto(t, *devices[a.peer].domain, MemoryCategory::CommBuffers)}, nullptr});
+}
+
+void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
+  dev.acts[{a.stage, a.index}] =
+      channels.take({Chan::Act, a.stage, a.index, dev.id}).tensors.at(0);
+}
+
+void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
+  Tensor t = takeFrom(dev.grads, {a.stage, a.index}, "gradient");
+  channels.put({Chan::Grad, a.stage, a.index, a.peer},
+               {{copyInto(t, *devices[a.peer].domain, MemoryCategory::CommBuffers)}, nullptr});
+}
+
+void PipelineEngine::Impl::execRecvGrad(DeviceState& dev, const Action& a) {
+  dev.grads[{a.stage, a.index}] =
+      channels.take({Chan::Grad, a.stage, a.index, dev.id}).tensors.at(0);
+}
+
+void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
+  if (a.stash == StashKind::Weights)
+    throw UserError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+                    ": weight-version offload is not supported by this runtime yet");
+  // Note [Synchronous host copies]
+  StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
+  if (!e->graph) {
+    e->input = copyInto(e->input, *host, MemoryCategory::Stash);
+    e->onHost = true;
+  }
+  channels.put({Chan::Stash, a.stage, a.index, -1}, {{}, e});
+}
+
+void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
+  if (a.stash == StashKind::Weights)
+    throw UserError("PREW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+                    ": weight-version prefetch is not supported by this runtime yet");
+  // Never blocks (Note [Synchronous host copies]); B fetches what is not here yet.
+  auto m = channels.tryTake({Chan::Stash, a.stage, a.index, -1});
+  if (!m) return;
+  bringToDevice(dev, *m->stash);
+  dev.stashes[{a.stage, a.index}] = m->stash;
+}
+
+void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
+  if (a.stash == StashKind::Weights) return;  // versions are freed with their last stash
+  if (!dev.stashes.erase({a.stage, a.index}))
+    channels.tryTake({Chan::Stash, a.stage, a.index, -1});
+}
+
+void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  // Keep the version that later backwards still recompute with (split + checkpoint).
+  if (st.split && st.recompute && st.lastUse.count(st.masterVersion))
+    st.versions[st.masterVersion] =
+        makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
+                    *dev.domain, MemoryCategory::WeightVersions);
+  const int64_t iteration = kind == "pipedream" ? a.index / M : a.index;
+  train::setLearningRate(*st.optimizer,
+                         train::learningRate(config.training, iteration, options.totalSteps));
+  {
+    memory::MemoryScope scope(MemoryCategory::OptimizerState);
+    st.optimizer->step();
+  }
+  st.masterVersion = a.index + 1;
+  st.gradsStale = true;
+}
+
+void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  Message m;
+  for (const auto& p : st.master->params)
+    m.tensors.push_back(copyInto(p, *devices[a.peer].domain, MemoryCategory::CommBuffers));
+  channels.put({Chan::Weights, a.stage, a.index, a.peer}, std::move(m));
+}
+
+void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  Message m = channels.take({Chan::Weights, a.stage, a.index, dev.id});
+  if (st.fwd.use_count() == 1) {
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < m.tensors.size(); ++i) st.fwd->params[i].copy_(m.tensors[i]);
+    st.fwd->version = a.index + 1;
+  } else {
+    // A pending graph still uses the current copy: new weights go into a new copy.
+    st.fwd = makeReplica(pool, st.index, a.index + 1, m.tensors, st.fwd->buffers, *dev.domain,
+                         MemoryCategory::Weights);
+  }
+}
+
+void PipelineEngine::Impl::execAllReduce(DeviceState& dev, const Action& a) {
+  throw UserError("AR" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+                  ": data-parallel all-reduce is not supported by the virtual-device runtime");
+}
+
+// ------------------------------------------------------------------------ control
+
+void PipelineEngine::Impl::stopWorkers() {
+  if (joined) return;
+  aborted = true;
+  channels.close();
+  for (auto& w : workers)
+    if (w.joinable()) w.join();
+  joined = true;
+  // Free what the workers left behind on this thread (the domains keep counting).
+  channels.clear();
+  for (auto& d : devices) {
+    d.acts.clear();
+    d.grads.clear();
+    d.inputs.clear();
+    d.targets.clear();
+    d.stashes.clear();
+  }
+}
+
+void PipelineEngine::Impl::raiseFailure() {
+  stopWorkers();
+  Failure f = *failure;
+  std::vector<schedules::GridMark> marks;
+  std::string where;
+  if (f.device >= 0) {
+    marks.push_back({f.device, f.action});
+    where = "device " + std::to_string(f.device) + " (" + devices[f.device].domain->name() +
+            ") at action " + schedules::toString(plan.schedule.devices[f.device][f.action]) +
+            " (step " + std::to_string(f.action) + ")";
+  } else {
+    for (int d = 0; d < D; ++d)
+      if (current[d] < static_cast<int>(plan.schedule.devices[d].size()) &&
+          done[d] < static_cast<int>(plan.schedule.devices[d].size()))
+        marks.push_back({d, current[d]});
+  }
+  const std::string grid = schedules::formatPipelineOrder(plan.schedule, marks);
+  if (!f.error) throw PipelineError(f.stall + "\n" + grid, -1, -1, nullptr);
+  std::string what;
+  try {
+    std::rethrow_exception(f.error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception";
+  }
+  std::string msg = "pipeline " + kind + " failed on " + where + ": " + what + "\n" + grid;
+  if (auto oom = memory::findOutOfMemory(f.error))
+    throw PipelineOutOfMemoryError(*oom, msg, f.device, f.action);
+  throw PipelineError(msg, f.device, f.action, f.error);
+}
+
+template <class Pred>
+void PipelineEngine::Impl::waitFor(Pred pred, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(mu);
+  int64_t seen = progress;
+  auto since = Clock::now();
+  for (;;) {
+    if (failure) {
+      lock.unlock();
+      raiseFailure();
+    }
+    if (pred()) return;
+    cv.wait_for(lock, std::chrono::milliseconds(100));
+    if (progress != seen) {
+      seen = progress;
+      since = Clock::now();
+    } else if (std::chrono::duration<double>(Clock::now() - since).count() >
+               options.stallTimeoutSeconds) {
+      failure = Failure{-1, -1, nullptr,
+                        std::string("pipeline ") + kind + " stalled while " + what +
+                            ": no device finished an action for " +
+                            std::to_string(options.stallTimeoutSeconds) +
+                            " s (EngineOptions::stallTimeoutSeconds); the marked actions are "
+                            "where each device waits"};
+      lock.unlock();
+      raiseFailure();
+    }
+  }
+}
+
+void PipelineEngine::Impl::drainEvents() {
+  if (!recording) return;
+  std::vector<int> ids;
+  for (auto& d : devices) ids.push_back(d.domain->id());
+  ids.push_back(host->id());
+  for (auto& ev : memory::drainEvents())
+    if (std::find(ids.begin(), ids.end(), ev.domain) != ids.end()) events.push_back(ev);
+}
+
+// ------------------------------------------------------------------------ public
+
+PipelineEngine::PipelineEngine(model::Model& model, const config::Config& config,
+                               EngineOptions options)
+    : impl_(std::make_unique<Impl>(model, config, options)) {
+  impl_->build();
+}
+
+PipelineEngine::~PipelineEngine() {
+  Impl& I = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    bool allDone = true;
+    for (int d = 0; d < I.D; ++d)
+      allDone = allDone && I.done[d] == static_cast<int>(I.plan.schedule.devices[d].size());
+    if (allDone) I.aborted = true;  // nothing left: workers are returning anyway
+  }
+  I.stopWorkers();
+  if (I.recording) memory::setRecording(false);
+  I.stages.clear();
+}
+
+double PipelineEngine::step(const data::Batch& batch) {
+  Impl& I = *impl_;
+  if (I.joined)
+    throw std::logic_error("PipelineEngine::step: the pipeline has stopped after an error");
+  if (I.fed >= I.K)
+    throw std::logic_error("PipelineEngine::step: the schedule was built for " +
+                           std::to_string(I.K) + " iterations (EngineOptions::iterations)");
+  const int64_t k = I.fed;
+  if (k == 0 && I.options.recordMemoryEvents && I.options.traceIterations > 0 &&
+      !memory::isRecording()) {
+    I.eventBaseNs = memory::nowNs();
+    for (auto& d : I.devices) I.eventBase[d.domain->id()] = d.domain->stats().liveByCategory();
+    I.eventBase[I.host->id()] = I.host->stats().liveByCategory();
+    memory::setRecording(true);
+    I.recording = true;
+  }
+  auto inputs = batch.input.chunk(I.M, 0);
+  auto targets = batch.target.chunk(I.M, 0);
+  if (static_cast<int>(inputs.size()) != I.M)
+    throw UserError("pipeline.microbatches: " + std::to_string(I.M) +
+                    " microbatches from a batch of " + std::to_string(batch.input.size(0)) +
+                    " samples; the batch must have at least as many samples");
+  const int first = I.stages[0].fDev, last = I.stages[I.S - 1].bDev;
+  for (int j = 0; j < I.M; ++j) {
+    const int mb = static_cast<int>(k) * I.M + j;
+    I.channels.put({Chan::Input, 0, mb, first},
+                   {{copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers)},
+                    nullptr});
+    I.channels.put({Chan::Target, I.S - 1, mb, last},
+                   {{copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers)},
+                    nullptr});
+  }
+  ++I.fed;
+  const bool lastIteration = k + 1 == I.K;
+  I.waitFor(
+      [&] {
+        if (I.async && !lastIteration) return I.lossCount[k] == I.M;
+        for (int d = 0; d < I.D; ++d)
+          if (I.done[d] < I.need[d][k]) return false;
+        return true;
+      },
+      "running an iteration");
+  if (I.recording && k + 1 >= I.options.traceIterations) {
+    I.drainEvents();
+    memory::setRecording(false);
+    I.recording = false;
+  }
+  std::lock_guard<std::mutex> lock(I.mu);
+  return I.loss[k];
+}
+
+void PipelineEngine::finish() {
+  Impl& I = *impl_;
+  if (I.fed < I.K)
+    throw std::logic_error("PipelineEngine::finish: only " + std::to_string(I.fed) + " of " +
+                           std::to_string(I.K) + " iterations were fed");
+  if (!I.joined)
+    I.waitFor(
+        [&] {
+          for (int d = 0; d < I.D; ++d)
+            if (I.done[d] < static_cast<int>(I.plan.schedule.devices[d].size())) return false;
+          return true;
+        },
+        "finishing");
+  // The forward copies ran every forward of split stages: their buffers (BatchNorm
+  // running statistics) are the model's.
+  torch::NoGradGuard noGrad;
+  for (auto& st : I.stages)
+    if (st.split && st.fwd)
+      for (size_t i = 0; i < st.master->buffers.size(); ++i)
+        st.master->buffers[i].copy_(st.fwd->buffers[i]);
+}
+
+int64_t PipelineEngine::iterationsDone() const { return impl_->fed; }
+const schedules::Schedule& PipelineEngine::schedule() const { return impl_->plan.schedule; }
+const schedules::MemoryContract& PipelineEngine::contract() const { return impl_->plan.contract; }
+const std::vector<StageRange>& PipelineEngine::partition() const { return impl_->partition; }
+int PipelineEngine::numDevices() const { return impl_->D; }
+
+std::vector<DeviceStats> PipelineEngine::deviceStats() const {
+  Impl& I = *impl_;
+  std::vector<DeviceStats> out;
+  auto fill = [](memory::MemoryDomain& dom) {
+    memory::MemoryStats st = dom.stats();
+    DeviceStats d;
+    d.name = dom.name();
+    d.capacity = dom.unlimited() ? -1 : dom.capacity();
+    d.live = st.bytes.current;
+    d.peak = st.bytes.peak;
+    d.atPeak = st.bytes_at_peak;
+    for (size_t c = 0; c < kNumMemoryCategories; ++c) d.peakByCategory[c] = st.category_bytes[c].peak;
+    return d;
+  };
+  std::lock_guard<std::mutex> lock(I.mu);
+  for (auto& dev : I.devices) {
+    DeviceStats d = fill(*dev.domain);
+    d.busySeconds = dev.busy;
+    d.actions = static_cast<int64_t>(dev.records.size());
+    out.push_back(d);
+  }
+  out.push_back(fill(*I.host));
+  return out;
+}
+
+std::vector<int64_t> PipelineEngine::peakStashBytes() const {
+  std::vector<int64_t> out;
+  for (auto& dev : impl_->devices)
+    out.push_back(dev.domain->stats()[MemoryCategory::Stash].peak);
+  return out;
+}
+
+std::vector<int64_t> PipelineEngine::stashBytesPerMicrobatch() const {
+  std::vector<int64_t> out;
+  for (auto& st : impl_->stages) out.push_back(st.stashBytesPerMb);
+  return out;
+}
+
+std::vector<std::vector<ActionRecord>> PipelineEngine::records() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::vector<ActionRecord>> out;
+  for (auto& d : impl_->devices) out.push_back(d.records);
+  return out;
+}
+
+void PipelineEngine::writeTrace(const std::string& path) const {
+  Impl& I = *impl_;
+  I.drainEvents();
+  using nlohmann::json;
+  json ev = json::array();
+  auto us = [&](int64_t ns) { return static_cast<double>(ns - I.t0) / 1000.0; };
+  auto records = this->records();
+  for (int d = 0; d <= I.D; ++d) {
+    const std::string name = d < I.D ? I.devices[d].domain->name() : std::string("host");
+    ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", d}, {"args", {{"name", name}}}});
+    ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", d},
+                  {"args", {{"sort_index", d}}}});
+    if (d < I.D)
+      ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", d}, {"tid", 0},
+                    {"args", {{"name", "compute"}}}});
+  }
+  auto counter = [&](int pid, const std::string& name, int64_t ns,
+                     const memory::CategoryBytes& b) {
+    json args = json::object();
+    for (MemoryCategory c : kAllMemoryCategories) args[toString(c)] = b[index(c)];
+    ev.push_back({{"ph", "C"}, {"name", name}, {"pid", pid}, {"ts", us(ns)}, {"args", args}});
+  };
+  std::map<int, int> pidOfDomain;
+  for (int d = 0; d < I.D; ++d) pidOfDomain[I.devices[d].domain->id()] = d;
+  pidOfDomain[I.host->id()] = I.D;
+  for (int d = 0; d < I.D; ++d) {
+    const auto& list = I.plan.schedule.devices[d];
+    for (const auto& r : records[d]) {
+      const Action& a = list[r.index];
+      ev.push_back({{"ph", "X"},
+                    {"name", schedules::toString(a)},
+                    {"cat", schedules::typeName(a.type)},
+                    {"pid", d},
+                    {"tid", 0},
+                    {"ts", us(r.startNs)},
+                    {"dur", static_cast<double>(r.endNs - r.startNs) / 1000.0},
+                    {"args", {{"stage", a.stage}, {"index", a.index}, {"step", r.index}}}});
+      counter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
+    }
+  }
+  // The event stream (first iterations): a counter per allocation and free.
+  std::map<int, memory::CategoryBytes> live = I.eventBase;
+  for (const auto& e : I.events) {
+    auto& b = live[e.domain];
+    if (e.kind == memory::MemoryEventKind::Alloc) b[index(e.category)] += e.bytes;
+    if (e.kind == memory::MemoryEventKind::Free)
+      b[index(e.category)] = std::max<int64_t>(0, b[index(e.category)] - e.bytes);
+    counter(pidOfDomain[e.domain], "memory events", e.time_ns, b);
+  }
+  json root = {{"traceEvents", ev},
+               {"displayTimeUnit", "ms"},
+               {"otherData",
+                {{"schedule", I.kind},
+                 {"stages", I.S},
+                 {"microbatches", I.M},
+                 {"partition", toString(I.partition)}}}};
+  std::ofstream f(path);
+  if (!f) throw UserError("cannot write the trace to " + path);
+  f << root.dump() << "\n";
+}
+
+std::string PipelineEngine::summaryJson() const {
+  using nlohmann::json;
+  json devs = json::array();
+  for (const auto& d : deviceStats()) {
+    json atPeak = json::object(), peaks = json::object();
+    for (MemoryCategory c : kAllMemoryCategories) {
+      atPeak[toString(c)] = d.atPeak[index(c)];
+      peaks[toString(c)] = d.peakByCategory[index(c)];
+    }
+    devs.push_back({{"name", d.name},
+                    {"capacity_bytes", d.capacity >= 0 ? json(d.capacity) : json(nullptr)},
+                    {"peak_bytes", d.peak},
+                    {"peak_by_category", atPeak},
+                    {"category_peaks", peaks},
+                    {"busy_seconds", d.busySeconds}});
+  }
+  const auto& c = impl_->plan.contract;
+  json j = {{"schedule", impl_->kind},
+            {"partition", toString(impl_->partition)},
+            {"devices", devs},
+            {"contract", {{"in_flight", c.inFlight},
+                          {"resident_forward", c.residentForward},
+                          {"resident_backward", c.residentBackward},
+                          {"weight_versions", c.weightVersions}}},
+            {"stash_bytes_per_microbatch", stashBytesPerMicrobatch()}};
+  return j.dump(2);
+}
+
+}  // namespace pipefb::runtime
