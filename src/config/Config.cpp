@@ -413,6 +413,31 @@ void validate(const Config& c) {
     throw UserError(src + ": devices.count: pipeline.schedule none trains on one device, got " +
                     std::to_string(c.devices.count) +
                     "; set devices.count: 1 or choose a pipeline schedule");
+  if (c.pipeline.schedule != "none") {
+    // The placement's device count: S for gpipe/1f1b/pipedream, 2S for pipefb-* (F and B
+    // of a stage on different devices). runtime::stagesFor() applies the same rule.
+    const bool split = c.pipeline.schedule.rfind("pipefb", 0) == 0;
+    const int64_t perStage = split ? 2 : 1;
+    int64_t S = c.pipeline.stages;
+    if (!c.pipeline.partition.empty()) {
+      const int64_t fromCuts = static_cast<int64_t>(c.pipeline.partition.size()) + 1;
+      if (S > 0 && S != fromCuts)
+        throw UserError(src + ": pipeline.stages: " + std::to_string(S) +
+                        " disagrees with pipeline.partition (" + std::to_string(fromCuts - 1) +
+                        " cut points make " + std::to_string(fromCuts) +
+                        " stages); drop one of them or make them agree");
+      S = fromCuts;
+    }
+    if (S > 0 && c.devices.count != perStage * S)
+      throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) + " but " +
+                      c.pipeline.schedule + " with " + std::to_string(S) + " stages needs " +
+                      std::to_string(perStage * S) + " devices; set devices.count: " +
+                      std::to_string(perStage * S));
+    if (S == 0 && c.devices.count % perStage != 0)
+      throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) +
+                      " is odd, but " + c.pipeline.schedule +
+                      " needs 2 devices per stage; use an even count or set pipeline.stages");
+  }
   for (size_t i = 1; i < c.pipeline.partition.size(); ++i)
     if (c.pipeline.partition[i] <= c.pipeline.partition[i - 1])
       throw UserError(src + ": pipeline.partition: cut points must be strictly increasing, got " +

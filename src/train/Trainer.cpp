@@ -12,6 +12,7 @@
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/train/Checkpoint.h"
 #include "pipefb/train/Optimizer.h"
 #include "pipefb/train/Progress.h"
@@ -47,9 +48,6 @@ int64_t plannedSteps(const config::Config& c, int64_t trainSamples) {
 // threads charge the compute thread's scope.
 Trainer::Trainer(config::Config config) : config_(std::move(config)) {
   const auto& t = config_.training;
-  if (config_.pipeline.schedule != "none")
-    throw UserError(config_.source + ": pipeline.schedule: '" + config_.pipeline.schedule +
-                    "' is not available in this build yet; allowed: none");
   memory::installTrackingAllocator();
   device_ = &memory::configureDomain(memory::virtualDeviceName(0),
                                      config_.devices.memory.value_or(memory::kUnlimited));
@@ -60,6 +58,21 @@ Trainer::Trainer(config::Config config) : config_(std::move(config)) {
   train_ = data::makeDataset(config_.data, config_.model, data::Split::Train, t.seed);
   loader_ = std::make_unique<data::Loader>(train_, t.batch, /*shuffle=*/true, t.seed);
   totalSteps_ = plannedSteps(config_, train_->size());
+  if (config_.pipeline.schedule != "none") {
+    // Note [Pipeline in the trainer]: the model is built outside every device (it would
+    // not fit one); the engine moves each stage's layers to its backward device and owns
+    // the per-stage optimizers. step() delegates; totalSteps_ iterations are scheduled.
+    {
+      memory::MemoryScope scope(memory::unscopedDomain(), MemoryCategory::Weights);
+      model_ = model::buildModel(config_.model);
+      model_->train(true);
+    }
+    runtime::EngineOptions eo;
+    eo.iterations = totalSteps_;
+    eo.totalSteps = totalSteps_;
+    engine_ = std::make_unique<runtime::PipelineEngine>(*model_, config_, eo);
+    return;
+  }
   memory::ScopeLeader leader;
   {
     memory::MemoryScope scope(*device_, MemoryCategory::Weights);
@@ -76,6 +89,11 @@ Trainer::Trainer(config::Config config) : config_(std::move(config)) {
 Trainer::~Trainer() = default;
 
 double Trainer::step(const data::Batch& batch) {
+  if (engine_) {
+    double loss = engine_->step(batch);
+    ++stepsDone_;
+    return loss;
+  }
   const int64_t micro = config_.pipeline.microbatches;
   const int64_t n = batch.input.size(0);
   memory::ScopeLeader leader;
@@ -116,7 +134,9 @@ std::pair<double, double> Trainer::evaluate(data::Dataset& test) {
   double lossSum = 0;
   const int64_t bs = config_.training.eval_batch;
   memory::ScopeLeader leader;
-  memory::MemoryScope scope(*device_, MemoryCategory::WorkingSet);
+  // A pipeline's stages live on several devices; its evaluation runs outside them.
+  memory::MemoryScope scope(engine_ ? memory::unscopedDomain() : *device_,
+                            MemoryCategory::WorkingSet);
   for (int64_t start = 0; start < test.size(); start += bs) {
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(test.size(), start + bs); ++i) idx.push_back(i);
@@ -132,6 +152,19 @@ std::pair<double, double> Trainer::evaluate(data::Dataset& test) {
 }
 
 std::vector<DeviceSummary> Trainer::deviceSummaries() const {
+  if (engine_) {
+    std::vector<DeviceSummary> out;
+    for (const auto& ds : engine_->deviceStats()) {
+      DeviceSummary d;
+      d.name = ds.name;
+      d.capacity_bytes = ds.capacity;
+      d.live_bytes = ds.live;
+      d.peak_bytes = ds.peak;
+      for (MemoryCategory c : kAllMemoryCategories) d.peak_by_category[toString(c)] = ds.atPeak[index(c)];
+      out.push_back(d);
+    }
+    return out;
+  }
   memory::MemoryStats st = device_->stats();
   DeviceSummary d;
   d.name = device_->name();
@@ -195,6 +228,7 @@ RunSummary Trainer::run() {
       windowStart = Clock::now();
     }
   }
+  if (engine_) engine_->finish();  // asynchronous schedules run on after the last step()
   double trainSeconds = secondsSince(t0);
   metrics.close();
   summary.steps = totalSteps_;
@@ -235,6 +269,10 @@ RunSummary Trainer::run() {
     dj["peak_bytes"] = d.peak_bytes;
     dj["peak_by_category"] = d.peak_by_category;
     j["devices"].push_back(dj);
+  }
+  if (engine_) {
+    j["pipeline"] = nlohmann::json::parse(engine_->summaryJson());
+    engine_->writeTrace(config_.output.dir + "/trace.json");
   }
   writeFileAtomically(config_.output.dir + "/summary.json", j.dump(2) + "\n");
   spdlog::info("run folder {}: {:.1f} samples/s, {:.1f} s wall", config_.output.dir,

@@ -272,3 +272,197 @@ TEST(PipelineEquivalence, Resnet50) {
 TEST(PipelineEquivalence, Gpt2) {
   checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2, 4});
 }
+
+namespace {
+model::ModelOptions wideMlp() {
+  model::ModelOptions o = mlpOptions();
+  o.input_size = 16;
+  o.hidden = {256, 256, 256};
+  return o;
+}
+
+// Largest stash bytes seen at the end of any action (where the contract counts).
+std::vector<int64_t> stashAtActionEnds(const runtime::PipelineEngine& e) {
+  std::vector<int64_t> out;
+  for (const auto& recs : e.records()) {
+    int64_t m = 0;
+    for (const auto& r : recs) m = std::max(m, r.liveAfter[index(MemoryCategory::Stash)]);
+    out.push_back(m);
+  }
+  return out;
+}
+}  // namespace
+
+TEST(PipelineMemory, MeasuredStashPeaksMatchTheContract) {
+  for (const std::string sched : {"1f1b", "gpipe"})
+    for (int S : {2, 4}) {
+      const int M = 6;
+      SCOPED_TRACE(sched + " S=" + std::to_string(S));
+      auto cfg = makeConfig(wideMlp(), sched, S, M, "keep", 48);
+      auto model = buildSeeded(cfg.model);
+      runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+      e.step(makeBatch(*model, 48, 5, 1));
+      e.step(makeBatch(*model, 48, 5, 2));
+      e.finish();
+      auto perMb = e.stashBytesPerMicrobatch();
+      auto measured = stashAtActionEnds(e);
+      auto peaks = e.peakStashBytes();
+      for (int s = 0; s < S; ++s) {
+        const int want = sched == "1f1b" ? std::min(S - s, M) : M;
+        EXPECT_EQ(e.contract().residentForward[s], want);
+        ASSERT_GT(perMb[s], 0);
+        const double expected = static_cast<double>(want) * perMb[s];
+        EXPECT_NEAR(measured[s], expected, 0.05 * expected) << "device " << s;
+        EXPECT_GE(peaks[s], measured[s]);  // the domain's own peak includes transients
+      }
+    }
+}
+
+TEST(PipelineMemory, OutOfMemoryNamesDeviceStopsWorkersAndKeepsOomInfo) {
+  // gpipe: device 0 runs F0.0..F0.3 before any gradient can come back into its memory,
+  // so the refused allocation is always a stash of F0.1 (no race with comm buffers).
+  auto cfg = makeConfig(wideMlp(), "gpipe", 2, 4, "keep", 64);
+  int64_t stash0 = 0;
+  {
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+    e.step(makeBatch(*model, 64, 5, 1));
+    stash0 = e.stashBytesPerMicrobatch()[0];
+  }
+  ASSERT_GT(stash0, 0);
+  auto model = buildSeeded(cfg.model);
+  runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+  // Room for the weights, grads and this batch's inputs, and 1.5 of the 4 stashes that
+  // gpipe keeps on device 0.
+  auto batch = makeBatch(*model, 64, 5, 1);
+  auto* dom = memory::findDomain("cpu:0");
+  ASSERT_NE(dom, nullptr);
+  const int64_t inputBytes = batch.input.numel() * 4;
+  const int64_t capacity = dom->liveBytes() + inputBytes + stash0 * 3 / 2;
+  dom->setCapacity(capacity);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    e.step(batch);
+    dom->setCapacity(memory::kUnlimited);
+    FAIL() << "expected an OutOfMemoryError";
+  } catch (const OutOfMemoryError& err) {
+    dom->setCapacity(memory::kUnlimited);
+    const OomInfo& info = err.info();
+    EXPECT_EQ(info.domain, "cpu:0");
+    EXPECT_EQ(info.capacity, capacity);
+    EXPECT_GT(info.requested, 0);
+    EXPECT_GT(info.live + info.requested, capacity);
+    EXPECT_EQ(info.category, MemoryCategory::Stash);
+    EXPECT_GT(info.live_by_category[index(MemoryCategory::Stash)], 0);
+    EXPECT_GT(info.live_by_category[index(MemoryCategory::Weights)], 0);
+    EXPECT_FALSE(info.hint.empty());
+    const std::string what = err.what();
+    EXPECT_NE(what.find("out of memory on cpu:0"), std::string::npos) << what;
+    EXPECT_NE(what.find("[*F0.1*]"), std::string::npos) << what;  // the grid marks the action
+    EXPECT_TRUE(memory::findOutOfMemory(std::make_exception_ptr(err)).has_value());
+    auto* p = dynamic_cast<const runtime::PipelineOutOfMemoryError*>(&err);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->device(), 0);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
+  // Every worker has stopped: the engine refuses to go on, and its destructor returns.
+  EXPECT_THROW(e.step(batch), std::logic_error);
+}
+
+TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
+  config::Config base = makeConfig(mlpOptions(), "1f1b", 2, 4, "keep", 32);
+  base.model.input_size = 8;
+  base.model.num_classes = 4;
+  base.model.hidden = {32, 32};
+  base.data.name = "synthetic";
+  base.data.synthetic_train = 1024;
+  base.data.synthetic_test = 256;
+  auto train = data::makeDataset(base.data, base.model, data::Split::Train, 1);
+  auto test = data::makeDataset(base.data, base.model, data::Split::Test, 1);
+  const int64_t iters = 80;
+  auto accuracyOf = [&](const std::string& sched, const std::string& stash) {
+    auto cfg = base;
+    cfg.pipeline.schedule = sched;
+    cfg.pipeline.stash = stash;
+    cfg.devices.count = sched.rfind("pipefb", 0) == 0 ? 4 : 2;
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(iters));
+    data::Loader loader(train, 32, true, 1);
+    double first = 0, last = 0;
+    for (int64_t k = 0; k < iters; ++k) {
+      double l = e.step(loader.next());
+      EXPECT_TRUE(std::isfinite(l));
+      if (k < 10) first += l / 10;
+      if (k >= iters - 10) last += l / 10;
+    }
+    e.finish();
+    torch::NoGradGuard ng;
+    std::vector<int64_t> idx(test->size());
+    for (int64_t i = 0; i < test->size(); ++i) idx[i] = i;
+    auto b = test->get(idx);
+    double acc = model->forward(b.input).argmax(-1).eq(b.target).to(torch::kFloat).mean().item<double>();
+    std::cout << sched << "/" << stash << ": loss " << first << " -> " << last << ", accuracy "
+              << acc << "\n";
+    EXPECT_LT(last, first) << sched;
+    return acc;
+  };
+  const double ref = accuracyOf("1f1b", "keep");
+  EXPECT_GT(ref, 0.5);  // 4 classes: chance is 0.25
+  for (const std::string stash : {"keep", "checkpoint"}) {
+    EXPECT_GT(accuracyOf("pipedream", stash), ref - 0.1) << stash;
+    EXPECT_GT(accuracyOf("pipefb-async", stash), ref - 0.1) << stash;
+  }
+}
+
+#include "pipefb/train/Trainer.h"
+
+TEST(TrainerPipeline, ScheduleMatchesSingleDeviceAndWritesTrace) {
+  auto cfgFor = [](const std::string& sched, const std::string& dir) {
+    std::vector<std::string> sets = {"output.dir=" + dir, "output.progress=false",
+                                     "training.iterations=5", "training.eval=false",
+                                     "training.checkpoint=false", "pipeline.microbatches=4"};
+    if (sched != "none") {
+      sets.push_back("pipeline.schedule=" + sched);
+      sets.push_back("devices.count=" + std::string(sched == "pipefb-sync" ? "4" : "2"));
+      sets.push_back("pipeline.stash=checkpoint");
+    }
+    return config::loadConfig(std::string(PIPEFB_SOURCE_DIR) + "/configs/mlp-tiny.yaml", sets);
+  };
+  const fs::path root = fs::temp_directory_path() / "pipefb_runtime_trainer";
+  fs::remove_all(root);
+  train::Trainer ref(cfgFor("none", (root / "none").string()));
+  ref.run();
+  for (const std::string sched : {"1f1b", "pipefb-sync"}) {
+    SCOPED_TRACE(sched);
+    const fs::path dir = root / sched;
+    train::Trainer t(cfgFor(sched, dir.string()));
+    ASSERT_NE(t.pipeline(), nullptr);
+    t.run();
+    std::string worst;
+    EXPECT_LE(maxRelErr(t.model(), ref.model(), false, &worst), 1e-5) << worst;
+
+    std::ifstream tf(dir / "trace.json");
+    ASSERT_TRUE(tf.good());
+    auto trace = nlohmann::json::parse(tf);
+    std::set<int> pids;
+    int counters = 0, spans = 0;
+    for (const auto& ev : trace["traceEvents"]) {
+      if (ev["ph"] == "X") {
+        pids.insert(ev["pid"].get<int>());
+        ++spans;
+        EXPECT_GE(ev["dur"].get<double>(), 0.0);
+      }
+      if (ev["ph"] == "C") ++counters;
+    }
+    const int D = sched == "pipefb-sync" ? 4 : 2;
+    EXPECT_EQ(static_cast<int>(pids.size()), D);  // one track per device
+    EXPECT_EQ(spans, static_cast<int>(t.pipeline()->schedule().numActions()));
+    EXPECT_GT(counters, 0);
+
+    std::ifstream sf(dir / "summary.json");
+    auto summary = nlohmann::json::parse(sf);
+    EXPECT_EQ(summary["devices"].size(), static_cast<size_t>(D + 1));  // + host
+    EXPECT_GT(summary["devices"][0]["peak_by_category"]["weights"].get<int64_t>(), 0);
+    EXPECT_GT(summary["pipeline"]["devices"][0]["category_peaks"]["stash"].get<int64_t>(), 0);
+  }
+}

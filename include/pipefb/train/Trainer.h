@@ -17,6 +17,9 @@
 namespace pipefb::memory {
 class MemoryDomain;
 }
+namespace pipefb::runtime {
+class PipelineEngine;
+}
 
 namespace pipefb::train {
 
@@ -57,7 +60,10 @@ class Trainer {
   std::pair<double, double> evaluate(data::Dataset& test);
 
   model::Model& model() { return *model_; }
+  /// Single-device only (a pipeline has one optimizer per stage, in the engine).
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  /// The pipeline runtime when pipeline.schedule is not none, else null.
+  runtime::PipelineEngine* pipeline() { return engine_.get(); }
   const config::Config& config() const { return config_; }
   int64_t totalSteps() const { return totalSteps_; }
 
@@ -72,6 +78,7 @@ class Trainer {
   int64_t totalSteps_ = 0;
   int64_t stepsDone_ = 0;
   memory::MemoryDomain* device_ = nullptr;  // cpu:0
+  std::unique_ptr<runtime::PipelineEngine> engine_;  // pipeline.schedule != none
 };
 
 /// Number of optimizer steps a config asks for: training.iterations when set,
