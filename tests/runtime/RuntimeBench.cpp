@@ -1,0 +1,122 @@
+// Benchmark of issue 4 (printed, not asserted):
+//  1. VGG16 width 1/4, batch 32, Fashion-MNIST shapes (1x32x32, 10 classes): a 2-device
+//     1f1b pipeline (one intra-op thread per device) against plain LibTorch with 2
+//     intra-op threads, in one run.
+//  2. The measured iteration time against the simulator's, from the measured per-action
+//     costs of the same run.
+// Usage: runtime_bench [microbatches=4] [iterations=20] [schedule=1f1b] [stash=keep]
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/sim/Simulator.h"
+#include "pipefb/train/Optimizer.h"
+
+using namespace pipefb;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  const int M = argc > 1 ? std::atoi(argv[1]) : 4;
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 20;
+  const std::string sched = argc > 3 ? argv[3] : "1f1b";
+  const std::string stash = argc > 4 ? argv[4] : "keep";
+  const int warm = 3;
+  memory::installTrackingAllocator();
+  config::Config c;
+  c.model.name = "vgg16";
+  c.model.width = 0.25;
+  c.model.input_size = 32;
+  c.model.channels = 1;
+  c.model.num_classes = 10;
+  c.training.batch = 32;
+  c.training.lr = 0.01;
+  c.pipeline.schedule = sched;
+  c.pipeline.microbatches = M;
+  c.pipeline.stash = stash;
+  c.devices.count = sched.rfind("pipefb", 0) == 0 ? 4 : 2;
+  torch::manual_seed(0);
+  auto x = torch::randn({32, 1, 32, 32});
+  auto y = torch::randint(10, {32}, torch::kLong);
+  data::Batch batch{x, y};
+
+  // Plain LibTorch, 2 intra-op threads, whole batch.
+  double plain = 0;
+  {
+    at::set_num_threads(2);
+    auto m = model::buildModel(c.model);
+    auto opt = train::makeOptimizer(c.training, m->parameters());
+    auto t0 = Clock::now();
+    for (int i = 0; i < warm + iters; ++i) {
+      if (i == warm) t0 = Clock::now();
+      opt->zero_grad();
+      m->loss(m->forward(x), y).backward();
+      opt->step();
+    }
+    plain = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  }
+
+  // The pipeline.
+  at::set_num_threads(1);
+  auto m = model::buildModel(c.model);
+  runtime::EngineOptions o;
+  o.iterations = warm + iters;
+  o.recordMemoryEvents = false;
+  runtime::PipelineEngine e(*m, c, o);
+  auto t0 = Clock::now();
+  for (int i = 0; i < warm + iters; ++i) {
+    if (i == warm) t0 = Clock::now();
+    e.step(batch);
+  }
+  e.finish();
+  const double piped = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+
+  // Simulator from the measured per-action costs (steady-state iterations only). The
+  // runtime copies on the sender's compute thread, so SA/SG time is added to F/B and
+  // links are free.
+  const auto& s = e.schedule();
+  const auto recs = e.records();
+  const int S = s.numStages;
+  std::vector<double> f(S), b(S), st(S), sa(S), sg(S);
+  std::vector<int> nf(S), nb(S), nst(S), nsa(S), nsg(S);
+  for (size_t d = 0; d < recs.size(); ++d)
+    for (const auto& r : recs[d]) {
+      const auto& a = s.devices[d][r.index];
+      const int mb = a.index;
+      const bool steady = (a.type == schedules::ActionType::Step ? a.index : mb / M) >= warm;
+      if (!steady) continue;
+      const double t = (r.endNs - r.startNs) * 1e-9;
+      switch (a.type) {
+        case schedules::ActionType::Forward: f[a.stage] += t; ++nf[a.stage]; break;
+        case schedules::ActionType::Backward: b[a.stage] += t; ++nb[a.stage]; break;
+        case schedules::ActionType::Step: st[a.stage] += t; ++nst[a.stage]; break;
+        case schedules::ActionType::SendAct: sa[a.stage] += t; ++nsa[a.stage]; break;
+        case schedules::ActionType::SendGrad: sg[a.stage] += t; ++nsg[a.stage]; break;
+        default: break;
+      }
+    }
+  auto mean = [](double v, int n) { return n ? v / n : 0.0; };
+  sim::CostTable costs = sim::CostTable::uniform(S);
+  for (int i = 0; i < S; ++i) {
+    costs.stages[i].forward = mean(f[i], nf[i]) + mean(sa[i], nsa[i]);
+    costs.stages[i].backward = mean(b[i], nb[i]) + mean(sg[i], nsg[i]);
+    costs.stages[i].recompute = 0;  // BR's measured time already includes it
+    costs.stages[i].step = mean(st[i], nst[i]);
+    std::printf("stage %d: F %.2f ms, B %.2f ms, SA %.3f ms, SG %.3f ms, STEP %.2f ms\n", i,
+                1e3 * mean(f[i], nf[i]), 1e3 * mean(b[i], nb[i]), 1e3 * mean(sa[i], nsa[i]),
+                1e3 * mean(sg[i], nsg[i]), 1e3 * mean(st[i], nst[i]));
+  }
+  auto simr = sim::simulate(s, costs);
+  std::printf("vgg16 w=0.25 batch 32 1x32x32, %s %d stages x %d microbatches, stash %s\n",
+              sched.c_str(), S, M, stash.c_str());
+  std::printf("plain LibTorch (2 intra-op threads): %.2f ms/iteration, %.1f samples/s\n",
+              1e3 * plain, 32 / plain);
+  std::printf("pipeline (%d devices, 1 thread each):   %.2f ms/iteration, %.1f samples/s\n",
+              e.numDevices(), 1e3 * piped, 32 / piped);
+  std::printf("speed-up pipeline / plain: %.3fx (goal >= 1.15x)\n", plain / piped);
+  std::printf("simulated iteration time from measured costs: %.2f ms (bubble %.3f)\n",
+              1e3 * simr.iterationTime, simr.bubbleFraction);
+  std::printf("measured / simulated: %.3fx (goal <= 1.10x)\n", piped / simr.iterationTime);
+  return 0;
+}
