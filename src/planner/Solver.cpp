@@ -253,7 +253,7 @@ bool better(const Entry& a, const Entry& b) {
 std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
                                const std::vector<StashPolicy>& policiesIn,
                                const std::vector<std::int64_t>& limits, std::int64_t hostLimit,
-                               Objective objective) {
+                               Objective objective, double bound) {
   const int L = model.numLayers(), S = shape.stages;
   if (S < 1 || S > L) return std::nullopt;
   // Effective policies, deduplicated (a split stage cannot keep; Lowering.h).
@@ -281,16 +281,18 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     const int stage = k - 1;
     for (int j = k; j <= L - (S - k); ++j) {
       cand.clear();
-      Entry best;  // scalar mode
+      Entry best;  // scalar mode; prevI < 0 while nothing was found
+      best.score = bound;
       std::int64_t maxWorking = 0;
       for (int i = j - 1; i >= k - 1; --i) {
         maxWorking = std::max(maxWorking, model.workingBytes(i));
         const double lb = objective == Objective::Time
                               ? model.computeLowerBound(shape, stage, i, j)
                               : double(model.memoryLowerBound(shape, stage, i, j, maxWorking));
-        if (!pareto && lb >= best.score) break;  // the stage only grows from here
+        if (lb >= (pareto ? bound : best.score)) break;  // the stage only grows from here
         const auto& prev = cell(k - 1, i);
         if (prev.empty()) continue;
+        if (!pareto && prev.front().score >= best.score) continue;
         for (StashPolicy p : policies) {
           StageEstimate e = model.stage(shape, stage, i, j, p, maxWorking);
           if (!fits(e, stage)) continue;
@@ -307,7 +309,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
             n.prevIdx = idx;
             n.policy = p;
             if (pareto) {
-              if (n.host > hostLimit) continue;
+              if (n.host > hostLimit || n.score >= bound) continue;
               cand.push_back(n);
             } else if (better(n, best)) {
               best = n;
@@ -317,7 +319,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
       }
       auto& out = cell(k, j);
       if (!pareto) {
-        if (best.score < kInf) out.push_back(best);
+        if (best.prevI >= 0) out.push_back(best);
         continue;
       }
       // Pareto front of (score, host): sort by score (then tie, host), keep strictly
@@ -445,8 +447,15 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   for (const Job& job : jobs) {
     if (top.size() >= keep && job.bound >= objectiveOf(top.back(), options.objective)) break;
     ++res.shapesSolved;
+    // Cap the DP at the pace (or peak) that would tie the worst kept candidate.
+    double bound = kInf;
+    if (top.size() >= keep) {
+      const double worst = objectiveOf(top.back(), options.objective);
+      bound = options.objective == Objective::Time ? worst / job.shape.iterationTime(1.0) : worst;
+      bound *= 1 + 1e-12;
+    }
     auto plan = solveShape(model, job.shape, job.family->policies, limits, hostLimit,
-                           options.objective);
+                           options.objective, bound);
     if (!plan) continue;
     plan->family = job.family->name;
     const double v = objectiveOf(*plan, options.objective);

@@ -14,7 +14,9 @@
 // sum constraint; the DP then keeps, per cell, the Pareto front of (tau, host bytes),
 // which is exact too. The scan over i stops once CostModel::computeLowerBound (which only
 // grows with the stage) reaches the cell's best, and shapes are visited by a lower bound
-// of their iteration time and skipped once it cannot beat the best found.
+// of their iteration time and skipped once it cannot beat the best found. The best found
+// so far also caps every cell of the next shape's DP (a stage or prefix slower than the
+// pace that would tie it is never extended), which keeps 1000 layers x 64 devices fast.
 // Chains: ordered selections of distinct devices. Devices that can be swapped without
 // changing any cost (same speed, capacity, host link, and link rows/columns) form
 // classes, and the solver enumerates chains up to those swaps, which is exhaustive
@@ -22,6 +24,7 @@
 // SolverOptions::maxChains, it falls back to greedy chains (highest-bandwidth next hop
 // from every start device, and the cluster order) and says so in the result.
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -106,10 +109,13 @@ struct SolveResult {
 
 /// The DP for one shape (no pruning across shapes). Returns the best plan, or nullopt.
 /// `limits` per cluster device (-1 = unlimited), `hostLimit` (-1 = unlimited).
+/// `bound`: only plans whose pace (Time) or peak (Memory) is below it are of interest; the
+/// DP prunes with it (Note [Solver search]).
 std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
                                const std::vector<StashPolicy>& policies,
                                const std::vector<std::int64_t>& limits,
-                               std::int64_t hostLimit, Objective objective);
+                               std::int64_t hostLimit, Objective objective,
+                               double bound = std::numeric_limits<double>::infinity());
 
 /// The whole search. With objective Time and nothing feasible, also searches for the
 /// smallest feasible budget (objective Memory).
