@@ -5,8 +5,8 @@
 //
 // Both sides use the same layers, the same optimizer type and the same data; the
 // plain loop is what a user would write by hand: zero_grad, forward, cross
-// entropy, backward, step. Rounds alternate (pipefb, plain, pipefb, ...) so that
-// drift in the machine hits both alike. Prints the median step time of each and
+// entropy, backward, step. Rounds alternate in ABBA order so that drift in the
+// machine and cache effects hit both alike. Prints the median step time of each and
 // the ratio plain/pipefb (1.0 = no overhead; the goal is >= 0.97).
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -72,15 +72,21 @@ int main(int argc, char** argv) {
     trainer.step(b);
     plainStep();
   }
+  // ABBA order: each side runs first in half of the rounds.
   std::vector<double> tp, tl;
-  for (int64_t i = 0; i < steps; ++i) {
+  auto timed = [](auto&& f) {
     auto t0 = Clock::now();
-    trainer.step(b);
-    auto t1 = Clock::now();
-    plainStep();
-    auto t2 = Clock::now();
-    tp.push_back(std::chrono::duration<double>(t1 - t0).count());
-    tl.push_back(std::chrono::duration<double>(t2 - t1).count());
+    f();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  for (int64_t i = 0; i < steps; ++i) {
+    if (i % 2 == 0) {
+      tp.push_back(timed([&] { trainer.step(b); }));
+      tl.push_back(timed(plainStep));
+    } else {
+      tl.push_back(timed(plainStep));
+      tp.push_back(timed([&] { trainer.step(b); }));
+    }
   }
   double mp = median(tp), ml = median(tl);
   std::printf("model %s width %g batch %lld, %lld steps each, %d intra-op threads\n",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipefb/model/Model.h"
+#include "TestUtil.h"
 
 namespace pipefb::model {
 namespace {
@@ -27,30 +28,14 @@ std::vector<std::string> torchvisionKeys(const std::string& name) {
       "m = getattr(torchvision.models, sys.argv[1])(weights=None)\n"
       "for k, v in m.state_dict().items():\n"
       "    print(k, ','.join(str(d) for d in v.shape) or '-')\n";
-  const std::string cmd = "/usr/bin/python3 -c \"" + script + "\" " + name + " 2>&1";
+  const auto r = pipefb::test::runCommand("/usr/bin/python3 -c \"" + script + "\" " + name);
+  EXPECT_EQ(r.code, 0) << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
+                       << r.out;
   std::vector<std::string> lines;
-  std::string all;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed for /usr/bin/python3";
-    return lines;
-  }
-  std::array<char, 4096> buf{};
-  std::string line;
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) {
-    line += buf.data();
-    if (!line.empty() && line.back() == '\n') {
-      line.pop_back();
-      lines.push_back(line);
-      all += line + "\n";
-      line.clear();
-    }
-  }
-  const int status = pclose(pipe);
-  EXPECT_EQ(status, 0)
-      << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
-      << all;
-  return status == 0 ? lines : std::vector<std::string>{};
+  if (r.code != 0) return lines;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
 }
 
 void expectSameKeys(const std::string& name) {

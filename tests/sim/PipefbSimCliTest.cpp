@@ -11,29 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "TestUtil.h"
+
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout + stderr
-};
+using CliRun = pipefb::test::CommandResult;
 
-CliRun pipefbSim(const std::string& args) {
-  std::string cmd = std::string(PIPEFB_BINARY_DIR) + "/pipefb_sim " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+CliRun pipefbSim(const std::string& args) { return pipefb::test::runProgram("pipefb_sim " + args); }
 
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+int lines(const std::string& s) { return static_cast<int>(pipefb::test::countLines(s)); }
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/train/Checkpoint.h"
 #include "pipefb/train/Optimizer.h"
+#include "TestUtil.h"
 
 using namespace pipefb;
 namespace fs = std::filesystem;
@@ -34,18 +35,6 @@ std::string readFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-// Runs a command, returns its stdout; sets *status to the exit status.
-std::string run(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  *status = pclose(f);
-  return out;
 }
 
 }  // namespace
@@ -174,13 +163,12 @@ TEST(Checkpoint, LoadsIntoTorchvisionResnet50InPython) {
   train::saveStateDict(path, m->stateDict());
   double sum = 0;
   for (auto& [k, v] : m->stateDict()) sum += v.to(torch::kDouble).sum().item<double>();
-  int status = -1;
-  std::string out = run(
+  auto r = pipefb::test::runCommand(
       "/usr/bin/python3 -c \"import torch, torchvision; d = torch.load('" + path +
           "'); m = torchvision.models.resnet50(); r = m.load_state_dict(d, strict=True); "
-          "print(len(d), sum(float(v.double().sum()) for v in d.values()))\" 2>&1",
-      &status);
-  ASSERT_EQ(status, 0) << out;
+          "print(len(d), sum(float(v.double().sum()) for v in d.values()))\"");
+  const std::string& out = r.out;
+  ASSERT_EQ(r.code, 0) << out;
   std::istringstream is(out);
   size_t n = 0;
   double pySum = 0;

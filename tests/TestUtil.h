@@ -1,0 +1,41 @@
+#pragma once
+// Helpers shared by the tests that run programs (pipefb_train, pipefb_sim,
+// /usr/bin/python3) the way a user does.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace pipefb::test {
+
+struct CommandResult {
+  int code = -1;    // exit code, or 128 + signal
+  std::string out;  // stdout and stderr, interleaved
+};
+
+/// Runs `command` through the shell with stderr folded into stdout.
+inline CommandResult runCommand(const std::string& command) {
+  CommandResult r;
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+/// Runs build/<program-and-args>.
+inline CommandResult runProgram(const std::string& programAndArgs) {
+  return runCommand(std::string(PIPEFB_BINARY_DIR) + "/" + programAndArgs);
+}
+
+/// Number of '\n' in `s`.
+inline size_t countLines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace pipefb::test
