@@ -48,8 +48,8 @@ std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int6
     if (c <= first || c >= L)
       throw UserError("pipeline.partition: cut point " + std::to_string(c) +
                       " is out of order or out of range; allowed: strictly increasing layer "
-                      "indices in 1.." + std::to_string(L - 1) + " (the model has " +
-                      std::to_string(L) + " layers)");
+                      "indices in 1.." +
+                      std::to_string(L - 1) + " (the model has " + std::to_string(L) + " layers)");
     out.push_back({first, c});
     first = c;
   }

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -11,7 +12,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <algorithm>
 #include <thread>
 #include <tuple>
 
@@ -103,7 +103,9 @@ void collectTensors(const std::vector<std::shared_ptr<model::Layer>>& layers,
 class ShellPool {
  public:
   ShellPool(model::ModelOptions options, std::vector<StageRange> partition, bool training)
-      : options_(std::move(options)), partition_(std::move(partition)), training_(training),
+      : options_(std::move(options)),
+        partition_(std::move(partition)),
+        training_(training),
         free_(partition_.size()) {}
 
   std::unique_ptr<Shell> acquire(int stage) {
@@ -166,7 +168,8 @@ ReplicaPtr makeReplica(const std::shared_ptr<ShellPool>& pool, int stage, int ve
   {
     memory::MemoryScope scope(domain, category);
     torch::NoGradGuard noGrad;
-    for (size_t i = 0; i < params.size(); ++i) shell->params[i].set_data(params[i].detach().clone());
+    for (size_t i = 0; i < params.size(); ++i)
+      shell->params[i].set_data(params[i].detach().clone());
     for (size_t i = 0; i < buffers.size(); ++i)
       shell->buffers[i].set_data(buffers[i].detach().clone());
   }
@@ -283,8 +286,8 @@ V takeFrom(std::map<Key, V>& m, Key k, const char* what) {
 struct DeviceState {
   int id = 0;
   memory::MemoryDomain* domain = nullptr;
-  std::map<Key, Tensor> acts;   // stage outputs made here or received: (stage, mb)
-  std::map<Key, Tensor> grads;  // gradients w.r.t. a stage's input: (stage, mb)
+  std::map<Key, Tensor> acts;     // stage outputs made here or received: (stage, mb)
+  std::map<Key, Tensor> grads;    // gradients w.r.t. a stage's input: (stage, mb)
   std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
@@ -305,10 +308,10 @@ struct StageState {
   int masterVersion = 0;
   // Note [Weights, versions and replicas]: per microbatch, the weight version F and B see.
   std::vector<int> fVersion, bVersion;
-  std::weak_ptr<Replica> snapshot;          // same device: the snapshot of the current version
-  std::map<int, ReplicaPtr> versions;       // split + checkpoint: kept on bDev
-  std::map<int, int> lastUse;               // version -> last microbatch whose B needs it
-  int64_t stashBytesPerMb = -1;             // measured at the first F
+  std::weak_ptr<Replica> snapshot;     // same device: the snapshot of the current version
+  std::map<int, ReplicaPtr> versions;  // split + checkpoint: kept on bDev
+  std::map<int, int> lastUse;          // version -> last microbatch whose B needs it
+  int64_t stashBytesPerMb = -1;        // measured at the first F
 };
 
 int64_t tensorBytes(const Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
@@ -335,10 +338,10 @@ struct PipelineEngine::Impl {
   // Progress, failure and losses: guarded by mu_.
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<int> done;                   // actions finished per device
-  std::vector<std::vector<int>> need;      // [device][iteration]: actions that end it
+  std::vector<int> done;               // actions finished per device
+  std::vector<std::vector<int>> need;  // [device][iteration]: actions that end it
   int64_t progress = 0;
-  std::vector<double> loss;                // per iteration
+  std::vector<double> loss;  // per iteration
   std::vector<int> lossCount;
   struct Failure {
     int device = -1;
@@ -458,8 +461,8 @@ void PipelineEngine::Impl::build() {
   } else {
     if (S > L)
       throw UserError(config.source + ": pipeline.stages: " + std::to_string(S) +
-                      " stages but model " + config.model.name + " has only " +
-                      std::to_string(L) + " layers; allowed: 1.." + std::to_string(L) +
+                      " stages but model " + config.model.name + " has only " + std::to_string(L) +
+                      " layers; allowed: 1.." + std::to_string(L) +
                       " (lower pipeline.stages or devices.count)");
     std::vector<int64_t> costs;
     for (const auto& l : model.layers()) {
@@ -475,8 +478,8 @@ void PipelineEngine::Impl::build() {
         for (int64_t i = r.first; i < r.last; ++i) b += costs[i];
         sizes += (sizes.empty() ? "" : ", ") + std::to_string(b / 1024) + " KiB";
       }
-      spdlog::info("pipeline: partition balanced by parameter bytes: {} ({})",
-                   toString(partition), sizes);
+      spdlog::info("pipeline: partition balanced by parameter bytes: {} ({})", toString(partition),
+                   sizes);
     }
   }
 
@@ -488,9 +491,10 @@ void PipelineEngine::Impl::build() {
   schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
   if (options.log)
-    spdlog::info("pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
-                 "{} iterations, {} actions",
-                 kind, S, M, D, placement.toString(), p.stash, K, plan.schedule.numActions());
+    spdlog::info(
+        "pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
+        "{} iterations, {} actions",
+        kind, S, M, D, placement.toString(), p.stash, K, plan.schedule.numActions());
 
   // Devices.
   memory::installTrackingAllocator();
@@ -576,6 +580,7 @@ void PipelineEngine::Impl::workerMain(int d) {
     current[d] = i;
     try {
       fetchExternal(dev, a);  // waiting for step() is not part of the action
+      if (options.beforeAction) options.beforeAction(d, i);
       int64_t start = memory::nowNs();
       execute(dev, a);
       int64_t end = memory::nowNs();
@@ -614,8 +619,7 @@ void PipelineEngine::Impl::fail(int d, int i, std::exception_ptr e) {
 // Inputs and targets come from step(); the wait for them is idle time, not the action.
 void PipelineEngine::Impl::fetchExternal(DeviceState& dev, const Action& a) {
   if (a.type == ActionType::Forward && a.stage == 0 && !dev.inputs.count({0, a.index}))
-    dev.inputs[{0, a.index}] =
-        channels.take({Chan::Input, 0, a.index, dev.id}).tensors.at(0);
+    dev.inputs[{0, a.index}] = channels.take({Chan::Input, 0, a.index, dev.id}).tensors.at(0);
   if (a.type == ActionType::Backward && a.stage == S - 1 && !dev.targets.count({S - 1, a.index}))
     dev.targets[{S - 1, a.index}] =
         channels.take({Chan::Target, S - 1, a.index, dev.id}).tensors.at(0);
@@ -840,8 +844,7 @@ void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
 }
 
 void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
-  dev.acts[{a.stage, a.index}] =
-      channels.take({Chan::Act, a.stage, a.index, dev.id}).tensors.at(0);
+  dev.acts[{a.stage, a.index}] = channels.take({Chan::Act, a.stage, a.index, dev.id}).tensors.at(0);
 }
 
 void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
@@ -881,8 +884,7 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
 
 void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights) return;  // versions are freed with their last stash
-  if (!dev.stashes.erase({a.stage, a.index}))
-    channels.tryTake({Chan::Stash, a.stage, a.index, -1});
+  if (!dev.stashes.erase({a.stage, a.index})) channels.tryTake({Chan::Stash, a.stage, a.index, -1});
 }
 
 void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
@@ -1068,12 +1070,12 @@ double PipelineEngine::step(const data::Batch& batch) {
   const int first = I.stages[0].fDev, last = I.stages[I.S - 1].bDev;
   for (int j = 0; j < I.M; ++j) {
     const int mb = static_cast<int>(k) * I.M + j;
-    I.channels.put({Chan::Input, 0, mb, first},
-                   {{copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers)},
-                    nullptr});
-    I.channels.put({Chan::Target, I.S - 1, mb, last},
-                   {{copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers)},
-                    nullptr});
+    I.channels.put(
+        {Chan::Input, 0, mb, first},
+        {{copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers)}, nullptr});
+    I.channels.put(
+        {Chan::Target, I.S - 1, mb, last},
+        {{copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers)}, nullptr});
   }
   ++I.fed;
   const bool lastIteration = k + 1 == I.K;
@@ -1133,7 +1135,8 @@ std::vector<DeviceStats> PipelineEngine::deviceStats() const {
     d.live = st.bytes.current;
     d.peak = st.bytes.peak;
     d.atPeak = st.bytes_at_peak;
-    for (size_t c = 0; c < kNumMemoryCategories; ++c) d.peakByCategory[c] = st.category_bytes[c].peak;
+    for (size_t c = 0; c < kNumMemoryCategories; ++c)
+      d.peakByCategory[c] = st.category_bytes[c].peak;
     return d;
   };
   std::lock_guard<std::mutex> lock(I.mu);
@@ -1149,8 +1152,7 @@ std::vector<DeviceStats> PipelineEngine::deviceStats() const {
 
 std::vector<int64_t> PipelineEngine::peakStashBytes() const {
   std::vector<int64_t> out;
-  for (auto& dev : impl_->devices)
-    out.push_back(dev.domain->stats()[MemoryCategory::Stash].peak);
+  for (auto& dev : impl_->devices) out.push_back(dev.domain->stats()[MemoryCategory::Stash].peak);
   return out;
 }
 
@@ -1177,14 +1179,16 @@ void PipelineEngine::writeTrace(const std::string& path) const {
   for (int d = 0; d <= I.D; ++d) {
     const std::string name = d < I.D ? I.devices[d].domain->name() : std::string("host");
     ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", d}, {"args", {{"name", name}}}});
-    ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", d},
-                  {"args", {{"sort_index", d}}}});
+    ev.push_back(
+        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", d}, {"args", {{"sort_index", d}}}});
     if (d < I.D)
-      ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", d}, {"tid", 0},
+      ev.push_back({{"ph", "M"},
+                    {"name", "thread_name"},
+                    {"pid", d},
+                    {"tid", 0},
                     {"args", {{"name", "compute"}}}});
   }
-  auto counter = [&](int pid, const std::string& name, int64_t ns,
-                     const memory::CategoryBytes& b) {
+  auto counter = [&](int pid, const std::string& name, int64_t ns, const memory::CategoryBytes& b) {
     json args = json::object();
     for (MemoryCategory c : kAllMemoryCategories) args[toString(c)] = b[index(c)];
     ev.push_back({{"ph", "C"}, {"name", name}, {"pid", pid}, {"ts", us(ns)}, {"args", args}});
@@ -1248,10 +1252,11 @@ std::string PipelineEngine::summaryJson() const {
   json j = {{"schedule", impl_->kind},
             {"partition", toString(impl_->partition)},
             {"devices", devs},
-            {"contract", {{"in_flight", c.inFlight},
-                          {"resident_forward", c.residentForward},
-                          {"resident_backward", c.residentBackward},
-                          {"weight_versions", c.weightVersions}}},
+            {"contract",
+             {{"in_flight", c.inFlight},
+              {"resident_forward", c.residentForward},
+              {"resident_backward", c.residentBackward},
+              {"weight_versions", c.weightVersions}}},
             {"stash_bytes_per_microbatch", stashBytesPerMicrobatch()}};
   return j.dump(2);
 }

@@ -1,7 +1,5 @@
 // The pipeline runtime against single-device training (DESIGN.md, "Correctness"), its
 // memory contract, its errors and its trace.
-#include "pipefb/runtime/PipelineEngine.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,9 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/train/Optimizer.h"
 
 using namespace pipefb;
@@ -49,7 +49,7 @@ model::ModelOptions gpt2Options() {
   model::ModelOptions o;
   o.name = "gpt2";
   o.size = "tiny";
-  o.input_size = 8;   // T
+  o.input_size = 8;    // T
   o.num_classes = 32;  // V
   return o;
 }
@@ -179,7 +179,8 @@ void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
           for (int k = 0; k < kIters; ++k) {
             double want = ref.step(batches[k], kIters);
             double got = engine.step(batches[k]);
-            EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << "loss of iteration " << k;
+            EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want)))
+                << "loss of iteration " << k;
             if (k == 0) {
               std::string worst;
               double e = maxRelErr(*model, *ref.model, /*grads=*/true, &worst);
@@ -269,9 +270,7 @@ TEST(PipelineEquivalence, Resnet50) {
   checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {2, 3, 4}, {2, 4});
 }
 
-TEST(PipelineEquivalence, Gpt2) {
-  checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2, 4});
-}
+TEST(PipelineEquivalence, Gpt2) { checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2, 4}); }
 
 namespace {
 model::ModelOptions wideMlp() {
@@ -400,7 +399,8 @@ TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
     std::vector<int64_t> idx(test->size());
     for (int64_t i = 0; i < test->size(); ++i) idx[i] = i;
     auto b = test->get(idx);
-    double acc = model->forward(b.input).argmax(-1).eq(b.target).to(torch::kFloat).mean().item<double>();
+    double acc =
+        model->forward(b.input).argmax(-1).eq(b.target).to(torch::kFloat).mean().item<double>();
     std::cout << sched << "/" << stash << ": loss " << first << " -> " << last << ", accuracy "
               << acc << "\n";
     EXPECT_LT(last, first) << sched;
@@ -418,8 +418,8 @@ TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
 
 TEST(TrainerPipeline, ScheduleMatchesSingleDeviceAndWritesTrace) {
   auto cfgFor = [](const std::string& sched, const std::string& dir) {
-    std::vector<std::string> sets = {"output.dir=" + dir, "output.progress=false",
-                                     "training.iterations=5", "training.eval=false",
+    std::vector<std::string> sets = {"output.dir=" + dir,         "output.progress=false",
+                                     "training.iterations=5",     "training.eval=false",
                                      "training.checkpoint=false", "pipeline.microbatches=4"};
     if (sched != "none") {
       sets.push_back("pipeline.schedule=" + sched);
@@ -465,4 +465,55 @@ TEST(TrainerPipeline, ScheduleMatchesSingleDeviceAndWritesTrace) {
     EXPECT_GT(summary["devices"][0]["peak_by_category"]["weights"].get<int64_t>(), 0);
     EXPECT_GT(summary["pipeline"]["devices"][0]["category_peaks"]["stash"].get<int64_t>(), 0);
   }
+}
+
+TEST(PipelineErrors, FirstWorkerErrorIsReraisedWithTheGrid) {
+  auto cfg = makeConfig(mlpOptions(), "1f1b", 3, 4, "keep", 8);
+  auto model = buildSeeded(cfg.model);
+  auto opts = quietOptions(2);
+  runtime::PipelineEngine probe(*model, cfg, opts);  // to find B1.0 on device 1
+  int target = -1;
+  const auto& list = probe.schedule().devices[1];
+  for (int i = 0; i < static_cast<int>(list.size()); ++i)
+    if (schedules::toString(list[i]) == "B1.0") target = i;
+  ASSERT_GE(target, 0);
+  opts.beforeAction = [target](int d, int i) {
+    if (d == 1 && i == target) throw std::runtime_error("injected failure");
+  };
+  auto model2 = buildSeeded(cfg.model);
+  runtime::PipelineEngine e(*model2, cfg, opts);
+  try {
+    e.step(makeBatch(*model2, 8, 5, 1));
+    FAIL() << "expected a PipelineError";
+  } catch (const runtime::PipelineError& err) {
+    const std::string what = err.what();
+    EXPECT_EQ(err.device(), 1);
+    EXPECT_EQ(err.actionIndex(), target);
+    EXPECT_NE(what.find("injected failure"), std::string::npos) << what;
+    EXPECT_NE(what.find("[*B1.0*]"), std::string::npos) << what;
+    EXPECT_NE(what.find("cpu:1"), std::string::npos) << what;
+    EXPECT_TRUE(err.cause() != nullptr);
+  }
+  EXPECT_THROW(e.step(makeBatch(*model2, 8, 5, 2)), std::logic_error);
+}
+
+TEST(PipelineErrors, WatchdogReportsAStall) {
+  auto cfg = makeConfig(mlpOptions(), "gpipe", 2, 2, "keep", 8);
+  auto model = buildSeeded(cfg.model);
+  auto opts = quietOptions(1);
+  opts.stallTimeoutSeconds = 0.3;
+  opts.beforeAction = [](int d, int i) {
+    if (d == 0 && i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  };
+  runtime::PipelineEngine e(*model, cfg, opts);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    e.step(makeBatch(*model, 8, 5, 1));
+    FAIL() << "expected a stall";
+  } catch (const runtime::PipelineError& err) {
+    const std::string what = err.what();
+    EXPECT_NE(what.find("stalled"), std::string::npos) << what;
+    EXPECT_NE(what.find("[*"), std::string::npos) << what;  // where each device waits
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
 }

@@ -88,12 +88,28 @@ int main(int argc, char** argv) {
       if (!steady) continue;
       const double t = (r.endNs - r.startNs) * 1e-9;
       switch (a.type) {
-        case schedules::ActionType::Forward: f[a.stage] += t; ++nf[a.stage]; break;
-        case schedules::ActionType::Backward: b[a.stage] += t; ++nb[a.stage]; break;
-        case schedules::ActionType::Step: st[a.stage] += t; ++nst[a.stage]; break;
-        case schedules::ActionType::SendAct: sa[a.stage] += t; ++nsa[a.stage]; break;
-        case schedules::ActionType::SendGrad: sg[a.stage] += t; ++nsg[a.stage]; break;
-        default: break;
+        case schedules::ActionType::Forward:
+          f[a.stage] += t;
+          ++nf[a.stage];
+          break;
+        case schedules::ActionType::Backward:
+          b[a.stage] += t;
+          ++nb[a.stage];
+          break;
+        case schedules::ActionType::Step:
+          st[a.stage] += t;
+          ++nst[a.stage];
+          break;
+        case schedules::ActionType::SendAct:
+          sa[a.stage] += t;
+          ++nsa[a.stage];
+          break;
+        case schedules::ActionType::SendGrad:
+          sg[a.stage] += t;
+          ++nsg[a.stage];
+          break;
+        default:
+          break;
       }
     }
   auto mean = [](double v, int n) { return n ? v / n : 0.0; };

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -49,18 +50,21 @@ struct EngineOptions {
   int64_t traceIterations = 2;
   /// Log the partition and the schedule shape (spdlog info).
   bool log = true;
+  /// Fault injection for tests: called on the device's worker thread before each of its
+  /// actions (device, index into schedule().devices[device]). May throw or sleep.
+  std::function<void(int, int)> beforeAction;
 };
 
 /// Measured memory of one device (or the host pool) since the engine was built.
 struct DeviceStats {
-  std::string name;              // "cpu:1", "host"
-  int64_t capacity = -1;         // bytes, -1 = unlimited
-  int64_t live = 0;              // bytes now
-  int64_t peak = 0;              // bytes
+  std::string name;                        // "cpu:1", "host"
+  int64_t capacity = -1;                   // bytes, -1 = unlimited
+  int64_t live = 0;                        // bytes now
+  int64_t peak = 0;                        // bytes
   memory::CategoryBytes atPeak{};          // breakdown at the instant of the peak
   memory::CategoryBytes peakByCategory{};  // each category's own peak
-  double busySeconds = 0;        // time inside F/B/STEP
-  int64_t actions = 0;           // actions executed
+  double busySeconds = 0;                  // time inside F/B/STEP
+  int64_t actions = 0;                     // actions executed
 };
 
 /// One executed action (times on memory::nowNs()'s clock).
@@ -75,8 +79,7 @@ struct ActionRecord {
 /// shows the step x device grid with it marked.
 class PipelineError : public std::runtime_error {
  public:
-  PipelineError(const std::string& message, int device, int actionIndex,
-                std::exception_ptr cause);
+  PipelineError(const std::string& message, int device, int actionIndex, std::exception_ptr cause);
   int device() const { return device_; }
   int actionIndex() const { return actionIndex_; }
   /// The worker's original exception (null for a stall).
