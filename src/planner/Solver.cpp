@@ -269,6 +269,86 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     return (limits[fd] < 0 || total(e.forwardMemory) <= limits[fd]) &&
            (limits[bd] < 0 || total(e.backwardMemory) <= limits[bd]);
   };
+  // A greedy plan (cuts balancing the compute lower bound, the fastest feasible policy
+  // per stage) gives a finite cap when none was passed in. The DP then looks only for
+  // strictly better plans and falls back to the greedy one, so it stays exact.
+  std::optional<Plan> greedy;
+  if (bound == kInf) {
+    double totalLb = 0;
+    for (int k = 0; k < S; ++k) totalLb += model.computeLowerBound(shape, k, 0, L);
+    Plan g;
+    g.shape = shape;
+    int first = 0;
+    bool ok = true;
+    double greedyScore = 0;
+    for (int k = 0; k < S && ok; ++k) {
+      int last = first + 1;
+      const double target = model.computeLowerBound(shape, k, 0, L) * (double(L) / L) / S;
+      (void)totalLb;
+      while (last < L - (S - k - 1) &&
+             (k == S - 1 || model.computeLowerBound(shape, k, first, last + 1) <= target))
+        ++last;
+      if (k == S - 1) last = L;
+      StagePlan sp;
+      sp.first = first;
+      sp.last = last;
+      double bestC = kInf;
+      for (StashPolicy p : policies) {
+        StageEstimate e = model.stage(shape, k, first, last, p);
+        if (!fits(e, k)) continue;
+        const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
+        if (c < bestC) bestC = c, sp.policy = p;
+      }
+      if (bestC == kInf) ok = false;
+      greedyScore = std::max(greedyScore, bestC);
+      g.stages.push_back(sp);
+      first = last;
+    }
+    if (ok) {
+      evaluatePlan(model, g);
+      if (!pareto || g.hostBytes <= hostLimit) {
+        greedy = g;
+        bound = greedyScore;
+      }
+    }
+  }
+  // Memory-infeasible stages: the largest limit among the devices a stage may use.
+  std::int64_t maxLimit = -1;
+  bool anyUnlimited = false;
+  for (int d : shape.chain) {
+    if (limits[d] < 0) anyUnlimited = true;
+    maxLimit = std::max(maxLimit, limits[d]);
+  }
+  // Suffix reachability under the cap: need[j] = fewest stages that can cover [j, L) when
+  // every stage's compute lower bound on the chain's fastest device stays under the cap
+  // (greedy from the end, which is optimal for covering with a monotone bound). Cells
+  // (k, j) with need[j] > S - k cannot finish and are skipped.
+  std::vector<int> need(L + 1, 0);
+  if (bound < kInf && objective == Objective::Time) {
+    double vmax = 0;
+    for (int d : shape.chain) vmax = std::max(vmax, model.cluster().devices[d].speed);
+    const double f = model.scale(shape);
+    auto lbFast = [&](int a, int b) {
+      const double fw = model.forwardSum(a, b) * f, bw = model.backwardSum(a, b) * f;
+      return (isSplit(shape.kind) ? std::max(fw, bw) : fw + bw) / vmax;
+    };
+    int end = L;
+    int count = 0;
+    int startOfStage = L;  // the current greedy stage is [startOfStage, end)
+    for (int j = L - 1; j >= 0; --j) {
+      if (lbFast(j, end) >= bound) {
+        ++count;  // close [j+1, end)
+        end = j + 1;
+        if (lbFast(j, end) >= bound) {
+          for (int x = j; x >= 0; --x) need[x] = S + 1;  // layer j alone is too slow
+          break;
+        }
+      }
+      startOfStage = j;
+      need[j] = count + 1;
+    }
+    (void)startOfStage;
+  }
   const size_t W = static_cast<size_t>(L) + 1;
   std::vector<std::vector<Entry>> cells(static_cast<size_t>(S + 1) * W);
   auto cell = [&](int k, int j) -> std::vector<Entry>& { return cells[k * W + j]; };
@@ -280,6 +360,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   for (int k = 1; k <= S; ++k) {
     const int stage = k - 1;
     for (int j = k; j <= L - (S - k); ++j) {
+      if (need[j] > S - k) continue;
       cand.clear();
       Entry best;  // scalar mode; prevI < 0 while nothing was found
       best.score = bound;
@@ -290,6 +371,9 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
                               ? model.computeLowerBound(shape, stage, i, j)
                               : double(model.memoryLowerBound(shape, stage, i, j, maxWorking));
         if (lb >= (pareto ? bound : best.score)) break;  // the stage only grows from here
+        if (!anyUnlimited &&
+            model.memoryLowerBound(shape, stage, i, j, maxWorking) > maxLimit)
+          break;  // weights + states + working set only grow too
         const auto& prev = cell(k - 1, i);
         if (prev.empty()) continue;
         if (!pareto && prev.front().score >= best.score) continue;
@@ -338,7 +422,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     }
   }
   const auto& last = cell(S, L);
-  if (last.empty()) return std::nullopt;
+  if (last.empty()) return greedy;
   // Pareto mode: every entry is within the host limit; the front's first has the lowest score.
   int idx = 0;
   Plan plan;
@@ -445,12 +529,14 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   const size_t keep = static_cast<size_t>(std::max(1, options.keepTop));
   std::vector<Plan>& top = res.candidates;
   for (const Job& job : jobs) {
-    if (top.size() >= keep && job.bound >= objectiveOf(top.back(), options.objective)) break;
+    // Shapes that cannot beat the best found are skipped; the kept candidates are the
+    // best plans met on the way (at most keepTop), re-scored by the simulator later.
+    if (!top.empty() && job.bound >= objectiveOf(top.front(), options.objective)) break;
     ++res.shapesSolved;
     // Cap the DP at the pace (or peak) that would tie the worst kept candidate.
     double bound = kInf;
-    if (top.size() >= keep) {
-      const double worst = objectiveOf(top.back(), options.objective);
+    if (!top.empty()) {
+      const double worst = objectiveOf(top.front(), options.objective);
       bound = options.objective == Objective::Time ? worst / job.shape.iterationTime(1.0) : worst;
       bound *= 1 + 1e-12;
     }

@@ -136,6 +136,10 @@ class CostModel {
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 
+  /// Unscaled sums over layers [first, last) at the profile's microbatch and device.
+  double forwardSum(int first, int last) const { return range(F_, first, last); }
+  double backwardSum(int first, int last) const { return range(B_, first, last); }
+
   std::int64_t inputBytes(int layer) const;  // unscaled; layer 0: the model input
   std::int64_t workingBytes(int layer) const { return profile_.layers[layer].workingBytes; }
   double scale(const PipelineShape& shape) const;
