@@ -32,7 +32,17 @@ std::string closestMatch(const std::string& word, const std::vector<std::string>
     }
   }
   size_t limit = std::max<size_t>(2, word.size() / 3);
-  return bestDist <= limit ? best : std::string();
+  if (bestDist <= limit) return best;
+  // A shortened or lengthened key ("lrate" for "lr", "micro" for "microbatches").
+  std::string prefixed;
+  for (const auto& c : candidates) {
+    const auto& shorter = c.size() < word.size() ? c : word;
+    const auto& longer = c.size() < word.size() ? word : c;
+    if (shorter.size() >= 2 && longer.compare(0, shorter.size(), shorter) == 0 &&
+        c.size() > prefixed.size())
+      prefixed = c;
+  }
+  return prefixed;
 }
 
 std::string didYouMean(const std::string& word, const std::vector<std::string>& candidates) {

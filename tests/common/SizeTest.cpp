@@ -26,3 +26,15 @@ TEST(Size, FormatsForPeople) {
   EXPECT_EQ(pipefb::formatBytes(17), "17 B");
   EXPECT_EQ(pipefb::formatBytes(3LL << 29), "1.50 GiB");
 }
+
+#include "pipefb/common/Suggest.h"
+
+TEST(Suggest, ClosestByEditDistanceOrPrefix) {
+  std::vector<std::string> keys = {"lr", "momentum", "batch", "microbatches"};
+  EXPECT_EQ(pipefb::closestMatch("momentun", keys), "momentum");
+  EXPECT_EQ(pipefb::closestMatch("lrate", keys), "lr");
+  EXPECT_EQ(pipefb::closestMatch("micro", keys), "microbatches");
+  EXPECT_EQ(pipefb::closestMatch("zzzzzz", keys), "");
+  EXPECT_EQ(pipefb::didYouMean("bach", keys), " (did you mean 'batch'?)");
+  EXPECT_EQ(pipefb::joinAllowed({"a", "b"}), "a | b");
+}
