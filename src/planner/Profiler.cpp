@@ -110,6 +110,9 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
   Profile prof = profileHeader(cfg, o);
   if (!memory::trackingAllocatorInstalled()) memory::installTrackingAllocator();
   ThreadCount threads(o.threads);
+  // With intra-op helpers, their allocations are charged to this thread's scope
+  // (Note [Intra-op threads] in MemoryScope.h); with one thread nothing changes.
+  memory::ScopeLeader leader;
   torch::manual_seed(cfg.training.seed);
 
   auto model = model::buildModel(cfg.model);
