@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+
+#include <cstdio>
 #include <filesystem>
 
 #include "pipefb/config/Config.h"
@@ -133,6 +137,41 @@ TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
   // The default path is derived from the key.
   EXPECT_NE(defaultProfilePath(profileHeader(cfg, quick())),
             defaultProfilePath(profileHeader(other, quick())));
+}
+
+// pipefb_profile: measures, then says it reads the cache; bad flags exit 2 with one line.
+std::pair<int, std::string> run(const std::string& args) {
+  const std::string cmd = std::string(PIPEFB_BINARY_DIR) + "/pipefb_profile " + args + " 2>&1";
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return {-1, ""};
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int status = ::pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(ProfilerTest, Cli) {
+  const fs::path dir = fs::temp_directory_path() / ("pipefb_profile_cli_" +
+                                                    std::to_string(::getpid()));
+  const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/mlp-tiny.yaml";
+  const std::string out = (dir / "mlp.yaml").string();
+  const std::string base = "--config " + cfg + " --out " + out + " --repeats 2 --warmup 1";
+  auto [rc1, out1] = run(base);
+  EXPECT_EQ(rc1, 0) << out1;
+  EXPECT_NE(out1.find("measured profile " + out), std::string::npos) << out1;
+  EXPECT_NE(out1.find("fc3"), std::string::npos) << out1;
+  auto [rc2, out2] = run(base);
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("cached profile " + out), std::string::npos) << out2;
+  auto [rc3, out3] = run(base + " --force");
+  EXPECT_NE(out3.find("measured profile"), std::string::npos) << out3;
+  auto [rc4, out4] = run(base + " --repeats 0");
+  EXPECT_EQ(rc4, 2) << out4;
+  EXPECT_EQ(std::count(out4.begin(), out4.end(), '\n'), 1) << out4;
+  auto [rc5, out5] = run(base + " --set model.widht=2");
+  EXPECT_EQ(rc5, 2) << out5;
+  fs::remove_all(dir);
 }
 
 }  // namespace
