@@ -1,13 +1,11 @@
 // The measured profiler (Profiler.h) on small models: sizes against Model::describe and
 // closed forms of what LibTorch 1.13 saves, optimizer states, and the profile-file cache.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cstdio>
 #include <filesystem>
 
@@ -96,9 +94,9 @@ TEST(ProfilerTest, OptimizerStates) {
 
 // VGG16 at width 1/16 on 32 px: 16 layers (13 conv+ReLU[+pool], fc6..fc8).
 TEST(ProfilerTest, TinyVgg) {
-  const auto cfg = loadCfg("vgg16.yaml", {"model.width=0.0625", "model.input_size=32",
-                                          "training.batch=8", "training.optimizer=sgd",
-                                          "training.momentum=0.9"});
+  const auto cfg =
+      loadCfg("vgg16.yaml", {"model.width=0.0625", "model.input_size=32", "training.batch=8",
+                             "training.optimizer=sgd", "training.momentum=0.9"});
   const Profile p = measureProfile(cfg, quick());
   const auto info = describe(cfg, 8);
   ASSERT_EQ(p.numLayers(), static_cast<int>(info.size()));
@@ -117,8 +115,8 @@ TEST(ProfilerTest, TinyVgg) {
 
 TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
   const auto cfg = loadCfg("mlp-tiny.yaml", {});
-  const fs::path dir = fs::temp_directory_path() / ("pipefb_profiler_test_" +
-                                                    std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("pipefb_profiler_test_" + std::to_string(::getpid()));
   const std::string path = (dir / "sub" / "mlp.yaml").string();
   const ProfileResult first = loadOrMeasureProfile(cfg, quick(), path);
   EXPECT_FALSE(first.fromCache);
@@ -152,8 +150,8 @@ std::pair<int, std::string> run(const std::string& args) {
 }
 
 TEST(ProfilerTest, Cli) {
-  const fs::path dir = fs::temp_directory_path() / ("pipefb_profile_cli_" +
-                                                    std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("pipefb_profile_cli_" + std::to_string(::getpid()));
   const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/mlp-tiny.yaml";
   const std::string out = (dir / "mlp.yaml").string();
   const std::string base = "--config " + cfg + " --out " + out + " --repeats 2 --warmup 1";

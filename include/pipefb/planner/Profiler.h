@@ -18,7 +18,9 @@
 // The input is therefore counted iff the graph saved it (conv and linear save their
 // input; ReLU saves its result, which is the output and is not counted twice; max-pool
 // keeps int64 indices). An output that is itself saved (in-place ReLU) is charged to the
-// next layer's input, so the sum over a stage is the stage's stash.
+// next layer's input, so the sum over a stage is the stage's stash. Known gap: at a
+// stage boundary the sender's graph also keeps such an output (the last layer's in-place
+// ReLU result), which this convention charges to the receiver's first layer instead.
 // Working bytes: the larger of (peak during F - live after F) and (peak during B - live
 // before B, with the output gradient allocated and parameter gradients already present).
 //
@@ -34,9 +36,9 @@
 namespace pipefb::planner {
 
 struct ProfilerOptions {
-  int warmup = 2;   // unmeasured runs per layer before the timed ones
-  int repeats = 5;  // timed runs per layer; each time is their median
-  int threads = 1;  // intra-op threads while profiling (the pipeline workers use 1)
+  int warmup = 2;              // unmeasured runs per layer before the timed ones
+  int repeats = 5;             // timed runs per layer; each time is their median
+  int threads = 1;             // intra-op threads while profiling (the pipeline workers use 1)
   std::string device = "cpu";  // the reference device's name in the profile and its key
 
   /// Throws UserError naming the flag when a value is out of range.

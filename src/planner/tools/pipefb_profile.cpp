@@ -8,14 +8,13 @@
 //
 // Exit codes: 0 success; 2 bad input, with one line on stderr; 1 any other failure.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/config/Config.h"
-#include "pipefb/planner/Profiler.h"
 #include "pipefb/planner/ProfileFile.h"
+#include "pipefb/planner/Profiler.h"
 
 using namespace pipefb;
 using namespace pipefb::planner;
@@ -65,7 +64,8 @@ int main(int argc, char** argv) {
   app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/vgg16.yaml)")
       ->required();
   app.add_option("--set,-s", overrides, "override a config key (repeatable)");
-  app.add_option("--out,-o", out, "profile file (default: profiles/<model>-mb<n>-<device>-<hash>.yaml)");
+  app.add_option("--out,-o", out,
+                 "profile file (default: profiles/<model>-mb<n>-<device>-<hash>.yaml)");
   app.add_flag("--force,-f", force, "measure even if the profile file has the same key");
   app.add_option("--repeats,-r", opt.repeats, "timed runs per layer; times are medians (5)");
   app.add_option("--warmup", opt.warmup, "unmeasured runs per layer first (2)");
