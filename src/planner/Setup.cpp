@@ -47,6 +47,14 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   if (!opt.profile.empty()) {
     profile = readProfileFile(opt.profile);
     pl.profileText = "measured " + opt.profile;
+    // A profile of another model would plan nonsense; pipefb_profile writes
+    // "<modelWork key> optimizer=..." as the model (Profiler.h).
+    if (profile.numLayers() != static_cast<int>(work.layers.size()) ||
+        profile.model.compare(0, work.model.size(), work.model) != 0)
+      throw UserError("--profile: " + opt.profile + " is for '" + profile.model + "' (" +
+                      std::to_string(profile.numLayers()) + " layers), but the config's model is '" +
+                      work.model + "' (" + std::to_string(work.layers.size()) +
+                      " layers); profile it with: pipefb_profile --config " + cfg.source);
   } else {
     const int states = optimizerStatesPerParam(cfg.training.optimizer, cfg.training.momentum);
     profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), states);

@@ -1,0 +1,69 @@
+#pragma once
+// The measured profiler (DESIGN.md, "Planner": profile -> costs -> solve). It is the only
+// part of the planner that runs the model. Per layer, at the configured microbatch size
+// (training.batch / pipeline.microbatches), it measures forward, backward and recompute
+// time (medians of `repeats` runs after `warmup` runs), output bytes, saved bytes and the
+// working-set peak (through the tracking allocator, Note [Measured saved bytes]),
+// parameter and gradient bytes, and optimizer-state bytes and step time (one optimizer
+// per layer, built by train::makeOptimizer). The result is a planner::Profile, cached in
+// a profile file (ProfileFile.h) whose key names the model, shapes and device.
+//
+// Note [Measured saved bytes]
+// A layer's saved bytes are what its autograd graph keeps alive after F and before B,
+// beyond the output it hands on. The profiler makes the layer's input a fresh tensor
+// inside a MemoryScope on its own domain (for layers after the first, as a non-leaf:
+// input + a zero scalar that requires grad, so no AccumulateGrad node holds the big
+// tensor), runs F, drops its own handle on the input, and reads
+//   saved = live after F - live before the input existed - output storage bytes.
+// The input is therefore counted iff the graph saved it (conv and linear save their
+// input; ReLU saves its result, which is the output and is not counted twice; max-pool
+// keeps int64 indices). An output that is itself saved (in-place ReLU) is charged to the
+// next layer's input, so the sum over a stage is the stage's stash.
+// Working bytes: the larger of (peak during F - live after F) and (peak during B - live
+// before B, with the output gradient allocated and parameter gradients already present).
+//
+// Threads: by default the profiling thread runs with at::set_num_threads(1), as the
+// pipeline workers do (Note [Intra-op threads] in MemoryScope.h), so the times are those
+// of one virtual device and the allocator attribution is exact.
+#include <cstdint>
+#include <string>
+
+#include "pipefb/config/Config.h"
+#include "pipefb/planner/LayerCost.h"
+
+namespace pipefb::planner {
+
+struct ProfilerOptions {
+  int warmup = 2;   // unmeasured runs per layer before the timed ones
+  int repeats = 5;  // timed runs per layer; each time is their median
+  int threads = 1;  // intra-op threads while profiling (the pipeline workers use 1)
+  std::string device = "cpu";  // the reference device's name in the profile and its key
+
+  /// Throws UserError naming the flag when a value is out of range.
+  void validate() const;
+};
+
+/// The profile's cache-key parts for this config without running anything: model (the
+/// analytic model key plus the optimizer, which sets the state bytes), device (with the
+/// thread count when it is not 1), microbatch = training.batch / pipeline.microbatches.
+Profile profileHeader(const config::Config& config, const ProfilerOptions& options);
+
+/// Measures every layer. Installs the tracking allocator if needed (before the model is
+/// built) and seeds torch from training.seed.
+Profile measureProfile(const config::Config& config, const ProfilerOptions& options);
+
+/// "profiles/<model>-mb<n>-<device>-<hash of the key>.yaml": the default cache file.
+std::string defaultProfilePath(const Profile& header);
+
+struct ProfileResult {
+  Profile profile;
+  std::string path;
+  bool fromCache = false;  // read from `path` (same key) instead of measured
+};
+
+/// Reads `path` (default: defaultProfilePath) when it exists with the same key and
+/// `force` is false; otherwise measures and writes it (creating its directory).
+ProfileResult loadOrMeasureProfile(const config::Config& config, const ProfilerOptions& options,
+                                   std::string path = "", bool force = false);
+
+}  // namespace pipefb::planner

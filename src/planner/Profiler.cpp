@@ -1,0 +1,253 @@
+// The measured profiler (Profiler.h; Note [Measured saved bytes]).
+#include "pipefb/planner/Profiler.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/model/Model.h"
+#include "pipefb/planner/AnalyticProfile.h"
+#include "pipefb/planner/ProfileFile.h"
+#include "pipefb/train/Optimizer.h"
+
+namespace pipefb::planner {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::int64_t storageBytes(const torch::Tensor& t) {
+  return t.defined() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
+}
+
+std::int64_t tensorBytes(const std::vector<torch::Tensor>& ts) {
+  std::int64_t n = 0;
+  for (const auto& t : ts)
+    if (t.defined()) n += static_cast<std::int64_t>(t.nbytes());
+  return n;
+}
+
+/// Restores the intra-op thread count on scope exit.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : previous_(at::get_num_threads()) {
+    if (n > 0) at::set_num_threads(n);
+  }
+  ~ThreadCount() { at::set_num_threads(previous_); }
+
+ private:
+  int previous_;
+};
+
+/// The microbatch input of layer 0: (b, sampleShape...) floats, or token ids.
+torch::Tensor sampleInput(const model::Model& m, std::int64_t b) {
+  std::vector<int64_t> shape{b};
+  shape.insert(shape.end(), m.sampleShape().begin(), m.sampleShape().end());
+  if (m.inputDtype() == torch::kLong)
+    return torch::randint(0, std::max<int64_t>(m.options().num_classes, 2), shape, torch::kLong);
+  return torch::randn(shape);
+}
+
+/// FNV-1a: a file-name hash that is the same on every build (std::hash need not be).
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+void zeroGrads(const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params)
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+}  // namespace
+
+void ProfilerOptions::validate() const {
+  if (warmup < 0) throw UserError("--warmup: must be >= 0, got " + std::to_string(warmup));
+  if (repeats < 1) throw UserError("--repeats: must be >= 1, got " + std::to_string(repeats));
+  if (threads < 0)
+    throw UserError("--threads: must be >= 0 (0 = LibTorch's default), got " +
+                    std::to_string(threads));
+  if (device.empty()) throw UserError("--device: must not be empty");
+}
+
+Profile profileHeader(const config::Config& cfg, const ProfilerOptions& o) {
+  Profile p;
+  const auto& t = cfg.training;
+  std::string opt = t.optimizer;
+  if (t.optimizer == "sgd" && t.momentum > 0) opt += "-momentum";
+  p.model = modelWork(cfg.model).model + " optimizer=" + opt;
+  p.device = o.device;
+  if (o.threads != 1) p.device += " threads=" + std::to_string(o.threads);
+  p.source = "measured";
+  const std::int64_t m = std::max<std::int64_t>(cfg.pipeline.microbatches, 1);
+  if (t.batch % m != 0)
+    throw UserError("training.batch (" + std::to_string(t.batch) +
+                    ") must be divisible by pipeline.microbatches (" + std::to_string(m) + ")");
+  p.microbatch = t.batch / m;
+  return p;
+}
+
+Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
+  o.validate();
+  Profile prof = profileHeader(cfg, o);
+  if (!memory::trackingAllocatorInstalled()) memory::installTrackingAllocator();
+  ThreadCount threads(o.threads);
+  // With intra-op helpers, their allocations are charged to this thread's scope
+  // (Note [Intra-op threads] in MemoryScope.h); with one thread nothing changes.
+  memory::ScopeLeader leader;
+  torch::manual_seed(cfg.training.seed);
+
+  auto model = model::buildModel(cfg.model);
+  model->train(true);
+  const std::int64_t b = prof.microbatch;
+  memory::MemoryDomain& dom = memory::getOrCreateDomain("profiler");
+
+  torch::Tensor input = sampleInput(*model, b);  // layer i's input (no graph)
+  prof.inputBytes = static_cast<std::int64_t>(input.nbytes());
+  const int runs = o.warmup + o.repeats;
+
+  for (size_t i = 0; i < model->numLayers(); ++i) {
+    auto& layer = *model->layer(i);
+    LayerCost c;
+    c.name = layer.name();
+    const std::vector<torch::Tensor> params = layer.parameters();
+    c.paramBytes = tensorBytes(params);
+    // Layer 0's input is data (no gradient), as in a pipeline's first stage.
+    const bool inputGrad = i > 0 && input.is_floating_point();
+
+    // Times. Also makes the parameter gradients exist before the memory pass.
+    std::vector<double> tf, tb, tr;
+    torch::Tensor gy;
+    for (int r = 0; r < runs; ++r) {
+      torch::Tensor x = input.detach();
+      if (inputGrad) x.requires_grad_(true);
+      auto t0 = Clock::now();
+      torch::Tensor y = layer.forward(x);
+      auto t1 = Clock::now();
+      if (!gy.defined()) gy = torch::randn_like(y);
+      torch::autograd::backward({y}, {gy});
+      auto t2 = Clock::now();
+      y = torch::Tensor();
+      auto t3 = Clock::now();
+      torch::Tensor y2 = layer.forward(x);  // recompute: forward with grad again
+      auto t4 = Clock::now();
+      y2 = torch::Tensor();
+      if (r >= o.warmup) {
+        tf.push_back(seconds(t0, t1));
+        tb.push_back(seconds(t1, t2));
+        tr.push_back(seconds(t3, t4));
+      }
+    }
+    c.forward = median(tf);
+    c.backward = median(tb);
+    c.recompute = median(tr);
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params) grads.push_back(p.grad());
+    c.gradBytes = tensorBytes(grads);
+
+    // Memory (Note [Measured saved bytes]).
+    {
+      memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+      zeroGrads(params);
+      torch::Tensor s;
+      if (inputGrad) s = torch::zeros({}, input.options().requires_grad(true));
+      const std::int64_t live0 = dom.liveBytes();
+      dom.resetPeak();
+      torch::Tensor x = inputGrad ? input + s : input.clone();
+      torch::Tensor y = layer.forward(x);
+      const std::int64_t peakF = dom.peakBytes();
+      x = torch::Tensor();
+      const std::int64_t live1 = dom.liveBytes();
+      c.outputBytes = static_cast<std::int64_t>(y.nbytes());
+      c.savedBytes = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
+      torch::Tensor g = gy.clone();
+      const std::int64_t liveB = dom.liveBytes();
+      dom.resetPeak();
+      torch::autograd::backward({y}, {g});
+      const std::int64_t peakB = dom.peakBytes();
+      c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+    }
+
+    // Optimizer: state bytes = live bytes the first step leaves; step time = median.
+    if (!params.empty()) {
+      auto optimizer = train::makeOptimizer(cfg.training, params);
+      {
+        memory::MemoryScope scope(dom, MemoryCategory::OptimizerState);
+        const std::int64_t before = dom.liveBytes();
+        optimizer->step();
+        c.optimizerBytes = dom.liveBytes() - before;
+      }
+      std::vector<double> ts;
+      for (int r = 0; r < runs; ++r) {
+        auto t0 = Clock::now();
+        optimizer->step();
+        if (r >= o.warmup) ts.push_back(seconds(t0, Clock::now()));
+      }
+      c.step = median(ts);
+    }
+
+    {
+      torch::NoGradGuard noGrad;
+      input = layer.forward(input.detach()).detach();
+    }
+    prof.layers.push_back(c);
+  }
+  return prof;
+}
+
+std::string defaultProfilePath(const Profile& header) {
+  const std::string key = profileKey(header);
+  std::string name = header.model.substr(0, header.model.find(' '));
+  std::string dev;
+  for (char ch : header.device) dev += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  std::ostringstream s;
+  s << "profiles/" << name << "-mb" << header.microbatch << "-" << dev << "-" << std::hex
+    << (fnv1a(key) & 0xffffffffu) << ".yaml";
+  return s.str();
+}
+
+ProfileResult loadOrMeasureProfile(const config::Config& cfg, const ProfilerOptions& o,
+                                   std::string path, bool force) {
+  namespace fs = std::filesystem;
+  const Profile header = profileHeader(cfg, o);
+  if (path.empty()) path = defaultProfilePath(header);
+  ProfileResult r;
+  r.path = path;
+  if (!force && fs::exists(path)) {
+    Profile cached = readProfileFile(path);
+    if (profileKey(cached) == profileKey(header)) {
+      r.profile = std::move(cached);
+      r.fromCache = true;
+      return r;
+    }
+  }
+  r.profile = measureProfile(cfg, o);
+  const fs::path dir = fs::path(path).parent_path();
+  if (!dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw UserError("cannot create the directory '" + dir.string() + "': " + ec.message());
+  }
+  writeProfileFile(path, r.profile);
+  return r;
+}
+
+}  // namespace pipefb::planner

@@ -1,0 +1,178 @@
+// The measured profiler (Profiler.h) on small models: sizes against Model::describe and
+// closed forms of what LibTorch 1.13 saves, optimizer states, and the profile-file cache.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "pipefb/config/Config.h"
+#include "pipefb/model/Model.h"
+#include "pipefb/planner/ProfileFile.h"
+#include "pipefb/planner/Profiler.h"
+
+namespace pipefb::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+config::Config loadCfg(const std::string& name, const std::vector<std::string>& sets) {
+  return config::loadConfig(std::string(PIPEFB_SOURCE_DIR) + "/configs/" + name, sets);
+}
+
+ProfilerOptions quick() {
+  ProfilerOptions o;
+  o.warmup = 1;
+  o.repeats = 3;
+  return o;
+}
+
+std::vector<model::LayerInfo> describe(const config::Config& cfg, std::int64_t b) {
+  return model::buildModel(cfg.model)->describe(b);
+}
+
+void expectTimesPositive(const Profile& p) {
+  for (const auto& l : p.layers) {
+    EXPECT_GT(l.forward, 0) << l.name;
+    EXPECT_GT(l.backward, 0) << l.name;
+    EXPECT_GT(l.recompute, 0) << l.name;
+    if (l.paramBytes > 0) EXPECT_GT(l.step, 0) << l.name;
+  }
+}
+
+// mlp-tiny: input 1x8x8 (64 features), hidden [32, 32], 4 classes, batch 32, SGD with
+// momentum 0.9. Every layer is (flatten) Linear (+ in-place ReLU).
+TEST(ProfilerTest, MlpClosedForms) {
+  const auto cfg = loadCfg("mlp-tiny.yaml", {});
+  const Profile p = measureProfile(cfg, quick());
+  const std::int64_t b = 32;
+  ASSERT_EQ(p.microbatch, b);
+  ASSERT_EQ(p.numLayers(), 3);
+  EXPECT_EQ(p.inputBytes, b * 64 * 4);
+  const auto info = describe(cfg, b);
+  const std::int64_t in[] = {64, 32, 32}, out[] = {32, 32, 4};
+  for (int i = 0; i < 3; ++i) {
+    const auto& l = p.layers[i];
+    EXPECT_EQ(l.name, info[i].name);
+    EXPECT_EQ(l.paramBytes, info[i].param_bytes) << l.name;
+    EXPECT_EQ(l.paramBytes, (in[i] * out[i] + out[i]) * 4) << l.name;
+    EXPECT_EQ(l.gradBytes, l.paramBytes) << l.name;
+    EXPECT_EQ(l.optimizerBytes, l.paramBytes) << l.name;  // one momentum buffer per param
+    EXPECT_EQ(l.outputBytes, info[i].output_bytes) << l.name;
+    EXPECT_EQ(l.outputBytes, b * out[i] * 4) << l.name;
+    // What LibTorch 1.13 keeps for B: addmm saves its input (mat1, for the weight
+    // gradient; mat2 is the weight's transpose, a view of the parameter, no new bytes);
+    // the in-place ReLU saves its result, which is the output itself and is not counted
+    // (Note [Measured saved bytes]). So exactly the input, b x in floats.
+    EXPECT_EQ(l.savedBytes, b * in[i] * 4) << l.name;
+    // B allocates at least the input gradient (except layer 0, whose input is data).
+    EXPECT_GT(l.workingBytes, 0) << l.name;
+    EXPECT_LT(l.workingBytes, 8 * (b * (in[i] + out[i]) * 4 + l.paramBytes)) << l.name;
+  }
+  expectTimesPositive(p);
+}
+
+TEST(ProfilerTest, OptimizerStates) {
+  auto sgd = loadCfg("mlp-tiny.yaml", {"training.optimizer=sgd", "training.momentum=0.9"});
+  auto adam = loadCfg("mlp-tiny.yaml", {"training.optimizer=adam"});
+  auto plain = loadCfg("mlp-tiny.yaml", {"training.optimizer=sgd", "training.momentum=0"});
+  const Profile ps = measureProfile(sgd, quick());
+  const Profile pa = measureProfile(adam, quick());
+  const Profile pp = measureProfile(plain, quick());
+  EXPECT_NE(profileKey(ps), profileKey(pa));  // the optimizer is part of the key
+  for (int i = 0; i < ps.numLayers(); ++i) {
+    EXPECT_EQ(ps.layers[i].optimizerBytes, ps.layers[i].paramBytes);
+    // exp_avg and exp_avg_sq; LibTorch 1.13's C++ AdamParamState keeps `step` as an
+    // int64_t member, not a tensor, so exactly 2x (no amsgrad).
+    EXPECT_EQ(pa.layers[i].optimizerBytes, 2 * pa.layers[i].paramBytes);
+    EXPECT_EQ(pp.layers[i].optimizerBytes, 0);
+  }
+}
+
+// VGG16 at width 1/16 on 32 px: 16 layers (13 conv+ReLU[+pool], fc6..fc8).
+TEST(ProfilerTest, TinyVgg) {
+  const auto cfg = loadCfg("vgg16.yaml", {"model.width=0.0625", "model.input_size=32",
+                                          "training.batch=8", "training.optimizer=sgd",
+                                          "training.momentum=0.9"});
+  const Profile p = measureProfile(cfg, quick());
+  const auto info = describe(cfg, 8);
+  ASSERT_EQ(p.numLayers(), static_cast<int>(info.size()));
+  for (int i = 0; i < p.numLayers(); ++i) {
+    const auto& l = p.layers[i];
+    EXPECT_EQ(l.paramBytes, info[i].param_bytes) << l.name;
+    EXPECT_EQ(l.outputBytes, info[i].output_bytes) << l.name;
+    EXPECT_GT(l.savedBytes, 0) << l.name;
+    EXPECT_EQ(l.optimizerBytes, l.paramBytes) << l.name;
+  }
+  // conv1_1 (1 -> 4 channels, 32x32, no pool): the conv saves its input (8x1x32x32
+  // floats), ReLU its output (the layer output, not counted).
+  EXPECT_EQ(p.layers[0].savedBytes, 8 * 1 * 32 * 32 * 4);
+  expectTimesPositive(p);
+}
+
+TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
+  const auto cfg = loadCfg("mlp-tiny.yaml", {});
+  const fs::path dir = fs::temp_directory_path() / ("pipefb_profiler_test_" +
+                                                    std::to_string(::getpid()));
+  const std::string path = (dir / "sub" / "mlp.yaml").string();
+  const ProfileResult first = loadOrMeasureProfile(cfg, quick(), path);
+  EXPECT_FALSE(first.fromCache);
+  ASSERT_TRUE(fs::exists(path));
+  const ProfileResult second = loadOrMeasureProfile(cfg, quick(), path);
+  EXPECT_TRUE(second.fromCache);
+  EXPECT_EQ(profileToYaml(second.profile), profileToYaml(first.profile));
+  // Another microbatch is another key: measured again, and the file replaced.
+  const auto other = loadCfg("mlp-tiny.yaml", {"training.batch=16"});
+  const ProfileResult third = loadOrMeasureProfile(other, quick(), path);
+  EXPECT_FALSE(third.fromCache);
+  EXPECT_EQ(third.profile.microbatch, 16);
+  const ProfileResult forced = loadOrMeasureProfile(other, quick(), path, /*force=*/true);
+  EXPECT_FALSE(forced.fromCache);
+  fs::remove_all(dir);
+  // The default path is derived from the key.
+  EXPECT_NE(defaultProfilePath(profileHeader(cfg, quick())),
+            defaultProfilePath(profileHeader(other, quick())));
+}
+
+// pipefb_profile: measures, then says it reads the cache; bad flags exit 2 with one line.
+std::pair<int, std::string> run(const std::string& args) {
+  const std::string cmd = std::string(PIPEFB_BINARY_DIR) + "/pipefb_profile " + args + " 2>&1";
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return {-1, ""};
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int status = ::pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(ProfilerTest, Cli) {
+  const fs::path dir = fs::temp_directory_path() / ("pipefb_profile_cli_" +
+                                                    std::to_string(::getpid()));
+  const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/mlp-tiny.yaml";
+  const std::string out = (dir / "mlp.yaml").string();
+  const std::string base = "--config " + cfg + " --out " + out + " --repeats 2 --warmup 1";
+  auto [rc1, out1] = run(base);
+  EXPECT_EQ(rc1, 0) << out1;
+  EXPECT_NE(out1.find("measured profile " + out), std::string::npos) << out1;
+  EXPECT_NE(out1.find("fc3"), std::string::npos) << out1;
+  auto [rc2, out2] = run(base);
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("cached profile " + out), std::string::npos) << out2;
+  auto [rc3, out3] = run(base + " --force");
+  EXPECT_NE(out3.find("measured profile"), std::string::npos) << out3;
+  auto [rc4, out4] = run(base + " --repeats 0");
+  EXPECT_EQ(rc4, 2) << out4;
+  EXPECT_EQ(std::count(out4.begin(), out4.end(), '\n'), 1) << out4;
+  auto [rc5, out5] = run(base + " --set model.widht=2");
+  EXPECT_EQ(rc5, 2) << out5;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipefb::planner
