@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/Program.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Validator.h"
@@ -54,69 +55,47 @@ int run(int argc, char** argv) {
   app.add_flag("--no-actions", noActions, "JSON: leave out the per-action spans");
   app.add_flag("--no-memory-timeline", noMemory, "JSON: leave out the memory timelines");
   app.add_flag("--print-schedule", printSchedule, "print the lowered schedule in text form");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipefb_sim: error: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-
-  ps::SchedulePlan plan;
-  bool haveContract = false;
-  if (!loadPath.empty()) {
-    plan.schedule = ps::loadSchedule(loadPath);
-  } else {
-    ps::Placement placement = ps::Placement::defaultFor(kind, std::max(stages, 1));
-    if (!placementArg.empty()) {
-      std::string text =
-          "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " + placementArg + "\n";
-      placement = ps::parseSchedule(text, "--placement").placement;
+  return pipefb::runProgram("pipefb_sim", app, argc, argv, [&] {
+    ps::SchedulePlan plan;
+    bool haveContract = false;
+    if (!loadPath.empty()) {
+      plan.schedule = ps::loadSchedule(loadPath);
+    } else {
+      ps::Placement placement = ps::Placement::defaultFor(kind, std::max(stages, 1));
+      if (!placementArg.empty()) {
+        std::string text = "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " +
+                           placementArg + "\n";
+        placement = ps::parseSchedule(text, "--placement").placement;
+      }
+      if (lookahead < 0)
+        throw pipefb::UserError("--lookahead must be >= 0, got " + std::to_string(lookahead));
+      auto policies = ps::policiesPerStage(parsePolicies(policyArg), std::max(stages, 1));
+      plan = ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations),
+                       policies, lookahead);
+      haveContract = true;
     }
-    if (lookahead < 0)
-      throw pipefb::UserError("--lookahead must be >= 0, got " + std::to_string(lookahead));
-    auto policies = ps::policiesPerStage(parsePolicies(policyArg), std::max(stages, 1));
-    plan = ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations), policies,
-                     lookahead);
-    haveContract = true;
-  }
-  const ps::MemoryContract* contract = haveContract ? &plan.contract : nullptr;
-  ps::validate(plan.schedule, contract);
-  const ps::Schedule& s = plan.schedule;
-  sim::CostTable costs = costsArg == "uniform" ? sim::CostTable::uniform(s.numStages)
-                                               : sim::CostTable::load(costsArg, s.numStages);
-  sim::SimResult r = sim::simulate(s, costs);
-  if (json) {
-    sim::SimReportOptions opt;
-    opt.policy = loadPath.empty() ? policyArg : "from-file";
-    opt.lookahead = lookahead;
-    opt.costs = costsArg;
-    opt.includeActions = !noActions;
-    opt.includeMemory = !noMemory;
-    std::cout << sim::simReportJson(s, contract, r, opt);
+    const ps::MemoryContract* contract = haveContract ? &plan.contract : nullptr;
+    ps::validate(plan.schedule, contract);
+    const ps::Schedule& s = plan.schedule;
+    sim::CostTable costs = costsArg == "uniform" ? sim::CostTable::uniform(s.numStages)
+                                                 : sim::CostTable::load(costsArg, s.numStages);
+    sim::SimResult r = sim::simulate(s, costs);
+    if (json) {
+      sim::SimReportOptions opt;
+      opt.policy = loadPath.empty() ? policyArg : "from-file";
+      opt.lookahead = lookahead;
+      opt.costs = costsArg;
+      opt.includeActions = !noActions;
+      opt.includeMemory = !noMemory;
+      std::cout << sim::simReportJson(s, contract, r, opt);
+      return 0;
+    }
+    if (printSchedule) std::cout << ps::toText(s) << "\n";
+    std::cout << sim::renderTimeline(s, r, width) << "\n" << sim::simSummaryText(s, contract, r);
     return 0;
-  }
-  if (printSchedule) std::cout << ps::toText(s) << "\n";
-  std::cout << sim::renderTimeline(s, r, width) << "\n" << sim::simSummaryText(s, contract, r);
-  return 0;
+  });
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const ps::ScheduleError& e) {
-    std::cerr << "pipefb_sim: error: " << e.what();
-    return 2;
-  } catch (const pipefb::UserError& e) {
-    std::cerr << "pipefb_sim: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pipefb_sim: internal error: " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return run(argc, argv); }

@@ -2,12 +2,11 @@
 //
 // Exit codes: 0 success; 2 bad input (config, flag, data file), with one line on
 // stderr naming the key or file; 1 any other failure (out of memory, numerical).
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include <iostream>
 
-#include "pipefb/common/Error.h"
+#include "pipefb/common/Program.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/train/Trainer.h"
 
@@ -18,26 +17,11 @@ int main(int argc, char** argv) {
   app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/vgg16.yaml)")
       ->required();
   app.add_option("--set,-s", overrides, "override a key: --set training.lr=0.1 (repeatable)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipefb_train: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-  try {
+  return pipefb::runProgram("pipefb_train", app, argc, argv, [&] {
     pipefb::config::Config config = pipefb::config::loadConfig(configPath, overrides);
     pipefb::train::Trainer trainer(std::move(config));
     auto summary = trainer.run();
-    if (summary.test_accuracy >= 0)
-      std::cout << "test_accuracy " << summary.test_accuracy << "\n";
+    if (summary.test_accuracy >= 0) std::cout << "test_accuracy " << summary.test_accuracy << "\n";
     return 0;
-  } catch (const pipefb::UserError& e) {
-    std::cerr << "pipefb_train: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pipefb_train: failed: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

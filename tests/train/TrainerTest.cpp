@@ -100,10 +100,16 @@ TEST(Trainer, GradientAccumulationEqualsFullBatch) {
   }
 }
 
-TEST(Trainer, ScheduleNotYetBuiltIsAUserError) {
+TEST(Trainer, DeviceCountMustMatchTheSchedule) {
+  // 1f1b over 2 stages needs 2 devices; pipefb-sync over 2 stages needs 4.
   std::string dir = tempDir("sched");
-  EXPECT_THROW(train::Trainer(mlpConfig(dir, {"pipeline.schedule=gpipe", "devices.count=2"})),
+  EXPECT_THROW(mlpConfig(dir, {"pipeline.schedule=1f1b", "pipeline.stages=2", "devices.count=3"}),
                UserError);
+  EXPECT_THROW(
+      mlpConfig(dir, {"pipeline.schedule=pipefb-sync", "pipeline.stages=2", "devices.count=2"}),
+      UserError);
+  EXPECT_NO_THROW(
+      mlpConfig(dir, {"pipeline.schedule=pipefb-sync", "pipeline.stages=2", "devices.count=4"}));
 }
 
 TEST(LearningRate, WarmupCosineAndStep) {

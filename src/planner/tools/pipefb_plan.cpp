@@ -8,10 +8,10 @@
 // Exit codes: 0 a plan was written; 2 bad input, or nothing fits the budget (then it
 // prints the smallest budget that fits and that plan); 1 any other failure.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/Program.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/planner/Explain.h"
@@ -43,32 +43,30 @@ int main(int argc, char** argv) {
   app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/gpt2-xl.yaml)")
       ->required();
   app.add_option("--set,-s", overrides, "override a config key (repeatable)");
-  app.add_option("--budget,-b", budgetText, "memory budget per device (e.g. 2GiB; default: capacity)");
+  app.add_option("--budget,-b", budgetText,
+                 "memory budget per device (e.g. 2GiB; default: capacity)");
   app.add_option("--host-budget", hostText, "host-pool budget (default: the cluster's)");
-  app.add_option("--cluster", setup.cluster,
-                 "cluster spec: a file or a name in configs/clusters (default: devices.count x --device)");
-  app.add_option("--device", setup.device, "device spec for a config-derived cluster (default cpu)");
-  app.add_option("--profile", setup.profile, "profile file from pipefb_profile (default: analytic)");
+  app.add_option(
+      "--cluster", setup.cluster,
+      "cluster spec: a file or a name in configs/clusters (default: devices.count x --device)");
+  app.add_option("--device", setup.device,
+                 "device spec for a config-derived cluster (default cpu)");
+  app.add_option("--profile", setup.profile,
+                 "profile file from pipefb_profile (default: analytic)");
   app.add_option("--profile-microbatch", setup.profileMicrobatch,
                  "microbatch of the analytic profile (default 1)");
   app.add_option("--schedules", schedules,
                  "schedule families, e.g. 1f1b,pipefb-sync,1f1b-keep (default: all)")
       ->delimiter(',');
   app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
-  app.add_option("--microbatches", fixedMicrobatches, "only this microbatch count (default: search)");
+  app.add_option("--microbatches", fixedMicrobatches,
+                 "only this microbatch count (default: search)");
   app.add_option("--max-stages", maxStages, "most stages tried (default: all devices)");
-  app.add_option("--simulate-top", simulateTop, "re-score this many candidates with the simulator (4)");
+  app.add_option("--simulate-top", simulateTop,
+                 "re-score this many candidates with the simulator (4)");
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
   app.add_flag("--quiet,-q", quiet, "print only the summary line");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipefb_plan: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-  try {
+  return runProgram("pipefb_plan", app, argc, argv, [&] {
     config::Config cfg = config::loadConfig(configPath, overrides);
     Planning pl = setupPlanning(cfg, setup);
     SolverOptions o = pl.solver;
@@ -91,7 +89,7 @@ int main(int argc, char** argv) {
               << (r.heuristicChains ? "; device chains: greedy (too many to enumerate)" : "")
               << "\n\n";
     PlanContext ctx{configPath, model.profile().model, pl.profileText, model.cluster().name,
-                    o.budget, o.hostBudget};
+                    o.budget,   o.hostBudget};
     if (!r.feasible) {
       std::cout << "Nothing fits in "
                 << (o.budget < 0 ? std::string("the devices' capacity") : formatBytes(o.budget))
@@ -137,11 +135,5 @@ int main(int argc, char** argv) {
               << r.best.shape.stages << " stages, " << r.best.shape.microbatches
               << " microbatches, " << formatSeconds(r.best.iterationTime) << " per iteration\n";
     return 0;
-  } catch (const UserError& e) {
-    std::cerr << "pipefb_plan: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pipefb_plan: failed: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

@@ -7,11 +7,11 @@
 // `--measure N` (train N iterations per point) needs the pipeline runtime and is not
 // available yet: it exits 2 saying so.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/Program.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/planner/Explain.h"
@@ -29,31 +29,27 @@ int main(int argc, char** argv) {
   int measure = 0, fixedMicrobatches = 0, maxMicrobatches = 64, simulate = 0;
   app.add_option("--config,-c", configPath, "YAML config file")->required();
   app.add_option("--set,-s", overrides, "override a config key (repeatable)");
-  app.add_option("--budgets", budgetsText, "LOW:HIGH:COUNT (geometric) or a list, e.g. 256MiB:4GiB:12")
+  app.add_option("--budgets", budgetsText,
+                 "LOW:HIGH:COUNT (geometric) or a list, e.g. 256MiB:4GiB:12")
       ->required();
-  app.add_option("--schedules", families, "schedule families (default: 1f1b-keep,1f1b-offload,"
-                                          "1f1b,gpipe,pipedream,pipefb-sync,pipefb-async)")
+  app.add_option("--schedules", families,
+                 "schedule families (default: 1f1b-keep,1f1b-offload,"
+                 "1f1b,gpipe,pipedream,pipefb-sync,pipefb-async)")
       ->delimiter(',');
   app.add_option("--cluster", setup.cluster, "cluster spec (default: devices.count x --device)");
   app.add_option("--device", setup.device, "device spec for a config-derived cluster (cpu)");
   app.add_option("--profile", setup.profile, "profile file (default: analytic)");
   app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
-  app.add_option("--microbatches", fixedMicrobatches, "only this microbatch count (default: search)");
+  app.add_option("--microbatches", fixedMicrobatches,
+                 "only this microbatch count (default: search)");
   app.add_option("--simulate-top", simulate, "re-score candidates with the simulator (0)");
   app.add_option("--measure", measure, "also train N iterations per point (needs the runtime)");
   app.add_option("--out,-o", out, "output folder (sweep)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipefb_sweep: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-  try {
+  return runProgram("pipefb_sweep", app, argc, argv, [&] {
     if (measure != 0)
-      throw UserError("--measure: measured sweeps need the pipeline runtime, which is not "
-                      "built yet; run without --measure for the planner's predictions");
+      throw UserError(
+          "--measure: measured sweeps need the pipeline runtime, which is not "
+          "built yet; run without --measure for the planner's predictions");
     config::Config cfg = config::loadConfig(configPath, overrides);
     Planning pl = setupPlanning(cfg, setup);
     SolverOptions o = pl.solver;
@@ -81,16 +77,10 @@ int main(int argc, char** argv) {
                       double(base) / m);
         ratio = b;
       }
-      std::printf("%-16s %-18s %s\n", f.c_str(),
-                  m >= 0 ? formatBytes(m).c_str() : "never fits", ratio.c_str());
+      std::printf("%-16s %-18s %s\n", f.c_str(), m >= 0 ? formatBytes(m).c_str() : "never fits",
+                  ratio.c_str());
     }
     for (const auto& f : files) std::printf("wrote %s\n", f.c_str());
     return 0;
-  } catch (const UserError& e) {
-    std::cerr << "pipefb_sweep: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pipefb_sweep: failed: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

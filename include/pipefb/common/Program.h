@@ -1,0 +1,42 @@
+#pragma once
+// The exit-code convention every pipefb program shares (README, "Programs"):
+//   0  success
+//   2  bad input: a flag (CLI11), a config key, a file (pipefb::UserError), with
+//      one line on stderr naming it (a ScheduleError adds its grid below)
+//   1  anything else (out of memory under a budget, a numerical fault, a bug)
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <iostream>
+#include <string>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb {
+
+/// Parses argv into `app`, then runs `body` and returns the exit code it gives,
+/// mapping exceptions to the codes above. `name` prefixes every error line.
+inline int runProgram(const std::string& name, CLI::App& app, int argc, char** argv,
+                      const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << name << ": error: " << e.what() << " (see --help)\n";
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const UserError& e) {
+    std::string what = e.what();
+    std::cerr << name << ": error: " << what << (what.empty() || what.back() != '\n' ? "\n" : "");
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << name << ": failed: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace pipefb
