@@ -1,0 +1,73 @@
+#pragma once
+// The `offload` stash policy catches what autograd saves (DESIGN.md, "offload/").
+//
+// Note [Saved-tensor hooks]
+// installSavedTensorHooks() replaces LibTorch's default autograd engine (through
+// torch::autograd::set_default_engine_stub) with a subclass whose
+// get_default_saved_variable_hooks() returns pack/unpack hooks while a StashScope is
+// active on the calling thread, and no hooks otherwise (then nothing changes). Call it
+// before the first autograd call of the process. Works with libtorch 1.13.
+//   pack:   the tensor joins the scope's SavedTensorGroup (deduplicated by storage,
+//           offset, sizes and strides), unless it was marked skip() (resident weights:
+//           kept by reference, never copied). With hooks, SavedVariable keeps no
+//           reference to the data itself, so once the group hands its tensors to the
+//           transfer manager (take()) the device memory goes when the copy is done.
+//   unpack: returns the copy given back by restore() (the prefetched tensors).
+// Using the graph between take() and restore() is a bug (InternalError).
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+namespace pipefb::offload {
+
+class SavedTensorGroup {
+ public:
+  /// Tensors sharing `t`'s data pointer are kept by reference, not collected.
+  void skip(const at::Tensor& t);
+  /// The collected tensors, in collection order; the group forgets them.
+  std::vector<at::Tensor> take();
+  /// Gives back the copies of what take() returned (same order, same count).
+  void restore(std::vector<at::Tensor> tensors);
+  size_t size() const;
+  int64_t bytes() const;  // of the collected tensors
+
+  // For the hooks.
+  bool isSkipped(const at::Tensor& t) const;
+  int add(const at::Tensor& t);
+  at::Tensor get(int index) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::set<const void*> skip_;
+  struct Slot {
+    const void* data;
+    int64_t offset;
+    std::vector<int64_t> sizes, strides;
+    int dtype;
+  };
+  std::vector<Slot> slots_;
+  std::vector<at::Tensor> tensors_;
+  bool taken_ = false, restored_ = false;
+};
+
+/// While alive, tensors autograd saves on this thread go to `group`. Nests.
+class StashScope {
+ public:
+  explicit StashScope(std::shared_ptr<SavedTensorGroup> group);
+  ~StashScope();
+  StashScope(const StashScope&) = delete;
+  StashScope& operator=(const StashScope&) = delete;
+
+ private:
+  std::shared_ptr<SavedTensorGroup> previous_;
+};
+
+/// Idempotent, thread-safe. See Note [Saved-tensor hooks].
+void installSavedTensorHooks();
+bool savedTensorHooksInstalled();
+
+}  // namespace pipefb::offload

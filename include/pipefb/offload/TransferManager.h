@@ -1,0 +1,133 @@
+#pragma once
+// The data-transfer manager (DESIGN.md, "offload/"): a host pool plus one copy engine
+// per device.
+//
+//   offload(d, key, tensors)   device -> host on d's copy engine; the device tensors
+//                              are released (their last reference dropped) only once
+//                              their copy has finished.
+//   prefetch(d, key, domain)   host -> device on d's copy engine, into `domain`
+//                              (the consuming device). It may be issued before the
+//                              offload of `key` (another device's OFF that has not
+//                              run yet): the copy then waits for it on the copy
+//                              engine, never on the compute thread.
+//   acquire(d, key, domain)    waits for the prefetch (issuing it if there was none)
+//                              and returns the device tensors; the wait is d's stall.
+//
+// Note [Resident offloaded stashes]
+// The device copy of an offloaded stash lives until its D2H copy ends, so a device
+// holds one more stash than the schedule contract while a copy is in flight; the
+// backward device holds at most lookahead + 1 prefetched ones (issued `lookahead`
+// compute actions ahead, plus the one B consumes). This is what the planner's cost
+// model assumes (Note [Planner cost model], CostModel.h).
+//
+// Counters per device: bytes each way, copy time, copy intervals (for overlap with
+// compute), stall time. All members are thread-safe.
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "pipefb/common/MemoryCategory.h"
+#include "pipefb/memory/MemoryDomain.h"
+#include "pipefb/offload/CopyEngine.h"
+#include "pipefb/offload/HostPool.h"
+
+namespace pipefb::offload {
+
+/// What is moved: (kind, stage, index), e.g. (stash, 2, microbatch 5).
+struct TransferKey {
+  int kind = 0;  // caller-defined (the runtime: 0 stash, 1 weight version)
+  int stage = 0;
+  int index = 0;
+  bool operator<(const TransferKey& o) const {
+    return std::tie(kind, stage, index) < std::tie(o.kind, o.stage, o.index);
+  }
+};
+
+/// Thrown by waits that close() interrupted.
+struct TransferCancelled : std::runtime_error {
+  TransferCancelled() : std::runtime_error("transfer cancelled: the manager was closed") {}
+};
+
+struct CopyInterval {
+  int64_t startNs = 0, endNs = 0;  // memory::nowNs() clock
+};
+
+/// Per device. Sums unless noted.
+struct TransferCounters {
+  int64_t bytesD2H = 0;
+  int64_t bytesH2D = 0;
+  int64_t offloads = 0;                 // count
+  int64_t prefetches = 0;               // count
+  double copySeconds = 0;               // time the copy engine spent copying
+  double stallSeconds = 0;              // time acquire() waited
+  std::vector<CopyInterval> intervals;  // each copy job, in order
+};
+
+struct TransferOptions {
+  int numDevices = 1;
+  bool lockHostPages = true;
+};
+
+class TransferManager {
+ public:
+  /// `hostDomain`: the pool's accounting domain (its capacity is the pool's).
+  TransferManager(memory::MemoryDomain& hostDomain, TransferOptions options);
+  ~TransferManager();
+  TransferManager(const TransferManager&) = delete;
+  TransferManager& operator=(const TransferManager&) = delete;
+
+  /// Takes the tensors (undefined ones stay undefined). A key may be offloaded again
+  /// only after it was acquired or dropped.
+  void offload(int device, TransferKey key, std::vector<at::Tensor> tensors,
+               MemoryCategory hostCategory = MemoryCategory::Stash);
+  /// Idempotent per key until acquire().
+  void prefetch(int device, TransferKey key, memory::MemoryDomain& target,
+                MemoryCategory category = MemoryCategory::Stash);
+  /// Blocks until the tensors are in `target`; rethrows the copy's error (e.g. an
+  /// OutOfMemoryError of the host pool or the device). Forgets the key.
+  std::vector<at::Tensor> acquire(int device, TransferKey key, memory::MemoryDomain& target,
+                                  MemoryCategory category = MemoryCategory::Stash);
+  /// Forgets the key (its copies finish and are freed).
+  void drop(TransferKey key);
+  /// Wakes every wait with TransferCancelled; queued copies still run. Idempotent.
+  void close();
+  /// Waits until every queued copy ran (tests, summaries).
+  void synchronize();
+
+  TransferCounters counters(int device) const;
+  HostPoolStats hostPoolStats() const;
+  HostMemoryKind hostMemoryKind() const;
+  int numDevices() const;
+  /// Keys offloaded or prefetched and not yet acquired or dropped.
+  size_t pending() const;
+
+  /// Length of the intersection of two sorted interval lists, in seconds.
+  static double overlapSeconds(const std::vector<CopyInterval>& copies,
+                               const std::vector<CopyInterval>& compute);
+
+ private:
+  struct Entry;
+  void runPrefetch(int device, TransferKey key, std::shared_ptr<Entry> e,
+                   memory::MemoryDomain* target, MemoryCategory category);
+  void finishJob();
+
+  HostPool pool_;
+  std::vector<std::unique_ptr<CopyEngine>> engines_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<TransferKey, std::shared_ptr<Entry>> entries_;
+  std::vector<TransferCounters> counters_;
+  int64_t queued_ = 0;  // jobs submitted and not finished
+  bool closed_ = false;
+};
+
+}  // namespace pipefb::offload

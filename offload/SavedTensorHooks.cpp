@@ -1,0 +1,130 @@
+#include "pipefb/offload/SavedTensorHooks.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+#include <torch/torch.h>
+
+#include <atomic>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::offload {
+
+namespace {
+thread_local std::shared_ptr<SavedTensorGroup> tlsGroup;
+std::atomic<bool> installed{false};
+
+struct Hooks final : torch::autograd::SavedVariableHooks {
+  explicit Hooks(std::shared_ptr<SavedTensorGroup> g) : group(std::move(g)) {}
+  void call_pack_hook(const at::Tensor& t) override {
+    if (group->isSkipped(t))
+      direct = t;
+    else
+      index = group->add(t);
+  }
+  at::Tensor call_unpack_hook() override { return index < 0 ? direct : group->get(index); }
+  std::shared_ptr<SavedTensorGroup> group;
+  int index = -1;
+  at::Tensor direct;
+};
+
+struct HookedEngine final : torch::autograd::Engine {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    if (tlsGroup) return std::make_unique<Hooks>(tlsGroup);
+    return torch::autograd::Engine::get_default_saved_variable_hooks();
+  }
+};
+
+torch::autograd::Engine& hookedEngine() {
+  // Never destroyed: LibTorch's engine lives for the whole process (engine.h).
+  static auto* engine = new HookedEngine();
+  return *engine;
+}
+}  // namespace
+
+void SavedTensorGroup::skip(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || !t.data_ptr()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  skip_.insert(t.data_ptr());
+}
+
+bool SavedTensorGroup::isSkipped(const at::Tensor& t) const {
+  if (!t.has_storage() || !t.data_ptr()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return skip_.count(t.data_ptr()) > 0;
+}
+
+int SavedTensorGroup::add(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PIPEFB_ASSERT(!taken_, "a tensor was saved into an offloaded stash after its offload");
+  Slot s{t.has_storage() ? t.storage().data() : nullptr, t.storage_offset(), t.sizes().vec(),
+         t.strides().vec(), static_cast<int>(t.scalar_type())};
+  if (s.data)
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& o = slots_[i];
+      if (o.data == s.data && o.offset == s.offset && o.sizes == s.sizes &&
+          o.strides == s.strides && o.dtype == s.dtype)
+        return static_cast<int>(i);
+    }
+  slots_.push_back(std::move(s));
+  tensors_.push_back(t.detach());
+  return static_cast<int>(tensors_.size()) - 1;
+}
+
+std::vector<at::Tensor> SavedTensorGroup::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PIPEFB_ASSERT(!taken_, "stash taken twice");
+  taken_ = true;
+  for (auto& s : slots_) s.data = nullptr;  // the pointers may be reused after the copy
+  return std::move(tensors_);
+}
+
+void SavedTensorGroup::restore(std::vector<at::Tensor> tensors) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PIPEFB_ASSERT(taken_ && tensors.size() == slots_.size(),
+                "restore of " << tensors.size() << " tensors into a stash of " << slots_.size());
+  tensors_ = std::move(tensors);
+  restored_ = true;
+}
+
+size_t SavedTensorGroup::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slots_.size();
+}
+
+int64_t SavedTensorGroup::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t b = 0;
+  for (const auto& t : tensors_) b += static_cast<int64_t>(t.numel()) * t.element_size();
+  return b;
+}
+
+at::Tensor SavedTensorGroup::get(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PIPEFB_ASSERT(
+      !taken_ || restored_,
+      "autograd used an offloaded stash before it was acquired (saved tensor " << index << ")");
+  return tensors_.at(static_cast<size_t>(index));
+}
+
+StashScope::StashScope(std::shared_ptr<SavedTensorGroup> group) : previous_(std::move(tlsGroup)) {
+  PIPEFB_ASSERT(installed.load(),
+                "StashScope without installSavedTensorHooks(): saved tensors would not be caught");
+  tlsGroup = std::move(group);
+}
+
+StashScope::~StashScope() { tlsGroup = std::move(previous_); }
+
+void installSavedTensorHooks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    torch::autograd::set_default_engine_stub(&hookedEngine);
+    installed = true;
+  });
+}
+
+bool savedTensorHooksInstalled() {
+  return installed.load() && &torch::autograd::Engine::get_default_engine() == &hookedEngine();
+}
+
+}  // namespace pipefb::offload

@@ -1,0 +1,255 @@
+#include "pipefb/offload/TransferManager.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/memory/MemoryEvent.h"
+#include "pipefb/memory/MemoryScope.h"
+
+namespace pipefb::offload {
+
+struct TransferManager::Entry {
+  bool offloadIssued = false, offloaded = false;
+  bool prefetchIssued = false, ready = false;
+  bool dropped = false;
+  std::vector<at::Tensor> host;    // after the offload, until the prefetch copied it
+  std::vector<at::Tensor> device;  // after the prefetch
+  std::exception_ptr error;
+};
+
+TransferManager::TransferManager(memory::MemoryDomain& hostDomain, TransferOptions options)
+    : pool_(hostDomain, options.lockHostPages), counters_(std::max(1, options.numDevices)) {
+  for (int d = 0; d < std::max(1, options.numDevices); ++d)
+    engines_.push_back(std::make_unique<ThreadCopyEngine>("copy:" + std::to_string(d)));
+}
+
+TransferManager::~TransferManager() {
+  close();
+  for (auto& e : engines_) e->shutdown();  // before pool_ goes: queued jobs use it
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.clear();
+}
+
+void TransferManager::offload(int device, TransferKey key, std::vector<at::Tensor> tensors,
+                              MemoryCategory hostCategory) {
+  PIPEFB_ASSERT(device >= 0 && device < numDevices(), "offload on unknown device " << device);
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = entries_[key];
+    if (!slot) slot = std::make_shared<Entry>();
+    e = slot;
+    PIPEFB_ASSERT(!e->offloadIssued, "stash (" << key.kind << "," << key.stage << "," << key.index
+                                               << ") offloaded twice");
+    e->offloadIssued = true;
+    ++queued_;
+  }
+  auto job = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
+  engines_[device]->submit([this, device, e, job, hostCategory] {
+    const int64_t start = memory::nowNs();
+    std::vector<at::Tensor> host;
+    int64_t bytes = 0;
+    std::exception_ptr error;
+    try {
+      for (const auto& t : *job) {
+        if (!t.defined()) {
+          host.emplace_back();
+          continue;
+        }
+        at::Tensor h = pool_.allocate(t, hostCategory);
+        h.copy_(t);
+        bytes += static_cast<int64_t>(t.numel()) * t.element_size();
+        host.push_back(std::move(h));
+      }
+    } catch (...) {
+      error = std::current_exception();
+      host.clear();
+    }
+    job->clear();  // the device copies go only now that the copy is done
+    const int64_t end = memory::nowNs();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!e->dropped) e->host = std::move(host);
+      e->error = error;
+      e->offloaded = true;
+      auto& c = counters_[device];
+      c.bytesD2H += bytes;
+      ++c.offloads;
+      c.copySeconds += (end - start) * 1e-9;
+      c.intervals.push_back({start, end});
+    }
+    host.clear();  // a dropped stash: freed before synchronize() can return
+    finishJob();
+  });
+}
+
+void TransferManager::prefetch(int device, TransferKey key, memory::MemoryDomain& target,
+                               MemoryCategory category) {
+  PIPEFB_ASSERT(device >= 0 && device < numDevices(), "prefetch on unknown device " << device);
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = entries_[key];
+    if (!slot) slot = std::make_shared<Entry>();
+    e = slot;
+    if (e->prefetchIssued) return;
+    e->prefetchIssued = true;
+    ++queued_;
+  }
+  memory::MemoryDomain* t = &target;
+  engines_[device]->submit(
+      [this, device, key, e, t, category] { runPrefetch(device, key, e, t, category); });
+}
+
+void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<Entry> e,
+                                  memory::MemoryDomain* target, MemoryCategory category) {
+  std::vector<at::Tensor> host;
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // The offload may not have been issued yet (another device's OFF): wait for it here,
+    // on the copy engine.
+    cv_.wait(lock, [&] { return e->offloaded || e->dropped || closed_; });
+    if (!e->offloaded || e->dropped) {
+      e->error = std::make_exception_ptr(TransferCancelled());
+      e->ready = true;
+      --queued_;
+      cv_.notify_all();
+      return;
+    }
+    host = std::move(e->host);
+    error = e->error;
+  }
+  const int64_t start = memory::nowNs();
+  std::vector<at::Tensor> dev;
+  int64_t bytes = 0;
+  if (!error) {
+    try {
+      memory::MemoryScope scope(*target, category);
+      for (const auto& h : host) {
+        if (!h.defined()) {
+          dev.emplace_back();
+          continue;
+        }
+        at::Tensor d = at::empty(h.sizes(), h.options());
+        d.copy_(h);
+        bytes += static_cast<int64_t>(h.numel()) * h.element_size();
+        dev.push_back(std::move(d));
+      }
+    } catch (...) {
+      error = std::current_exception();
+      dev.clear();
+    }
+  }
+  host.clear();  // back to the pool
+  const int64_t end = memory::nowNs();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!e->dropped) e->device = std::move(dev);
+    e->error = error;
+    e->ready = true;
+    auto& c = counters_[device];
+    c.bytesH2D += bytes;
+    ++c.prefetches;
+    c.copySeconds += (end - start) * 1e-9;
+    c.intervals.push_back({start, end});
+  }
+  dev.clear();  // a dropped stash: freed before synchronize() can return
+  finishJob();
+  (void)key;
+}
+
+std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
+                                                 memory::MemoryDomain& target,
+                                                 MemoryCategory category) {
+  prefetch(device, key, target, category);
+  std::shared_ptr<Entry> e;
+  const int64_t start = memory::nowNs();
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  PIPEFB_ASSERT(it != entries_.end(),
+                "stash (" << key.kind << "," << key.stage << "," << key.index << ") is not known");
+  e = it->second;
+  cv_.wait(lock, [&] { return e->ready || closed_; });
+  counters_[device].stallSeconds += (memory::nowNs() - start) * 1e-9;
+  if (!e->ready) throw TransferCancelled();
+  entries_.erase(key);
+  if (e->error) std::rethrow_exception(e->error);
+  return std::move(e->device);
+}
+
+void TransferManager::drop(TransferKey key) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;
+    e = it->second;
+    e->dropped = true;
+    entries_.erase(it);
+  }
+  cv_.notify_all();
+  e->host.clear();  // NOLINT: nobody else reads a dropped entry's tensors
+  e->device.clear();
+}
+
+void TransferManager::finishJob() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --queued_;
+  }
+  cv_.notify_all();
+}
+
+void TransferManager::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+void TransferManager::synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queued_ == 0; });
+}
+
+TransferCounters TransferManager::counters(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_.at(device);
+}
+
+HostPoolStats TransferManager::hostPoolStats() const { return pool_.stats(); }
+HostMemoryKind TransferManager::hostMemoryKind() const { return pool_.kind(); }
+int TransferManager::numDevices() const { return static_cast<int>(engines_.size()); }
+
+size_t TransferManager::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+double TransferManager::overlapSeconds(const std::vector<CopyInterval>& copies,
+                                       const std::vector<CopyInterval>& compute) {
+  auto sorted = [](std::vector<CopyInterval> v) {
+    std::sort(v.begin(), v.end(),
+              [](const CopyInterval& a, const CopyInterval& b) { return a.startNs < b.startNs; });
+    return v;
+  };
+  const auto a = sorted(copies), b = sorted(compute);
+  int64_t total = 0;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const int64_t lo = std::max(a[i].startNs, b[j].startNs);
+    const int64_t hi = std::min(a[i].endNs, b[j].endNs);
+    if (hi > lo) total += hi - lo;
+    if (a[i].endNs < b[j].endNs)
+      ++i;
+    else
+      ++j;
+  }
+  return total * 1e-9;
+}
+
+}  // namespace pipefb::offload

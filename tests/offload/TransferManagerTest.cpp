@@ -1,0 +1,211 @@
+// The data-transfer manager: host pool, copy engines, saved-tensor hooks (issue 5).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <thread>
+
+#include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/offload/HostPool.h"
+#include "pipefb/offload/SavedTensorHooks.h"
+#include "pipefb/offload/TransferManager.h"
+
+using namespace pipefb;
+using offload::TransferKey;
+
+namespace {
+class OffloadEnv : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    memory::installTrackingAllocator();
+    offload::installSavedTensorHooks();  // before the first autograd call
+  }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new OffloadEnv);
+
+memory::MemoryDomain& freshDomain(const std::string& name, int64_t capacity = memory::kUnlimited) {
+  auto& d = memory::configureDomain(name, capacity);
+  d.resetStats();
+  return d;
+}
+}  // namespace
+
+TEST(HostPool, SizeClassesRoundUpByAtMostAQuarter) {
+  EXPECT_EQ(offload::HostPool::sizeClass(1), 4096);
+  EXPECT_EQ(offload::HostPool::sizeClass(4097), 8192);
+  EXPECT_EQ(offload::HostPool::sizeClass(65536), 65536);
+  EXPECT_EQ(offload::HostPool::sizeClass(65537), 65536 + 16384);
+  EXPECT_EQ(offload::HostPool::sizeClass(1 << 20), 1 << 20);
+  EXPECT_EQ(offload::HostPool::sizeClass((1 << 20) + 1), (1 << 20) + (1 << 18));
+  for (int64_t b : {100000, 777777, 12345678}) {
+    EXPECT_GE(offload::HostPool::sizeClass(b), b);
+    EXPECT_LE(offload::HostPool::sizeClass(b), b + b / 4 + 4096);
+  }
+}
+
+TEST(HostPool, ChargesItsDomainReusesBlocksAndRefusesCleanly) {
+  auto& dom = freshDomain("test-host-pool", 1 << 20);
+  offload::HostPool pool(dom);
+  auto like = torch::empty({1000}, torch::kFloat);  // 4000 bytes
+  {
+    auto a = pool.allocate(like);
+    EXPECT_EQ(a.sizes(), like.sizes());
+    EXPECT_EQ(dom.liveBytes(MemoryCategory::Stash), 4000);
+    a.fill_(3);
+    EXPECT_EQ(a.sum().item<float>(), 3000);
+  }
+  EXPECT_EQ(dom.liveBytes(), 0);
+  { auto b = pool.allocate(like); }
+  auto st = pool.stats();
+  EXPECT_EQ(st.allocations, 2);
+  EXPECT_EQ(st.reuses, 1);
+  EXPECT_EQ(st.systemAllocations, 1);
+  EXPECT_EQ(st.peakBytes, 4000);
+  // Exhaustion: an OutOfMemoryError naming the domain; the pool keeps working.
+  auto keep = pool.allocate(torch::empty({200000}, torch::kFloat));  // 800 KB
+  try {
+    pool.allocate(torch::empty({100000}, torch::kFloat));
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.info().domain, "test-host-pool");
+    EXPECT_EQ(e.info().requested, 400000);
+  }
+  EXPECT_EQ(dom.liveBytes(), 800000);
+  keep = torch::Tensor();
+  auto again = pool.allocate(torch::empty({100000}, torch::kFloat));
+  EXPECT_EQ(dom.liveBytes(), 400000);
+  std::cout << "host pool memory: " << offload::toString(pool.kind()) << "\n";
+}
+
+TEST(TransferManager, OffloadReleasesTheDeviceCopyOnlyAfterTheCopyAndPrefetchBringsItBack) {
+  auto& dev0 = freshDomain("test-dev0");
+  auto& dev1 = freshDomain("test-dev1");
+  auto& host = freshDomain("test-host");
+  offload::TransferManager mgr(host, {2, true});
+  torch::Tensor x, y;
+  {
+    memory::MemoryScope s(dev0, MemoryCategory::Stash);
+    x = torch::randn({64, 128});
+    y = torch::arange(10);
+  }
+  auto xr = x.clone(), yr = y.clone();
+  EXPECT_EQ(dev0.liveBytes(MemoryCategory::Stash), 64 * 128 * 4 + 10 * 8);
+  mgr.offload(0, {0, 1, 2}, {x, torch::Tensor(), y});
+  x = y = torch::Tensor();
+  mgr.synchronize();
+  EXPECT_EQ(dev0.liveBytes(MemoryCategory::Stash), 0);  // released after the D2H copy
+  EXPECT_EQ(host.liveBytes(MemoryCategory::Stash), 64 * 128 * 4 + 10 * 8);
+  mgr.prefetch(1, {0, 1, 2}, dev1);
+  auto got = mgr.acquire(1, {0, 1, 2}, dev1);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(torch::equal(got[0], xr));
+  EXPECT_FALSE(got[1].defined());
+  EXPECT_TRUE(torch::equal(got[2], yr));
+  EXPECT_EQ(dev1.liveBytes(MemoryCategory::Stash), 64 * 128 * 4 + 10 * 8);
+  EXPECT_EQ(host.liveBytes(), 0);  // the host copy went back to the pool
+  EXPECT_EQ(mgr.pending(), 0u);
+  auto c0 = mgr.counters(0), c1 = mgr.counters(1);
+  EXPECT_EQ(c0.bytesD2H, 64 * 128 * 4 + 10 * 8);
+  EXPECT_EQ(c1.bytesH2D, 64 * 128 * 4 + 10 * 8);
+  EXPECT_EQ(c0.offloads, 1);
+  EXPECT_EQ(c1.prefetches, 1);
+  EXPECT_EQ(c0.intervals.size(), 1u);
+  EXPECT_GE(mgr.hostPoolStats().peakBytes, 64 * 128 * 4);
+}
+
+TEST(TransferManager, PrefetchIssuedBeforeTheOffloadWaitsOnTheCopyEngine) {
+  auto& dev = freshDomain("test-dev2");
+  auto& host = freshDomain("test-host2");
+  offload::TransferManager mgr(host, {2, false});
+  mgr.prefetch(1, {0, 0, 7}, dev);  // the OFF on device 0 has not run yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto t = torch::full({1000}, 2.0);
+  mgr.offload(0, {0, 0, 7}, {t});
+  auto got = mgr.acquire(1, {0, 0, 7}, dev);
+  EXPECT_TRUE(torch::equal(got[0], t));
+  // acquire without a prefetch issues one and counts the wait as stall.
+  mgr.offload(0, {0, 0, 8}, {t});
+  got = mgr.acquire(0, {0, 0, 8}, dev);
+  EXPECT_TRUE(torch::equal(got[0], t));
+  EXPECT_GT(mgr.counters(0).stallSeconds, 0);
+  // drop forgets a key whether or not its copies ran.
+  mgr.offload(0, {0, 0, 9}, {t});
+  mgr.drop({0, 0, 9});
+  mgr.synchronize();
+  EXPECT_EQ(mgr.pending(), 0u);
+  EXPECT_EQ(host.liveBytes(), 0);
+}
+
+TEST(TransferManager, HostPoolExhaustionReachesAcquireAsOutOfMemory) {
+  auto& dev = freshDomain("test-dev3");
+  auto& host = freshDomain("test-host3", 1000);
+  offload::TransferManager mgr(host, {1, false});
+  mgr.offload(0, {0, 0, 0}, {torch::zeros({1000})});
+  EXPECT_THROW(mgr.acquire(0, {0, 0, 0}, dev), OutOfMemoryError);
+  // Still usable.
+  mgr.offload(0, {0, 0, 1}, {torch::zeros({10})});
+  EXPECT_EQ(mgr.acquire(0, {0, 0, 1}, dev)[0].numel(), 10);
+}
+
+TEST(TransferManager, CloseWakesWaiters) {
+  auto& dev = freshDomain("test-dev4");
+  auto& host = freshDomain("test-host4");
+  offload::TransferManager mgr(host, {1, false});
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    mgr.close();
+  });
+  EXPECT_THROW(mgr.acquire(0, {0, 0, 0}, dev), offload::TransferCancelled);  // never offloaded
+  closer.join();
+}
+
+TEST(TransferManager, OverlapOfSortedIntervals) {
+  using I = offload::CopyInterval;
+  // copies [0,10) [20,30); compute [5,25) -> 5 + 5 ns.
+  EXPECT_NEAR(offload::TransferManager::overlapSeconds({I{0, 10}, I{20, 30}}, {I{5, 25}}), 10e-9,
+              1e-15);
+  EXPECT_EQ(offload::TransferManager::overlapSeconds({I{0, 10}}, {}), 0);
+  EXPECT_NEAR(offload::TransferManager::overlapSeconds({I{0, 100}}, {I{10, 20}, I{30, 40}}), 20e-9,
+              1e-15);
+}
+
+TEST(SavedTensorHooks, OffloadedSavedTensorsGiveTheSameGradients) {
+  ASSERT_TRUE(offload::savedTensorHooksInstalled());
+  torch::manual_seed(3);
+  auto l1 = torch::nn::Linear(32, 64), l2 = torch::nn::Linear(64, 8);
+  auto x = torch::randn({16, 32});
+  auto f = [&](const torch::Tensor& in) { return l2(torch::relu(l1(in))).pow(2).sum(); };
+  // Reference.
+  auto xr = x.clone().requires_grad_(true);
+  f(xr).backward();
+  auto g1 = l1->weight.grad().clone(), gx = xr.grad().clone();
+  l1->weight.mutable_grad().zero_();
+  // Offloaded.
+  auto& dev = freshDomain("test-dev5");
+  auto& host = freshDomain("test-host5");
+  offload::TransferManager mgr(host, {1, false});
+  auto group = std::make_shared<offload::SavedTensorGroup>();
+  for (auto& p : l1->parameters()) group->skip(p);
+  for (auto& p : l2->parameters()) group->skip(p);
+  auto xi = x.clone().requires_grad_(true);
+  torch::Tensor loss;
+  {
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    offload::StashScope scope(group);
+    loss = f(xi);
+  }
+  ASSERT_GT(group->size(), 0u);
+  const int64_t saved = group->bytes();
+  EXPECT_GT(saved, 0);
+  mgr.offload(0, {0, 0, 0}, group->take());
+  mgr.synchronize();
+  EXPECT_EQ(host.liveBytes(), saved);
+  group->restore(mgr.acquire(0, {0, 0, 0}, dev));
+  auto grads = torch::autograd::grad({loss}, {l1->weight, xi});
+  EXPECT_TRUE(torch::allclose(grads[0], g1));
+  EXPECT_TRUE(torch::allclose(grads[1], gx));
+  // Outside a StashScope nothing is caught.
+  auto g2 = std::make_shared<offload::SavedTensorGroup>();
+  f(x.clone().requires_grad_(true)).backward();
+  EXPECT_EQ(g2->size(), 0u);
+}
