@@ -20,6 +20,8 @@
 #include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/offload/SavedTensorHooks.h"
+#include "pipefb/offload/TransferManager.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/StashPolicy.h"
@@ -195,7 +197,10 @@ struct StashEntry {
   Tensor input;        // graph: the leaf F ran on; checkpoint: the saved stage input
   Tensor output;       // graph: the root of the graph
   ReplicaPtr replica;  // graph: the weights it ran on; checkpoint: a snapshot, or null
-  bool onHost = false;
+  // graph under the offload policy: what autograd saved (Note [Saved-tensor hooks]).
+  std::shared_ptr<offload::SavedTensorGroup> saved;
+  bool onHost = false;  // its tensors are with the transfer manager
+  int stage = 0, index = 0;  // (stage, microbatch): its transfer key
 };
 using StashPtr = std::shared_ptr<StashEntry>;
 
@@ -301,6 +306,7 @@ struct StageState {
   int fDev = 0, bDev = 0;
   bool split = false;
   bool recompute = false;  // checkpoint kinds
+  bool offloadSaved = false;  // effective policy offload: saved tensors through the hooks
   ReplicaPtr master;       // on bDev
   ReplicaPtr fwd;          // split: the forward copy on fDev
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -331,6 +337,7 @@ struct PipelineEngine::Impl {
   std::vector<StageState> stages;
   std::vector<DeviceState> devices;
   memory::MemoryDomain* host = nullptr;
+  std::unique_ptr<offload::TransferManager> transfers;  // Note [Asynchronous host copies]
   std::shared_ptr<ShellPool> pool;
   Channels channels;
   int64_t t0 = 0;
@@ -448,11 +455,7 @@ void PipelineEngine::Impl::build() {
   K = std::max<int64_t>(1, options.iterations);
   if (options.totalSteps <= 0) options.totalSteps = K;
   auto policy = schedules::parseStashPolicy(p.stash);
-  if (policy == schedules::StashPolicy::Offload)
-    throw UserError(config.source +
-                    ": pipeline.stash: 'offload' moves saved activations through the "
-                    "data-transfer manager, which this runtime does not have yet; allowed: keep, "
-                    "checkpoint, checkpoint-offload");
+  offload::installSavedTensorHooks();  // Note [Saved-tensor hooks]
 
   // Partition.
   const int64_t L = static_cast<int64_t>(model.numLayers());
@@ -508,6 +511,7 @@ void PipelineEngine::Impl::build() {
   host = &memory::configureDomain(memory::kHostDomain,
                                   config.devices.host_memory.value_or(memory::kUnlimited));
   host->resetPeak();
+  transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true});
 
   // Stages: the master replica is the model's own layers, moved to the backward device.
   pool = std::make_shared<ShellPool>(model.options(), partition, true);
@@ -520,6 +524,8 @@ void PipelineEngine::Impl::build() {
     st.bDev = placement.backward(s);
     st.split = placement.split(s);
     st.recompute = schedules::isCheckpoint(policy);
+    st.offloadSaved =
+        schedules::effectivePolicy(policy, st.split) == schedules::StashPolicy::Offload;
     auto master = std::make_shared<Replica>();
     master->stage = s;
     for (int64_t i = st.range.first; i < st.range.last; ++i)
@@ -599,6 +605,8 @@ void PipelineEngine::Impl::workerMain(int d) {
       cv.notify_all();
     } catch (const Cancelled&) {
       return;
+    } catch (const offload::TransferCancelled&) {
+      return;
     } catch (...) {
       fail(d, i, std::current_exception());
       return;
@@ -613,6 +621,7 @@ void PipelineEngine::Impl::fail(int d, int i, std::exception_ptr e) {
   }
   aborted = true;
   channels.close();
+  if (transfers) transfers->close();
   cv.notify_all();
 }
 
@@ -695,12 +704,33 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
     // keep: the autograd graph is the stash; everything F leaves alive is charged to it.
     memory::MemoryScope scope(MemoryCategory::Stash);
     Tensor xin = (a.stage > 0 && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
-    out = rep->forward(xin);
+    if (st.offloadSaved) {
+      // offload: autograd's saved tensors are caught for OFF; the resident weights not.
+      entry->saved = std::make_shared<offload::SavedTensorGroup>();
+      for (const auto& t : rep->params) entry->saved->skip(t);
+      for (const auto& t : rep->buffers) entry->saved->skip(t);
+      offload::StashScope hooks(entry->saved);
+      out = rep->forward(xin);
+    } else {
+      out = rep->forward(xin);
+    }
     entry->graph = true;
     entry->input = xin;
     entry->output = out;
     entry->replica = rep;
     out = out.detach();
+    if (st.offloadSaved) {
+      // The graph's input leaf and root are needed for their identity and shape only (the
+      // values autograd needs are in entry->saved): let their storage go. `out` (the
+      // activation sent on / the last stage's loss input) keeps its own reference.
+      torch::NoGradGuard noGrad;
+      auto hollow = [](const Tensor& t) { return torch::zeros({}, t.options()).expand(t.sizes()); };
+      if (xin.requires_grad())
+        xin.set_data(hollow(xin));
+      else
+        entry->input = Tensor();
+      entry->output.set_data(hollow(entry->output));
+    }
   } else {
     // checkpoint: only the stage input stays; B recomputes.
     {
@@ -730,20 +760,28 @@ StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
   return e;
 }
 
-// Note [Synchronous host copies]
-// OFF/PRE here are NOT the data-transfer manager (that is the next issue: a copy
-// engine per device, asynchronous copies, saved-tensor hooks). For now:
-//  * a checkpoint stash is copied synchronously, on the compute thread, into the
-//    "host" domain (category stash) by OFF and back into the device by PRE (or by B,
-//    when PRE ran before the OFF on the other device: PRE never blocks, because the
-//    schedules may issue it before the weights the forward waits for were sent);
-//  * a graph stash (keep on a split PipeFB stage) cannot move without saved-tensor
-//    hooks: OFF hands the graph to the backward device through the host registry, but
-//    its saved tensors stay charged to the forward device until the hooks exist.
+// Note [Asynchronous host copies]
+// (It replaces Note [Synchronous host copies].) OFF and PRE go through the data-transfer
+// manager (pipefb/offload/TransferManager.h), one copy engine per device:
+//  * OFF s.m hands the stash's tensors to the forward device's copy engine (D2H into the
+//    host pool); the device copy goes when the copy is done, not at the end of OFF
+//    (Note [Resident offloaded stashes]). What is offloaded: the stage input for the
+//    checkpoint kinds; everything autograd saved (Note [Saved-tensor hooks]) for the
+//    offload policy, and for keep on a split PipeFB stage (effectivePolicy()).
+//    The rest of the entry (graph root, replica) travels through the host registry
+//    (Chan::Stash) and holds no device memory.
+//  * PRE s.m queues the H2D copy into the backward device's domain on its copy engine. It
+//    never blocks the compute thread: when the OFF has not run yet (another device's), the
+//    copy engine waits for it.
+//  * B acquires the stash: it waits for the copy (counted as stall) or, with no PRE
+//    before it, issues the copy itself.
 void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
   if (!e.onHost) return;
-  memory::MemoryScope scope(*dev.domain, MemoryCategory::Stash);
-  e.input = e.input.clone();
+  auto tensors = transfers->acquire(dev.id, {0, e.stage, e.index}, *dev.domain);
+  if (e.saved)
+    e.saved->restore(std::move(tensors));
+  else
+    e.input = std::move(tensors.at(0));
   e.onHost = false;
 }
 
@@ -862,10 +900,17 @@ void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights)
     throw UserError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
                     ": weight-version offload is not supported by this runtime yet");
-  // Note [Synchronous host copies]
+  // Note [Asynchronous host copies]
   StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
+  e->stage = a.stage;
+  e->index = a.index;
   if (!e->graph) {
-    e->input = copyInto(e->input, *host, MemoryCategory::Stash);
+    std::vector<Tensor> t{std::move(e->input)};
+    e->input = Tensor();
+    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t));
+    e->onHost = true;
+  } else if (e->saved) {
+    transfers->offload(dev.id, {0, a.stage, a.index}, e->saved->take());
     e->onHost = true;
   }
   channels.put({Chan::Stash, a.stage, a.index, -1}, {{}, e});
@@ -875,16 +920,18 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights)
     throw UserError("PREW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
                     ": weight-version prefetch is not supported by this runtime yet");
-  // Never blocks (Note [Synchronous host copies]); B fetches what is not here yet.
-  auto m = channels.tryTake({Chan::Stash, a.stage, a.index, -1});
-  if (!m) return;
-  bringToDevice(dev, *m->stash);
-  dev.stashes[{a.stage, a.index}] = m->stash;
+  // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
+  // offloaded (keep handed over on a split stage without saved tensors) has no copy.
+  if (stages[a.stage].recompute || stages[a.stage].offloadSaved)
+    transfers->prefetch(dev.id, {0, a.stage, a.index}, *dev.domain);
 }
 
 void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights) return;  // versions are freed with their last stash
-  if (!dev.stashes.erase({a.stage, a.index})) channels.tryTake({Chan::Stash, a.stage, a.index, -1});
+  if (!dev.stashes.erase({a.stage, a.index})) {
+    channels.tryTake({Chan::Stash, a.stage, a.index, -1});
+    transfers->drop({0, a.stage, a.index});
+  }
 }
 
 void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
@@ -938,6 +985,7 @@ void PipelineEngine::Impl::stopWorkers() {
   if (joined) return;
   aborted = true;
   channels.close();
+  if (transfers) transfers->close();
   for (auto& w : workers)
     if (w.joinable()) w.join();
   joined = true;
@@ -1150,6 +1198,44 @@ std::vector<DeviceStats> PipelineEngine::deviceStats() const {
   return out;
 }
 
+std::vector<TransferStats> PipelineEngine::transferStats() const {
+  Impl& I = *impl_;
+  auto recs = records();
+  std::vector<TransferStats> out;
+  for (int d = 0; d < I.D; ++d) {
+    offload::TransferCounters c = I.transfers->counters(d);
+    std::vector<offload::CopyInterval> compute;
+    for (const auto& r : recs[d]) {
+      const Action& a = I.plan.schedule.devices[d][r.index];
+      if (a.isCompute() || a.type == ActionType::Step) compute.push_back({r.startNs, r.endNs});
+    }
+    TransferStats t;
+    t.name = I.devices[d].domain->name();
+    t.bytesD2H = c.bytesD2H;
+    t.bytesH2D = c.bytesH2D;
+    t.offloads = c.offloads;
+    t.prefetches = c.prefetches;
+    t.copySeconds = c.copySeconds;
+    t.hiddenSeconds = offload::TransferManager::overlapSeconds(c.intervals, compute);
+    t.stallSeconds = c.stallSeconds;
+    out.push_back(t);
+  }
+  return out;
+}
+
+HostPoolSummary PipelineEngine::hostPool() const {
+  Impl& I = *impl_;
+  auto st = I.transfers->hostPoolStats();
+  HostPoolSummary h;
+  h.kind = offload::toString(I.transfers->hostMemoryKind());
+  h.peakBytes = st.peakBytes;
+  h.liveBytes = st.liveBytes;
+  h.blockBytes = st.blockBytes;
+  h.allocations = st.allocations;
+  h.reuses = st.reuses;
+  return h;
+}
+
 std::vector<int64_t> PipelineEngine::peakStashBytes() const {
   std::vector<int64_t> out;
   for (auto& dev : impl_->devices) out.push_back(dev.domain->stats()[MemoryCategory::Stash].peak);
@@ -1258,6 +1344,27 @@ std::string PipelineEngine::summaryJson() const {
               {"resident_backward", c.residentBackward},
               {"weight_versions", c.weightVersions}}},
             {"stash_bytes_per_microbatch", stashBytesPerMicrobatch()}};
+  // Data-transfer counters per device (issue 5); overlap = copy time under F/B/STEP.
+  json transfers = json::array();
+  for (const auto& t : transferStats())
+    transfers.push_back(
+        {{"name", t.name},
+         {"bytes_d2h", t.bytesD2H},
+         {"bytes_h2d", t.bytesH2D},
+         {"offloads", t.offloads},
+         {"prefetches", t.prefetches},
+         {"copy_seconds", t.copySeconds},
+         {"hidden_seconds", t.hiddenSeconds},
+         {"overlap_pct", t.copySeconds > 0 ? json(100.0 * t.hiddenSeconds / t.copySeconds)
+                                           : json(nullptr)},
+         {"stall_seconds", t.stallSeconds}});
+  const HostPoolSummary hp = hostPool();
+  j["transfers"] = transfers;
+  j["host_pool"] = {{"kind", hp.kind},
+                    {"peak_bytes", hp.peakBytes},
+                    {"block_bytes", hp.blockBytes},
+                    {"allocations", hp.allocations},
+                    {"reuses", hp.reuses}};
   return j.dump(2);
 }
 

@@ -161,10 +161,11 @@ runtime::EngineOptions quietOptions(int64_t iterations) {
 
 // One iteration: gradients equal; three: weights equal (and losses).
 void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
-                      const std::vector<int>& microbatches) {
+                      const std::vector<int>& microbatches,
+                      const std::vector<std::string>& stashes = {"keep", "checkpoint"}) {
   constexpr int kIters = 3;
   for (const std::string sched : {"gpipe", "1f1b", "pipefb-sync"})
-    for (const std::string stash : {"keep", "checkpoint"})
+    for (const std::string& stash : stashes)
       for (int S : stageCounts)
         for (int M : microbatches) {
           SCOPED_TRACE(c.name + " " + sched + " " + stash + " S=" + std::to_string(S) +
@@ -271,6 +272,22 @@ TEST(PipelineEquivalence, Resnet50) {
 }
 
 TEST(PipelineEquivalence, Gpt2) { checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2, 4}); }
+
+// Issue 5: the stash goes through the data-transfer manager (pipefb-sync with S=2, 3 runs
+// on 4 and 6 devices).
+const std::vector<std::string> kOffloaded = {"offload", "checkpoint-offload"};
+TEST(PipelineEquivalenceOffload, Mlp) {
+  checkEquivalence({"mlp", mlpOptions(), 12}, {2, 3, 4}, {1, 3, 4}, kOffloaded);
+}
+TEST(PipelineEquivalenceOffload, Vgg16) {
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {2, 3}, {2, 4}, kOffloaded);
+}
+TEST(PipelineEquivalenceOffload, Resnet50) {
+  checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {2, 3}, {4}, kOffloaded);
+}
+TEST(PipelineEquivalenceOffload, Gpt2) {
+  checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3}, {2, 4}, kOffloaded);
+}
 
 namespace {
 model::ModelOptions wideMlp() {

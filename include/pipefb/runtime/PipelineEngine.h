@@ -67,6 +67,24 @@ struct DeviceStats {
   int64_t actions = 0;                     // actions executed
 };
 
+/// Data-transfer counters of one device (issue 5; pipefb/offload/TransferManager.h).
+struct TransferStats {
+  std::string name;            // "cpu:1"
+  int64_t bytesD2H = 0;        // sum: offloaded by this device's copy engine
+  int64_t bytesH2D = 0;        // sum: prefetched into this device
+  int64_t offloads = 0;        // count
+  int64_t prefetches = 0;      // count
+  double copySeconds = 0;      // sum: time its copy engine was copying
+  double hiddenSeconds = 0;    // of copySeconds, the part under this device's F/B/STEP
+  double stallSeconds = 0;     // sum: compute waiting for a prefetch (acquire)
+};
+
+/// The host pool (devices.host_memory).
+struct HostPoolSummary {
+  std::string kind;  // "pinned" | "locked" | "plain"
+  int64_t peakBytes = 0, liveBytes = 0, blockBytes = 0, allocations = 0, reuses = 0;
+};
+
 /// One executed action (times on memory::nowNs()'s clock).
 struct ActionRecord {
   int index = 0;  // into schedule().devices[device]
@@ -138,6 +156,9 @@ class PipelineEngine {
 
   /// Per device, then the host pool last.
   std::vector<DeviceStats> deviceStats() const;
+  /// Per device: what its copy engine moved, and how much of it hid under compute.
+  std::vector<TransferStats> transferStats() const;
+  HostPoolSummary hostPool() const;
   /// Per device: peak bytes of the stash category (its own peak).
   std::vector<int64_t> peakStashBytes() const;
   /// Per stage: live stash bytes one forward left behind (measured at its first F).
