@@ -318,6 +318,9 @@ const std::vector<KeySpec>& schema() {
                         0, 4096));
     s.push_back(intList("pipeline.partition",
                         [](Config& c) -> auto& { return c.pipeline.partition; }, 1));
+    s.push_back(choice("pipeline.partition_by",
+                       [](Config& c) -> auto& { return c.pipeline.partition_by; },
+                       {"planner", "params"}));
     s.push_back(integer("pipeline.microbatches",
                         [](Config& c) -> auto& { return c.pipeline.microbatches; }, 1, 1 << 16));
     s.push_back(choice("pipeline.stash", [](Config& c) -> auto& { return c.pipeline.stash; },

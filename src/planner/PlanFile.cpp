@@ -139,6 +139,9 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
   } catch (const YAML::Exception& e) {
     throw UserError(source + ": not valid YAML: " + e.what());
   }
+  if (!n.IsMap())
+    throw UserError(source + ": not a plan file (expected a YAML mapping with version, "
+                    "schedule, stages, ...; write one with pipefb_plan -o)");
   auto need = [&](const char* k) {
     if (!n[k]) throw UserError(source + ": plan file without '" + std::string(k) + "'");
     return n[k];
@@ -147,6 +150,7 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
   try {
     if (need("version").as<int>() != 1)
       throw UserError(source + ": version: only plan files of version 1 are known");
+    if (n["model"]) p.model = n["model"].as<std::string>();
     p.schedule = need("schedule").as<std::string>();
     const ScheduleKind kind = parseScheduleKind(p.schedule);
     p.microbatches = need("microbatches").as<int>();
@@ -189,6 +193,8 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
         for (const auto& v : n["predicted"]["peak_memory"])
           p.predictedPeak.push_back(v.as<std::int64_t>());
     }
+    if (n["overrides"])
+      for (const auto& v : n["overrides"]) p.overrides.push_back(v.as<std::string>());
   } catch (const YAML::Exception& e) {
     throw UserError(source + ": malformed plan file: " + e.what());
   }

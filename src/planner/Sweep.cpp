@@ -1,6 +1,9 @@
 // Memory-budget sweeps (Sweep.h).
 #include "pipefb/planner/Sweep.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -89,12 +92,75 @@ SweepResult runSweep(const CostModel& model, const SolverOptions& base,
   return r;
 }
 
+std::int64_t MeasuredRun::peakMax() const {
+  std::int64_t m = 0;
+  for (auto b : peak) m = std::max(m, b);
+  return m;
+}
+
+MeasuredRun readMeasuredRun(const std::string& dir) {
+  MeasuredRun m;
+  m.ran = true;
+  const std::string summary = dir + "/summary.json";
+  try {
+    // JSON is YAML (flow style).
+    YAML::Node j = YAML::LoadFile(summary);
+    m.throughput = j["throughput_samples_per_s"].as<double>();
+    for (const auto& d : j["devices"]) {
+      const std::string name = d["name"].as<std::string>();
+      const std::int64_t peak = d["peak_bytes"].as<std::int64_t>();
+      if (name.rfind("cpu:", 0) == 0) {
+        const size_t i = std::stoul(name.substr(4));
+        if (m.peak.size() <= i) m.peak.resize(i + 1, 0);
+        m.peak[i] = peak;
+      } else if (name == "host") {
+        m.hostPeak = peak;
+      }
+    }
+  } catch (const std::exception& e) {
+    throw UserError(summary + ": cannot read the run summary: " + e.what());
+  }
+  // metrics.csv: step,epoch,loss,lr,samples_per_s,elapsed_s (one row per logged step).
+  std::ifstream in(dir + "/metrics.csv");
+  std::string line;
+  std::vector<std::pair<long, double>> rows;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) f.push_back(cell);
+    if (f.size() >= 6) rows.emplace_back(std::stol(f[0]), std::stod(f[5]));
+  }
+  std::vector<double> dt;
+  for (size_t i = 2; i < rows.size(); ++i)  // skip the first step (warm-up)
+    if (rows[i].first > rows[i - 1].first)
+      dt.push_back((rows[i].second - rows[i - 1].second) / double(rows[i].first - rows[i - 1].first));
+  if (!dt.empty()) {
+    std::sort(dt.begin(), dt.end());
+    m.iterationTime = dt.size() % 2 ? dt[dt.size() / 2]
+                                    : 0.5 * (dt[dt.size() / 2 - 1] + dt[dt.size() / 2]);
+  }
+  return m;
+}
+
 std::string sweepCsv(const SweepResult& r) {
   std::ostringstream o;
   o << std::setprecision(9);
   o << "family,budget_bytes,budget_mib,feasible,schedule,stages,microbatches,microbatch_size,"
        "policies,iteration_time_s,throughput_samples_s,simulated_iteration_time_s,peak_bytes,"
-       "host_bytes,min_feasible_budget_bytes\n";
+       "host_bytes,min_feasible_budget_bytes";
+  bool measured = false;
+  for (const SweepPoint& p : r.points) measured = measured || p.measured.ran;
+  if (measured)
+    o << ",predicted_peaks,measure_exit,measured_iteration_time_s,measured_throughput_samples_s,"
+         "measured_peak_bytes,measured_peaks,measured_host_peak_bytes,measure_note";
+  o << "\n";
+  auto joined = [](const std::vector<std::int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ";" : "") + std::to_string(v[i]);
+    return s;
+  };
   for (const SweepPoint& p : r.points) {
     o << p.family << "," << p.budget << "," << double(p.budget) / (1 << 20) << ","
       << (p.feasible ? 1 : 0) << ",";
@@ -110,7 +176,26 @@ std::string sweepCsv(const SweepResult& r) {
     } else {
       o << ",,,,,,,,,";
     }
-    o << "," << r.minimalBudget.at(p.family) << "\n";
+    o << "," << r.minimalBudget.at(p.family);
+    if (measured) {
+      const MeasuredRun& m = p.measured;
+      std::string note = m.note;
+      for (char& c : note)
+        if (c == ',' || c == '\n' || c == '"') c = ' ';
+      o << "," << (p.feasible ? joined(p.plan.deviceMemory) : "") << ",";
+      if (m.ran) {
+        o << m.exitCode << ",";
+        if (m.exitCode == 0)
+          o << m.iterationTime << "," << m.throughput << "," << m.peakMax() << "," << joined(m.peak)
+            << "," << m.hostPeak;
+        else
+          o << ",,,,";
+      } else {
+        o << ",,,,,";
+      }
+      o << "," << note;
+    }
+    o << "\n";
   }
   return o.str();
 }

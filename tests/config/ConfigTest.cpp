@@ -109,6 +109,13 @@ TEST(Config, OverridesApplyAndAreChecked) {
   EXPECT_NE(errorOf([] { parseConfig("", {"noequals"}); }), "");
 }
 
+TEST(Config, PartitionBy) {
+  EXPECT_EQ(parseConfig("").pipeline.partition_by, "planner");
+  EXPECT_EQ(parseConfig("pipeline: {partition_by: params}").pipeline.partition_by, "params");
+  EXPECT_NE(errorOf([] { parseConfig("", {"pipeline.partition_by=flops"}); }).find("planner"),
+            std::string::npos);
+}
+
 TEST(Config, CrossKeyChecks) {
   EXPECT_NE(errorOf([] { parseConfig("training: {batch: 10}\npipeline: {microbatches: 3}"); })
                 .find("pipeline.microbatches"),

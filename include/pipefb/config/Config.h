@@ -51,6 +51,7 @@ struct PipelineOptions {
   std::string schedule = "none";
   int64_t stages = 0;               // 0 = derive from devices and schedule
   std::vector<int64_t> partition;   // explicit cut points (first layer of stages 1..S-1)
+  std::string partition_by = "planner";  // without partition: planner | params
   int64_t microbatches = 1;
   std::string stash = "keep";       // keep | offload | checkpoint | checkpoint-offload
   int64_t lookahead = 1;

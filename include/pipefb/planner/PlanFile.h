@@ -32,6 +32,7 @@ struct PlanStage {
   schedules::StashPolicy policy = schedules::StashPolicy::Keep;
 };
 struct PlanSpec {
+  std::string model;     // the profile's model key ("vgg16 width=0.25 ... [optimizer=sgd]")
   std::string schedule;  // schedule kind name
   int microbatches = 1;
   std::int64_t microbatchSize = 1;
@@ -41,6 +42,7 @@ struct PlanSpec {
   std::vector<PlanStage> stages;
   double predictedIterationTime = 0;
   std::vector<std::int64_t> predictedPeak;  // per device
+  std::vector<std::string> overrides;       // the plan's `overrides` ("key=value")
 
   /// pipeline.partition: the first layer of stages 1..S-1.
   std::vector<std::int64_t> partition() const;

@@ -1,0 +1,122 @@
+// The planner inside pipefb_train (TrainPlan.h).
+#include "pipefb/planner/TrainPlan.h"
+
+#include <numeric>
+
+#include "pipefb/common/Error.h"
+#include "pipefb/planner/AnalyticProfile.h"
+
+namespace pipefb::planner {
+
+namespace {
+
+// A plan's model key is the profile's: the analytic key, plus " optimizer=..." for a
+// measured profile (Profiler.h). The config's model matches when it is a prefix ending
+// at a word.
+bool sameModel(const std::string& planModel, const std::string& configModel) {
+  if (planModel.compare(0, configModel.size(), configModel) != 0) return false;
+  return planModel.size() == configModel.size() || planModel[configModel.size()] == ' ';
+}
+
+// Note [Plan policies in the runtime]: split stages move every stash through the host.
+StashPolicy normalised(StashPolicy p, bool split) {
+  if (!split) return p;
+  if (p == StashPolicy::Keep) return StashPolicy::Offload;
+  if (p == StashPolicy::Checkpoint) return StashPolicy::CheckpointOffload;
+  return p;
+}
+
+}  // namespace
+
+std::string runtimeStashPolicy(const PlanSpec& spec, const std::string& source) {
+  const bool split = isSplit(parseScheduleKind(spec.schedule));
+  if (spec.stages.empty()) throw UserError(source + ": stages: the plan has no stages");
+  const StashPolicy first = normalised(spec.stages.front().policy, split);
+  for (size_t k = 1; k < spec.stages.size(); ++k)
+    if (normalised(spec.stages[k].policy, split) != first) {
+      std::string all;
+      for (const auto& s : spec.stages) all += (all.empty() ? "" : ", ") + std::string(toString(s.policy));
+      throw UserError(source + ": stages[" + std::to_string(k) +
+                      "].policy: the plan mixes stash policies (" + all +
+                      ") but the runtime takes one pipeline.stash for every stage; plan with "
+                      "one policy, e.g. pipefb_plan --schedules " + spec.schedule + "-" +
+                      toString(spec.stages.front().policy));
+    }
+  if (!split) return toString(first);
+  // The runtime's keep on a split stage hands the graph over through the host.
+  return first == StashPolicy::Offload ? "keep" : toString(first);
+}
+
+void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& source) {
+  const ModelWork work = modelWork(cfg.model);
+  const int L = static_cast<int>(work.layers.size());
+  if (spec.numLayers != L || (!spec.model.empty() && !sameModel(spec.model, work.model)))
+    throw UserError(source + ": the plan is for '" + spec.model + "' (" +
+                    std::to_string(spec.numLayers) + " layers) but the config's model is '" +
+                    work.model + "' (" + std::to_string(L) +
+                    " layers); re-plan with pipefb_plan --config " + cfg.source);
+  if (spec.batch != cfg.training.batch)
+    throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
+                    " but training.batch is " + std::to_string(cfg.training.batch) +
+                    "; --set training.batch=" + std::to_string(spec.batch) + " or re-plan");
+  const std::string stash = runtimeStashPolicy(spec, source);
+  const bool split = isSplit(parseScheduleKind(spec.schedule));
+  auto& p = cfg.pipeline;
+  p.schedule = spec.schedule;
+  p.stages = static_cast<std::int64_t>(spec.stages.size());
+  p.partition = spec.partition();
+  p.microbatches = spec.microbatches;
+  p.lookahead = spec.lookahead;
+  p.stash = stash;
+  cfg.devices.count = (split ? 2 : 1) * p.stages;
+  try {
+    config::validate(cfg);
+  } catch (const UserError& e) {
+    throw UserError(source + ": the plan does not make a valid config: " + e.what());
+  }
+}
+
+PlannedPartition plannerPartition(const CostModel& model, const config::Config& cfg, int stages) {
+  PipelineShape shape;
+  shape.kind = parseScheduleKind(cfg.pipeline.schedule);
+  shape.stages = stages;
+  shape.microbatches = static_cast<int>(cfg.pipeline.microbatches);
+  shape.microbatchSize = cfg.training.batch / cfg.pipeline.microbatches;
+  shape.lookahead = static_cast<int>(cfg.pipeline.lookahead);
+  shape.chain.resize(shape.chainLength());
+  std::iota(shape.chain.begin(), shape.chain.end(), 0);
+  if (shape.chainLength() > model.cluster().numDevices())
+    throw UserError(cfg.source + ": devices.count: " + std::to_string(model.cluster().numDevices()) +
+                    " devices but " + cfg.pipeline.schedule + " with " + std::to_string(stages) +
+                    " stages needs " + std::to_string(shape.chainLength()));
+  if (stages > model.numLayers())
+    throw UserError(cfg.source + ": pipeline.stages: " + std::to_string(stages) +
+                    " stages but the model has only " + std::to_string(model.numLayers()) +
+                    " layers; lower pipeline.stages or devices.count");
+  const StashPolicy policy =
+      normalised(schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
+  std::vector<std::int64_t> limits;
+  for (const auto& d : model.cluster().devices) limits.push_back(d.capacity);
+  PlannedPartition out;
+  auto plan = solveShape(model, shape, {policy}, limits, model.cluster().hostPool, Objective::Time);
+  if (!plan) {
+    // Nothing fits devices.memory for this shape: still the fastest partition, so the
+    // runtime reports the out-of-memory error with a real partition.
+    out.withinLimits = false;
+    std::vector<std::int64_t> none(limits.size(), -1);
+    plan = solveShape(model, shape, {policy}, none, -1, Objective::Time);
+  }
+  PIPEFB_ASSERT(plan.has_value(), "an unlimited shape always has a plan");
+  out.plan = *plan;
+  for (size_t k = 1; k < plan->stages.size(); ++k) out.cuts.push_back(plan->stages[k].first);
+  return out;
+}
+
+std::string rangesText(const Plan& plan) {
+  std::string s;
+  for (const auto& st : plan.stages)
+    s += (s.empty() ? "[" : " [") + std::to_string(st.first) + "," + std::to_string(st.last) + ")";
+  return s;
+}
+
+}  // namespace pipefb::planner
