@@ -12,6 +12,8 @@
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/report/Report.h"
+#include "pipefb/report/StepTrace.h"
 #include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/train/Checkpoint.h"
 #include "pipefb/train/Optimizer.h"
@@ -188,6 +190,9 @@ RunSummary Trainer::run() {
   spdlog::info("pipefb_train: model {} ({} layers), data {} ({} samples), {} steps of batch {}",
                config_.model.name, model_->numLayers(), train_->describe(), train_->size(),
                totalSteps_, t.batch);
+  // A single device has no runtime trace: record one (Note [Chrome trace]).
+  std::unique_ptr<report::StepTrace> stepTrace;
+  if (!engine_) stepTrace = std::make_unique<report::StepTrace>(*device_);
   const auto t0 = Clock::now();
   double windowLoss = 0;
   int64_t windowSteps = 0;
@@ -198,6 +203,7 @@ RunSummary Trainer::run() {
     data::Batch batch = loader_->next();
     double lr = learningRate(t, stepsDone_, totalSteps_);
     lastLoss = step(batch);
+    if (stepTrace) stepTrace->stepDone();
     if (!std::isfinite(lastLoss))
       throw std::runtime_error("loss is " + std::to_string(lastLoss) + " at step " +
                                std::to_string(s + 1) +
@@ -274,7 +280,13 @@ RunSummary Trainer::run() {
     j["pipeline"] = nlohmann::json::parse(engine_->summaryJson());
     engine_->writeTrace(config_.output.dir + "/trace.json");
   }
+  if (stepTrace) stepTrace->write(config_.output.dir + "/trace.json");
   writeFileAtomically(config_.output.dir + "/summary.json", j.dump(2) + "\n");
+  try {  // the report only reads the run folder; `pipefb_report RUN_DIR` rebuilds it
+    report::writeReport(config_.output.dir);
+  } catch (const std::exception& e) {
+    spdlog::warn("report.html not written: {}", e.what());
+  }
   spdlog::info("run folder {}: {:.1f} samples/s, {:.1f} s wall", config_.output.dir,
                summary.throughput_samples_per_s, summary.wall_seconds);
   return summary;

@@ -1,0 +1,210 @@
+// Runs build/pipefb_train on tiny configs as a user does, and checks the report it
+// leaves in the run folder (report.html, charts/*.svg, memory.json, trace.json).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "TestUtil.h"
+#include "pipefb/report/Report.h"
+
+namespace pipefb::report {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string runDir(const std::string& name) {
+  return std::string(PIPEFB_BINARY_DIR) + "/test-runs/report/" + name;
+}
+
+/// Trains configs/mlp-tiny.yaml into a fresh folder with `extra` settings.
+std::string train(const std::string& name, const std::string& extra) {
+  const std::string dir = runDir(name);
+  fs::remove_all(dir);
+  auto r = test::runProgram("pipefb_train --config " + std::string(PIPEFB_SOURCE_DIR) +
+                            "/configs/mlp-tiny.yaml --set output.dir=" + dir +
+                            " --set output.progress=false " + extra);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir;
+}
+
+void expectGnuplotSvg(const fs::path& p) {
+  ASSERT_TRUE(fs::exists(p)) << p;
+  std::string s = slurp(p);
+  EXPECT_NE(s.find("<svg"), std::string::npos) << p;
+  EXPECT_NE(s.find("Produced by GNUPLOT"), std::string::npos) << p;
+  EXPECT_NE(s.find("<path"), std::string::npos) << p;
+  EXPECT_NE(s.find(" d='M"), std::string::npos) << p << ": no path data";
+}
+
+/// Everything a run folder's report must satisfy; `devices` counts the compute devices.
+void checkRunFolder(const std::string& dir, int devices, bool host) {
+  const fs::path run(dir);
+  const json summary = json::parse(slurp(run / "summary.json"));
+  const json memory = json::parse(slurp(run / "memory.json"));
+  const json trace = json::parse(slurp(run / "trace.json"));
+  const std::string html = slurp(run / "report.html");
+
+  // memory.json: one entry per summary device, same peak, breakdown sums to it.
+  ASSERT_EQ(memory["devices"].size(), summary["devices"].size());
+  ASSERT_EQ(summary["devices"].size(), static_cast<size_t>(devices + (host ? 1 : 0)));
+  for (size_t i = 0; i < summary["devices"].size(); ++i) {
+    const auto& s = summary["devices"][i];
+    const auto& m = memory["devices"][i];
+    EXPECT_EQ(m["name"], s["name"]);
+    EXPECT_EQ(m["peak_bytes"], s["peak_bytes"]) << s["name"];
+    int64_t sum = 0;
+    for (const auto& [k, v] : m["at_peak"].items()) sum += v.get<int64_t>();
+    EXPECT_EQ(sum, m["peak_bytes"].get<int64_t>()) << s["name"] << ": breakdown at the peak";
+    if (i < static_cast<size_t>(devices)) {
+      EXPECT_GT(m["peak_bytes"].get<int64_t>(), 0) << s["name"];
+      // The moment comes from the trace; no sample can exceed the allocator's peak.
+      ASSERT_TRUE(m["peak_time_ms"].is_number()) << s["name"];
+      EXPECT_GE(m["peak_time_ms"].get<double>(), 0.0);
+      EXPECT_LE(m["trace_peak_bytes"].get<int64_t>(), m["peak_bytes"].get<int64_t>());
+      EXPECT_GT(m["trace_peak_bytes"].get<int64_t>(), 0);
+      ASSERT_TRUE(m.contains("chart")) << s["name"];
+      expectGnuplotSvg(run / m["chart"].get<std::string>());
+    }
+  }
+  EXPECT_TRUE(memory["iteration_seconds"]["measured"].is_number());
+  EXPECT_TRUE(memory["warnings"].is_array());
+
+  // trace.json: one process per device (+ host), spans and memory counters on each device.
+  std::map<int, std::string> names;
+  std::map<int, int> spans, counters;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"]] = e["args"]["name"];
+    if (e["ph"] == "X") ++spans[e["pid"]];
+    if (e["ph"] == "C") {
+      ++counters[e["pid"]];
+      EXPECT_TRUE(e["args"].contains("stash"));
+    }
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(devices + (host ? 1 : 0)));
+  for (int d = 0; d < devices; ++d) {
+    EXPECT_EQ(names[d], "cpu:" + std::to_string(d));
+    EXPECT_GT(spans[d], 0) << "device " << d << " has no compute track";
+    EXPECT_GT(counters[d], 0) << "device " << d << " has no memory counters";
+  }
+
+  // Charts: loss and throughput from metrics.csv, memory per device; all inlined.
+  expectGnuplotSvg(run / "charts/loss.svg");
+  expectGnuplotSvg(run / "charts/throughput.svg");
+  EXPECT_NE(html.find("<html"), std::string::npos);
+  for (const char* c : {"charts/loss.svg", "charts/throughput.svg", "charts/memory-cpu0.svg"})
+    EXPECT_NE(html.find(c), std::string::npos) << c;
+  size_t inlined = 0;
+  for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1))
+    ++inlined;
+  // Timelines (the host pool's too) + loss + throughput.
+  EXPECT_EQ(inlined, static_cast<size_t>(devices + (host ? 1 : 0) + 2));
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org"))  // no network resources
+      << "report.html must be self-contained";
+  for (const char* section : {"Warnings", "Peak memory per device", "Memory timelines",
+                              "Offload traffic", "Predicted against measured",
+                              "Loss and throughput", "Configuration"})
+    EXPECT_NE(html.find(section), std::string::npos) << section;
+  EXPECT_NE(html.find("name: mlp"), std::string::npos) << "config.yaml is not in the page";
+}
+
+TEST(ReportTest, SingleDeviceRunLeavesAReport) {
+  const std::string dir = train("single", "");
+  checkRunFolder(dir, 1, false);
+  // The single-device trace records the event stream of the first steps: the replayed
+  // counters must show the stash (activations saved for backward) at some point.
+  const json trace = json::parse(slurp(fs::path(dir) / "trace.json"));
+  int64_t maxStash = 0;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "C" && e["name"] == "memory events")
+      maxStash = std::max<int64_t>(maxStash, e["args"]["stash"].get<int64_t>());
+  EXPECT_GT(maxStash, 0);
+}
+
+TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
+  const std::string dir = train("1f1b", "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                        "--set devices.count=2 --set pipeline.microbatches=2");
+  checkRunFolder(dir, 2, true);
+  // The host pool has a timeline even when nothing was offloaded.
+  expectGnuplotSvg(fs::path(dir) / "charts/memory-host.svg");
+  // 2 stages of a 2-layer-ish MLP: the runtime's spans name F and B actions of both stages.
+  const json trace = json::parse(slurp(fs::path(dir) / "trace.json"));
+  std::set<std::string> cats;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X") cats.insert(e["cat"].get<std::string>());
+  EXPECT_GE(cats.size(), 2u);
+  EXPECT_EQ(trace["otherData"]["stages"], 2);
+}
+
+TEST(ReportTest, ProgramRebuildsTheReportAndNamesBadInput) {
+  const std::string dir = train("rebuild", "--set training.iterations=4");
+  fs::remove(fs::path(dir) / "report.html");
+  fs::remove(fs::path(dir) / "memory.json");
+  fs::remove_all(fs::path(dir) / "charts");
+  auto r = test::runProgram("pipefb_report " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "report.html"));
+  expectGnuplotSvg(fs::path(dir) / "charts/memory-cpu0.svg");
+
+  auto missing = test::runProgram("pipefb_report " + runDir("no-such-run"));
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("summary.json"), std::string::npos) << missing.out;
+
+  // gnuplot missing is a failure with a hint, not a crash.
+  EXPECT_THROW(
+      {
+        ReportOptions o;
+        o.gnuplot = "/nonexistent/gnuplot";
+        writeReport(dir, o);
+      },
+      std::runtime_error);
+}
+
+TEST(ReportTest, WarnsWhenADeviceIsNearItsCapacity) {
+  // A run whose peak uses more than 95% of devices.memory: written by hand from a real
+  // summary, with the capacity set just above the peak.
+  const std::string dir = runDir("near-capacity");
+  const std::string src = train("near-capacity-src", "--set training.iterations=2");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"metrics.csv", "config.yaml", "trace.json"})
+    fs::copy_file(fs::path(src) / f, fs::path(dir) / f);
+  json s = json::parse(slurp(fs::path(src) / "summary.json"));
+  s["devices"][0]["capacity_bytes"] = s["devices"][0]["peak_bytes"].get<int64_t>() + 1;
+  std::ofstream(fs::path(dir) / "summary.json") << s.dump();
+  auto r = writeReport(dir);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("within 5% of its capacity"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(slurp(r.html).find("within 5% of its capacity"), std::string::npos);
+}
+
+TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
+  if (!fs::exists("/usr/bin/chromium"))
+    GTEST_SKIP() << "/usr/bin/chromium is absent (scripts/setup-chromium installs it)";
+  const std::string dir = train("chromium", "--set training.iterations=6");
+  const std::string png = dir + "/report.png";
+  const std::string profile = dir + "/chromium-profile";
+  fs::create_directories(profile);
+  auto r = test::runCommand(
+      "timeout 120 /usr/bin/chromium --headless --no-sandbox --disable-gpu --disable-quic "
+      "--no-first-run --disable-background-networking --disable-component-update --disable-sync "
+      "--user-data-dir=" + profile + " --screenshot=" + png +
+      " --window-size=1200,2000 file://" + dir + "/report.html");
+  ASSERT_TRUE(fs::exists(png)) << r.out;
+  // A blank page compresses to a few KiB; charts with text and fills do not.
+  EXPECT_GT(fs::file_size(png), 40u * 1024) << "the screenshot looks blank";
+}
+
+}  // namespace
+}  // namespace pipefb::report
