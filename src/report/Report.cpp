@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <yaml-cpp/yaml.h>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/MemoryCategory.h"
@@ -437,7 +438,38 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
                          "x); rebalance pipeline.partition or let the planner choose it");
   }
 
-  // Iteration time, measured (from metrics.csv) against predicted (not available here).
+  // Predictions: the plan file's `predicted:` section (pipefb_plan's cost model).
+  double iterPredicted = NAN;
+  std::vector<int64_t> peakPredicted;
+  std::string predictedNote =
+      "no plan file (pipefb_plan's plan.yaml) in this run folder; predicted columns are empty "
+      "(pipefb_report --plan PLAN RUN_DIR fills them)";
+  {
+    const fs::path plan = options.plan.empty() ? run / "plan.yaml" : fs::path(options.plan);
+    if (!options.plan.empty() && !fs::exists(plan))
+      throw UserError(plan.string() + ": no such plan file (--plan)");
+    if (fs::exists(plan)) {
+      try {
+        YAML::Node y = YAML::LoadFile(plan.string());
+        YAML::Node p = y["predicted"];
+        if (p && p["iteration_time"]) iterPredicted = p["iteration_time"].as<double>();
+        if (p && p["peak_memory"])
+          for (const auto& v : p["peak_memory"]) peakPredicted.push_back(v.as<int64_t>());
+      } catch (const YAML::Exception& e) {
+        throw UserError(plan.string() + ": not a plan file (" + e.what() + ")");
+      }
+      predictedNote = "predicted by the cost model of the plan file " + plan.string() +
+                      "; the planner's device i is the run's cpu:i";
+    }
+  }
+  for (auto& dj : devices) {
+    const std::string n = dj["name"].get<std::string>();
+    if (n.rfind("cpu:", 0) != 0) continue;
+    const size_t i = std::strtoul(n.c_str() + 4, nullptr, 10);
+    if (i < peakPredicted.size()) dj["predicted_peak_bytes"] = peakPredicted[i];
+  }
+
+  // Iteration time, measured (from metrics.csv).
   double iterMeasured = NAN;
   if (metrics.elapsed.size() >= 2) {
     const size_t n = metrics.elapsed.size();
@@ -445,9 +477,6 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   } else if (metrics.elapsed.size() == 1) {
     iterMeasured = metrics.elapsed[0];
   }
-  const std::string predictedNote =
-      "no simulator prediction is stored in this run folder; predicted columns are empty "
-      "(run pipefb_sim on the run's schedule to compare)";
 
   if (curveChart(options, charts, "loss", "training loss", "loss", metrics.step, metrics.loss))
     chartNames.push_back("loss");
@@ -466,7 +495,7 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
       {"transfers", transfers},
       {"host_pool", hostPool},
       {"iteration_seconds", {{"measured", std::isfinite(iterMeasured) ? json(iterMeasured) : json(nullptr)},
-                             {"predicted", nullptr}}},
+                             {"predicted", std::isfinite(iterPredicted) ? json(iterPredicted) : json(nullptr)}}},
       {"predicted_note", predictedNote},
       {"trace", {{"present", trace.present}, {"end_ms", trace.endMs}}},
       {"warnings", warnings}};
@@ -566,11 +595,23 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   }
 
   h << "<h2>Predicted against measured</h2>\n<table><tr><th>quantity</th><th>predicted</th>"
-       "<th>measured</th></tr>\n<tr><td>iteration time (s)</td><td></td><td>"
-    << (std::isfinite(iterMeasured) ? fmt(iterMeasured, "%.4f") : "") << "</td></tr>\n";
-  for (const auto& dj : devices)
-    h << "<tr><td>peak " << escapeHtml(dj["name"].get<std::string>()) << "</td><td></td><td>"
-      << fmtMiB(dj["peak_bytes"].get<int64_t>()) << "</td></tr>\n";
+       "<th>measured</th><th>measured / predicted</th></tr>\n<tr><td>iteration time (s)</td><td>"
+    << (std::isfinite(iterPredicted) ? fmt(iterPredicted, "%.4f") : "") << "</td><td>"
+    << (std::isfinite(iterMeasured) ? fmt(iterMeasured, "%.4f") : "") << "</td><td>"
+    << (std::isfinite(iterPredicted) && std::isfinite(iterMeasured) && iterPredicted > 0
+            ? fmt(iterMeasured / iterPredicted, "%.2f")
+            : std::string())
+    << "</td></tr>\n";
+  for (const auto& dj : devices) {
+    const bool pred = dj["predicted_peak_bytes"].is_number();
+    const int64_t pp = pred ? dj["predicted_peak_bytes"].get<int64_t>() : 0;
+    h << "<tr><td>peak " << escapeHtml(dj["name"].get<std::string>()) << "</td><td>"
+      << (pred ? fmtMiB(pp) : std::string()) << "</td><td>"
+      << fmtMiB(dj["peak_bytes"].get<int64_t>()) << "</td><td>"
+      << (pred && pp > 0 ? fmt(static_cast<double>(dj["peak_bytes"].get<int64_t>()) / pp, "%.2f")
+                         : std::string())
+      << "</td></tr>\n";
+  }
   h << "</table>\n<p>" << escapeHtml(predictedNote) << ".</p>\n";
 
   h << "<h2>Loss and throughput</h2>\n";

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   app.add_option("run_dir", runDir, "the run folder (output.dir of a pipefb_train run)")
       ->required();
   app.add_option("--gnuplot", options.gnuplot, "the gnuplot program");
+  app.add_option("--plan", options.plan,
+                 "a pipefb_plan plan file for the predicted columns (default: RUN_DIR/plan.yaml)");
   return pipefb::runProgram("pipefb_report", app, argc, argv, [&] {
     auto r = pipefb::report::writeReport(runDir, options);
     std::cout << r.html << "\n" << r.memoryJson << "\n";

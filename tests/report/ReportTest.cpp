@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "TestUtil.h"
+#include "pipefb/common/Error.h"
 #include "pipefb/report/Report.h"
 
 namespace pipefb::report {
@@ -187,6 +188,28 @@ TEST(ReportTest, WarnsWhenADeviceIsNearItsCapacity) {
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_NE(r.warnings[0].find("within 5% of its capacity"), std::string::npos) << r.warnings[0];
   EXPECT_NE(slurp(r.html).find("within 5% of its capacity"), std::string::npos);
+}
+
+TEST(ReportTest, PlanFileFillsThePredictedColumns) {
+  const std::string dir = train("predicted", "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                             "--set devices.count=2 --set pipeline.microbatches=2 "
+                                             "--set training.iterations=4");
+  std::ofstream(fs::path(dir) / "plan.yaml") << "version: 1\nschedule: 1f1b\npredicted:\n"
+                                                "  iteration_time: 0.125\n"
+                                                "  peak_memory: [1048576, 2097152, 0, 0]\n";
+  auto r = writeReport(dir);
+  const json memory = json::parse(slurp(r.memoryJson));
+  EXPECT_DOUBLE_EQ(memory["iteration_seconds"]["predicted"].get<double>(), 0.125);
+  EXPECT_EQ(memory["devices"][0]["predicted_peak_bytes"], 1048576);
+  EXPECT_EQ(memory["devices"][1]["predicted_peak_bytes"], 2097152);
+  EXPECT_TRUE(memory["devices"][2]["predicted_peak_bytes"].is_null());  // the host pool
+  const std::string html = slurp(r.html);
+  EXPECT_NE(html.find("2.00 MiB"), std::string::npos);
+  EXPECT_NE(html.find("0.1250"), std::string::npos);
+  // A --plan that does not exist is bad input, named.
+  ReportOptions o;
+  o.plan = dir + "/missing-plan.yaml";
+  EXPECT_THROW(writeReport(dir, o), UserError);
 }
 
 TEST(ReportTest, ChromiumRendersTheChartsToAPng) {

@@ -13,6 +13,10 @@ struct ReportOptions {
   std::string gnuplot = "gnuplot";
   /// Timeline points per device above which the chart keeps each bucket's maximum.
   std::size_t maxTimelinePoints = 20000;
+  /// A plan file of pipefb_plan whose `predicted:` section (iteration_time,
+  /// peak_memory per device) fills the predicted columns. Empty: <run>/plan.yaml if
+  /// it exists.
+  std::string plan;
 };
 
 struct ReportResult {
