@@ -105,6 +105,7 @@ struct TraceData {
   bool present = false;
   std::map<int, std::string> processName;
   std::map<int, std::vector<Sample>> samples;  // pid -> memory counters, by time
+  std::map<int, std::pair<double, double>> eventWindow;  // pid -> span of "memory events"
   std::map<int, double> spanSeconds;           // pid -> total duration of its compute spans
   std::map<int, int64_t> spans;
   double endMs = 0;
@@ -130,6 +131,11 @@ TraceData readTrace(const fs::path& p) {
       if (name != "memory" && name != "memory events") continue;
       double ts = e.value("ts", 0.0) / 1000.0;
       t.samples[pid].push_back({ts, bytesFromJson(e["args"])});
+      if (name == "memory events") {
+        auto w = t.eventWindow.emplace(pid, std::make_pair(ts, ts)).first;
+        w->second.first = std::min(w->second.first, ts);
+        w->second.second = std::max(w->second.second, ts);
+      }
       t.endMs = std::max(t.endMs, ts);
     } else if (ph == "X") {
       double dur = e.value("dur", 0.0);
@@ -216,7 +222,7 @@ const char* kColors[kNumMemoryCategories] = {"#4e79a7", "#f28e2b", "#e15759", "#
 
 /// The stacked timeline of one device; returns false when there is nothing to draw.
 bool memoryChart(const ReportOptions& o, const fs::path& dir, const std::string& name,
-                 const std::string& device, std::vector<Sample> s, int64_t capacity) {
+                 const std::string& title, std::vector<Sample> s, int64_t capacity) {
   if (s.empty()) return false;
   if (s.size() > o.maxTimelinePoints) {
     // Keep each bucket's highest sample: the chart must still show the peak.
@@ -255,7 +261,7 @@ bool memoryChart(const ReportOptions& o, const fs::path& dir, const std::string&
     row(s[i].tMs, s[i].bytes);
   }
   writeFile(dir / (name + ".dat"), dat.str());
-  std::string gp = svgHeader(name, device + ": live memory by category (stacked)");
+  std::string gp = svgHeader(name, title);
   gp += "set xlabel 'time (ms)'\nset ylabel 'MiB'\nset style fill solid 0.85 noborder\n";
   int64_t peak = 0;
   for (const auto& x : s) peak = std::max(peak, total(x.bytes));
@@ -388,9 +394,28 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
       warnings.push_back(name + " peaked at " + fmtMiB(peak) + ", within 5% of its capacity " +
                          fmtMiB(capacity) + " (" + fmt(100.0 * peak / capacity, "%.1f") + "%)");
     const std::string chart = "memory-" + fileSafe(name);
-    if (samples && memoryChart(options, charts, chart, name, *samples, capacity)) {
+    if (samples && memoryChart(options, charts, chart, name + ": live memory by category (stacked)",
+                               *samples, capacity)) {
       chartNames.push_back(chart);
       dj["chart"] = "charts/" + chart + ".svg";
+    }
+    // The allocator's event stream covers the first iterations only; when they are a
+    // small part of the run, a second chart shows them at full resolution.
+    if (samples && pid != pidOfName.end() && trace.eventWindow.count(pid->second)) {
+      const auto [w0, w1] = trace.eventWindow.at(pid->second);
+      const double all = samples->back().tMs - samples->front().tMs;
+      if (w1 > w0 && all > 2 * (w1 - w0)) {
+        std::vector<Sample> window;
+        for (const auto& x : *samples)
+          if (x.tMs >= w0 && x.tMs <= w1) window.push_back(x);
+        const std::string detail = chart + "-detail";
+        if (memoryChart(options, charts, detail,
+                        name + ": the first iterations, every allocation and free (stacked)",
+                        window, capacity)) {
+          chartNames.push_back(detail);
+          dj["chart_detail"] = "charts/" + detail + ".svg";
+        }
+      }
     }
     devices.push_back(dj);
   }
@@ -509,7 +534,7 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
                             summary.value("schedule", std::string("?"));
   h << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << escapeHtml(title)
     << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;margin:24px;max-width:1100px}"
-       "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;"
+       "table{border-collapse:collapse;margin:8px 0;font-size:13px}td,th{border:1px solid #ccc;padding:4px 8px;"
        "text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}pre{background:#f7f7f7;"
        "padding:8px;overflow:auto}.warn{color:#b00020}.chart svg{max-width:100%;height:auto}"
        "</style></head><body>\n";

@@ -109,8 +109,16 @@ void checkRunFolder(const std::string& dir, int devices, bool host) {
   size_t inlined = 0;
   for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1))
     ++inlined;
-  // Timelines (the host pool's too) + loss + throughput.
-  EXPECT_EQ(inlined, static_cast<size_t>(devices + (host ? 1 : 0) + 2));
+  // Timelines (the host pool's too, and details of the event stream) + loss + throughput.
+  size_t timelines = 0;
+  for (const auto& f : fs::directory_iterator(run / "charts"))
+    if (f.path().extension() == ".svg" && f.path().filename().string().rfind("memory-", 0) == 0) {
+      ++timelines;
+      expectGnuplotSvg(f.path());
+      EXPECT_NE(html.find("charts/" + f.path().filename().string()), std::string::npos) << f.path();
+    }
+  EXPECT_GE(timelines, static_cast<size_t>(devices + (host ? 1 : 0)));
+  EXPECT_EQ(inlined, timelines + 2);
   EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org"))  // no network resources
       << "report.html must be self-contained";
   for (const char* section : {"Warnings", "Peak memory per device", "Memory timelines",
@@ -131,6 +139,9 @@ TEST(ReportTest, SingleDeviceRunLeavesAReport) {
     if (e["ph"] == "C" && e["name"] == "memory events")
       maxStash = std::max<int64_t>(maxStash, e["args"]["stash"].get<int64_t>());
   EXPECT_GT(maxStash, 0);
+  // 2 of 20 steps are in the event stream: they get a chart of their own.
+  const json memory = json::parse(slurp(fs::path(dir) / "memory.json"));
+  EXPECT_EQ(memory["devices"][0]["chart_detail"], "charts/memory-cpu0-detail.svg");
 }
 
 TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
