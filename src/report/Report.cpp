@@ -59,9 +59,13 @@ std::string escapeHtml(const std::string& s) {
   return out;
 }
 
+/// Bytes for people: MiB, or KiB below 1 MiB (tiny models would show 0.00 MiB).
 std::string fmtMiB(int64_t bytes) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / kMiB);
+  if (bytes != 0 && std::llabs(bytes) < (int64_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / kMiB);
   return buf;
 }
 

@@ -159,6 +159,26 @@ TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
   EXPECT_EQ(trace["otherData"]["stages"], 2);
 }
 
+TEST(ReportTest, OffloadRunShowsTrafficAndTheHostPoolTimeline) {
+  const std::string dir =
+      train("offload", "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                       "--set devices.count=2 --set pipeline.microbatches=4 "
+                       "--set pipeline.stash=offload --set training.iterations=6");
+  checkRunFolder(dir, 2, true);
+  const json memory = json::parse(slurp(fs::path(dir) / "memory.json"));
+  ASSERT_EQ(memory["transfers"].size(), 2u);
+  for (const auto& t : memory["transfers"]) {
+    EXPECT_GT(t["bytes_d2h"].get<int64_t>(), 0) << t;
+    EXPECT_EQ(t["bytes_d2h"], t["bytes_h2d"]) << "every offloaded stash comes back";
+  }
+  // The host pool held the offloaded stashes: its timeline is not flat.
+  EXPECT_EQ(memory["devices"][2]["name"], "host");
+  EXPECT_GT(memory["devices"][2]["trace_peak_bytes"].get<int64_t>(), 0);
+  const std::string html = slurp(fs::path(dir) / "report.html");
+  EXPECT_NE(html.find("offloaded (D2H)"), std::string::npos);
+  EXPECT_EQ(html.find("No bytes moved"), std::string::npos);
+}
+
 TEST(ReportTest, ProgramRebuildsTheReportAndNamesBadInput) {
   const std::string dir = train("rebuild", "--set training.iterations=4");
   fs::remove(fs::path(dir) / "report.html");
