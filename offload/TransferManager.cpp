@@ -20,7 +20,10 @@ struct TransferManager::Entry {
 };
 
 TransferManager::TransferManager(memory::MemoryDomain& hostDomain, TransferOptions options)
-    : pool_(hostDomain, options.lockHostPages), counters_(std::max(1, options.numDevices)) {
+    : pool_(hostDomain, options.lockHostPages),
+      counters_(std::max(1, options.numDevices)),
+      offloadsInFlight_(std::max(1, options.numDevices), 0),
+      maxOffloadsInFlight_(options.maxOffloadsInFlight) {
   for (int d = 0; d < std::max(1, options.numDevices); ++d)
     engines_.push_back(std::make_unique<ThreadCopyEngine>("copy:" + std::to_string(d)));
 }
@@ -37,7 +40,14 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
   PIPEFB_ASSERT(device >= 0 && device < numDevices(), "offload on unknown device " << device);
   std::shared_ptr<Entry> e;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (maxOffloadsInFlight_ > 0 && offloadsInFlight_[device] >= maxOffloadsInFlight_) {
+      const int64_t start = memory::nowNs();
+      cv_.wait(lock, [&] { return closed_ || offloadsInFlight_[device] < maxOffloadsInFlight_; });
+      counters_[device].stallSeconds += (memory::nowNs() - start) * 1e-9;
+      if (closed_) throw TransferCancelled();
+    }
+    ++offloadsInFlight_[device];
     auto& slot = entries_[key];
     if (!slot) slot = std::make_shared<Entry>();
     e = slot;
@@ -71,6 +81,7 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
     const int64_t end = memory::nowNs();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      --offloadsInFlight_[device];
       if (!e->dropped) e->host = std::move(host);
       e->error = error;
       e->offloaded = true;

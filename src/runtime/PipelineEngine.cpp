@@ -22,7 +22,6 @@
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
-#include "pipefb/report/ChromeTrace.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/StashPolicy.h"
@@ -512,7 +511,7 @@ void PipelineEngine::Impl::build() {
   host = &memory::configureDomain(memory::kHostDomain,
                                   config.devices.host_memory.value_or(memory::kUnlimited));
   host->resetPeak();
-  transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true});
+  transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true, 1});
 
   // Stages: the master replica is the model's own layers, moved to the backward device.
   pool = std::make_shared<ShellPool>(model.options(), partition, true);
@@ -1257,15 +1256,29 @@ std::vector<std::vector<ActionRecord>> PipelineEngine::records() const {
 }
 
 void PipelineEngine::writeTrace(const std::string& path) const {
-  // Note [Chrome trace] (pipefb/report/ChromeTrace.h) describes the layout.
   Impl& I = *impl_;
   I.drainEvents();
-  report::ChromeTrace trace(I.t0);
+  using nlohmann::json;
+  json ev = json::array();
+  auto us = [&](int64_t ns) { return static_cast<double>(ns - I.t0) / 1000.0; };
   auto records = this->records();
   for (int d = 0; d <= I.D; ++d) {
-    trace.addProcess(d, d < I.D ? I.devices[d].domain->name() : std::string("host"));
-    if (d < I.D) trace.addThread(d, 0, "compute");
+    const std::string name = d < I.D ? I.devices[d].domain->name() : std::string("host");
+    ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", d}, {"args", {{"name", name}}}});
+    ev.push_back(
+        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", d}, {"args", {{"sort_index", d}}}});
+    if (d < I.D)
+      ev.push_back({{"ph", "M"},
+                    {"name", "thread_name"},
+                    {"pid", d},
+                    {"tid", 0},
+                    {"args", {{"name", "compute"}}}});
   }
+  auto counter = [&](int pid, const std::string& name, int64_t ns, const memory::CategoryBytes& b) {
+    json args = json::object();
+    for (MemoryCategory c : kAllMemoryCategories) args[toString(c)] = b[index(c)];
+    ev.push_back({{"ph", "C"}, {"name", name}, {"pid", pid}, {"ts", us(ns)}, {"args", args}});
+  };
   std::map<int, int> pidOfDomain;
   for (int d = 0; d < I.D; ++d) pidOfDomain[I.devices[d].domain->id()] = d;
   pidOfDomain[I.host->id()] = I.D;
@@ -1273,17 +1286,36 @@ void PipelineEngine::writeTrace(const std::string& path) const {
     const auto& list = I.plan.schedule.devices[d];
     for (const auto& r : records[d]) {
       const Action& a = list[r.index];
-      trace.addSpan(d, 0, schedules::toString(a), schedules::typeName(a.type), r.startNs, r.endNs,
-                    {{"stage", a.stage}, {"index", a.index}, {"step", r.index}});
-      trace.addMemoryCounter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
+      ev.push_back({{"ph", "X"},
+                    {"name", schedules::toString(a)},
+                    {"cat", schedules::typeName(a.type)},
+                    {"pid", d},
+                    {"tid", 0},
+                    {"ts", us(r.startNs)},
+                    {"dur", static_cast<double>(r.endNs - r.startNs) / 1000.0},
+                    {"args", {{"stage", a.stage}, {"index", a.index}, {"step", r.index}}}});
+      counter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
     }
   }
   // The event stream (first iterations): a counter per allocation and free.
-  trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);
-  trace.write(path, {{"schedule", I.kind},
-                     {"stages", I.S},
-                     {"microbatches", I.M},
-                     {"partition", toString(I.partition)}});
+  std::map<int, memory::CategoryBytes> live = I.eventBase;
+  for (const auto& e : I.events) {
+    auto& b = live[e.domain];
+    if (e.kind == memory::MemoryEventKind::Alloc) b[index(e.category)] += e.bytes;
+    if (e.kind == memory::MemoryEventKind::Free)
+      b[index(e.category)] = std::max<int64_t>(0, b[index(e.category)] - e.bytes);
+    counter(pidOfDomain[e.domain], "memory events", e.time_ns, b);
+  }
+  json root = {{"traceEvents", ev},
+               {"displayTimeUnit", "ms"},
+               {"otherData",
+                {{"schedule", I.kind},
+                 {"stages", I.S},
+                 {"microbatches", I.M},
+                 {"partition", toString(I.partition)}}}};
+  std::ofstream f(path);
+  if (!f) throw UserError("cannot write the trace to " + path);
+  f << root.dump() << "\n";
 }
 
 std::string PipelineEngine::summaryJson() const {

@@ -12,6 +12,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/schedules/Placement.h"
 #include "pipefb/train/Optimizer.h"
 
 using namespace pipefb;
@@ -533,4 +534,126 @@ TEST(PipelineErrors, WatchdogReportsAStall) {
     EXPECT_NE(what.find("[*"), std::string::npos) << what;  // where each device waits
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
+}
+
+// ------------------------------------------------------------------ issue 5: offload
+
+namespace {
+int64_t maxPeak(const runtime::PipelineEngine& e) {
+  int64_t p = 0;
+  auto stats = e.deviceStats();
+  for (size_t d = 0; d + 1 < stats.size(); ++d) p = std::max(p, stats[d].peak);  // not the host
+  return p;
+}
+}  // namespace
+
+TEST(PipelineOffload, ResidentStashesFollowTheLookaheadAndCountersAreReported) {
+  const int S = 3, M = 6;
+  for (const std::string sched : {"1f1b", "pipefb-sync"}) {
+    SCOPED_TRACE(sched);
+    auto cfg = makeConfig(wideMlp(), sched, S, M, "offload", 48);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    e.step(makeBatch(*model, 48, 5, 1));
+    e.step(makeBatch(*model, 48, 5, 2));
+    e.finish();
+    auto perMb = e.stashBytesPerMicrobatch();
+    auto atEnds = stashAtActionEnds(e);
+    auto tstats = e.transferStats();
+    auto stats = e.deviceStats();
+    const int lookahead = static_cast<int>(cfg.pipeline.lookahead);
+    for (int s = 0; s < S; ++s) {
+      ASSERT_GT(perMb[s], 0);
+      const auto placement = schedules::Placement::defaultFor(sched, S);
+      const int f = placement.forward(s), b = placement.backward(s);
+      // Note [Resident offloaded stashes]: at most lookahead + 1 near B, plus one whose D2H
+      // copy may still run, where keep would hold min(S - s, M).
+      // One offloaded stash: what autograd saved (the stage input included, which F's
+      // device counts as a comm buffer, hence more than perMb).
+      ASSERT_GT(tstats[f].offloads, 0);
+      const int64_t unit = std::max(perMb[s], tstats[f].bytesD2H / tstats[f].offloads);
+      if (f == b) {
+        EXPECT_LE(atEnds[b], (lookahead + 2) * unit * 11 / 10) << "device " << b;
+      } else {
+        EXPECT_LE(atEnds[b], (lookahead + 1) * unit * 11 / 10) << "backward device " << b;
+        // A PipeFB forward device: the stash leaves with OFF; the previous one may still
+        // be copying out (TransferOptions::maxOffloadsInFlight = 1).
+        EXPECT_LE(atEnds[f], 2 * unit * 11 / 10) << "forward device " << f;
+      }
+    }
+    // Nothing is left behind in the host pool or on the devices as stash.
+    for (auto* dom : memory::allDomains())
+      if (dom->name().rfind("cpu:", 0) == 0) EXPECT_EQ(dom->liveBytes(MemoryCategory::Stash), 0);
+    EXPECT_EQ(e.hostPool().liveBytes, 0);
+    EXPECT_GT(e.hostPool().peakBytes, 0);
+    int64_t d2h = 0, h2d = 0;
+    for (const auto& t : e.transferStats()) {
+      d2h += t.bytesD2H;
+      h2d += t.bytesH2D;
+      EXPECT_LE(t.hiddenSeconds, t.copySeconds + 1e-9);
+    }
+    EXPECT_GT(d2h, 0);
+    EXPECT_EQ(d2h, h2d);
+    auto j = nlohmann::json::parse(e.summaryJson());
+    ASSERT_TRUE(j.contains("transfers"));
+    EXPECT_EQ(j["transfers"].size(), static_cast<size_t>(e.numDevices()));
+    EXPECT_TRUE(j["transfers"][0].contains("overlap_pct"));
+    EXPECT_TRUE(j["transfers"][0].contains("stall_seconds"));
+    EXPECT_GT(j["host_pool"]["peak_bytes"].get<int64_t>(), 0);
+  }
+}
+
+// Issue 5, "a budget that only offload can meet": with devices.memory below the peak of
+// 1f1b-keep, 1f1b-keep fails with OutOfMemoryError while pipefb-sync with offload trains
+// (and still matches single-device training).
+TEST(PipelineOffload, ABudgetOnlyOffloadCanMeet) {
+  // Activations must outweigh the classifier's weights, grads and optimizer state
+  // (the stage that holds them is the same in both schedules).
+  const int S = 4, M = 8;
+  const int64_t batch = 256;
+  auto opts = visionOptions("vgg16");
+  auto peakOf = [&](const std::string& sched, const std::string& stash) {
+    auto cfg = makeConfig(opts, sched, S, M, stash, batch);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    e.step(makeBatch(*model, batch, 10, 1));
+    e.step(makeBatch(*model, batch, 10, 2));
+    e.finish();
+    return maxPeak(e);
+  };
+  const int64_t keep = peakOf("1f1b", "keep");
+  const int64_t fb = peakOf("pipefb-sync", "offload");
+  std::cout << "peak device memory: 1f1b-keep " << keep << " B, pipefb-sync-offload " << fb
+            << " B (" << 100.0 * fb / keep << "%)\n";
+  ASSERT_LT(fb * 5 / 4, keep) << "the model does not separate the two policies";
+  const int64_t budget = (fb * 5 / 4 + keep) / 2;
+
+  {
+    auto cfg = makeConfig(opts, "1f1b", S, M, "keep", batch);
+    cfg.devices.memory = budget;
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    EXPECT_THROW(
+        {
+          e.step(makeBatch(*model, batch, 10, 1));
+          e.step(makeBatch(*model, batch, 10, 2));
+        },
+        OutOfMemoryError);
+  }
+  {
+    auto cfg = makeConfig(opts, "pipefb-sync", S, M, "offload", batch);
+    cfg.devices.memory = budget;
+    Reference ref(cfg);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    for (uint64_t k = 0; k < 2; ++k) {
+      auto b = makeBatch(*model, batch, 10, 1 + k);
+      const double want = ref.step(b, 2);
+      EXPECT_NEAR(e.step(b), want, 1e-5 * std::max(1.0, std::abs(want)));
+    }
+    e.finish();
+    EXPECT_LE(maxPeak(e), budget);
+  }
+  for (int d = 0; d < 2 * S; ++d)
+    memory::configureDomain(memory::virtualDeviceName(d), memory::kUnlimited);
 }

@@ -75,6 +75,10 @@ struct TransferCounters {
 struct TransferOptions {
   int numDevices = 1;
   bool lockHostPages = true;
+  /// Backpressure: offload() waits (counted as stall) while this many D2H copies of the
+  /// device are unfinished; 0 = unlimited. With 1, a device holds at most one stash
+  /// being copied out besides the one it just made (Note [Resident offloaded stashes]).
+  int maxOffloadsInFlight = 0;
 };
 
 class TransferManager {
@@ -127,6 +131,8 @@ class TransferManager {
   std::map<TransferKey, std::shared_ptr<Entry>> entries_;
   std::vector<TransferCounters> counters_;
   int64_t queued_ = 0;  // jobs submitted and not finished
+  std::vector<int> offloadsInFlight_;
+  int maxOffloadsInFlight_ = 0;
   bool closed_ = false;
 };
 
