@@ -22,6 +22,7 @@
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
+#include "pipefb/report/ChromeTrace.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/StashPolicy.h"
@@ -1256,29 +1257,15 @@ std::vector<std::vector<ActionRecord>> PipelineEngine::records() const {
 }
 
 void PipelineEngine::writeTrace(const std::string& path) const {
+  // Note [Chrome trace] (pipefb/report/ChromeTrace.h) describes the layout.
   Impl& I = *impl_;
   I.drainEvents();
-  using nlohmann::json;
-  json ev = json::array();
-  auto us = [&](int64_t ns) { return static_cast<double>(ns - I.t0) / 1000.0; };
+  report::ChromeTrace trace(I.t0);
   auto records = this->records();
   for (int d = 0; d <= I.D; ++d) {
-    const std::string name = d < I.D ? I.devices[d].domain->name() : std::string("host");
-    ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", d}, {"args", {{"name", name}}}});
-    ev.push_back(
-        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", d}, {"args", {{"sort_index", d}}}});
-    if (d < I.D)
-      ev.push_back({{"ph", "M"},
-                    {"name", "thread_name"},
-                    {"pid", d},
-                    {"tid", 0},
-                    {"args", {{"name", "compute"}}}});
+    trace.addProcess(d, d < I.D ? I.devices[d].domain->name() : std::string("host"));
+    if (d < I.D) trace.addThread(d, 0, "compute");
   }
-  auto counter = [&](int pid, const std::string& name, int64_t ns, const memory::CategoryBytes& b) {
-    json args = json::object();
-    for (MemoryCategory c : kAllMemoryCategories) args[toString(c)] = b[index(c)];
-    ev.push_back({{"ph", "C"}, {"name", name}, {"pid", pid}, {"ts", us(ns)}, {"args", args}});
-  };
   std::map<int, int> pidOfDomain;
   for (int d = 0; d < I.D; ++d) pidOfDomain[I.devices[d].domain->id()] = d;
   pidOfDomain[I.host->id()] = I.D;
@@ -1286,36 +1273,17 @@ void PipelineEngine::writeTrace(const std::string& path) const {
     const auto& list = I.plan.schedule.devices[d];
     for (const auto& r : records[d]) {
       const Action& a = list[r.index];
-      ev.push_back({{"ph", "X"},
-                    {"name", schedules::toString(a)},
-                    {"cat", schedules::typeName(a.type)},
-                    {"pid", d},
-                    {"tid", 0},
-                    {"ts", us(r.startNs)},
-                    {"dur", static_cast<double>(r.endNs - r.startNs) / 1000.0},
-                    {"args", {{"stage", a.stage}, {"index", a.index}, {"step", r.index}}}});
-      counter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
+      trace.addSpan(d, 0, schedules::toString(a), schedules::typeName(a.type), r.startNs, r.endNs,
+                    {{"stage", a.stage}, {"index", a.index}, {"step", r.index}});
+      trace.addMemoryCounter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
     }
   }
   // The event stream (first iterations): a counter per allocation and free.
-  std::map<int, memory::CategoryBytes> live = I.eventBase;
-  for (const auto& e : I.events) {
-    auto& b = live[e.domain];
-    if (e.kind == memory::MemoryEventKind::Alloc) b[index(e.category)] += e.bytes;
-    if (e.kind == memory::MemoryEventKind::Free)
-      b[index(e.category)] = std::max<int64_t>(0, b[index(e.category)] - e.bytes);
-    counter(pidOfDomain[e.domain], "memory events", e.time_ns, b);
-  }
-  json root = {{"traceEvents", ev},
-               {"displayTimeUnit", "ms"},
-               {"otherData",
-                {{"schedule", I.kind},
-                 {"stages", I.S},
-                 {"microbatches", I.M},
-                 {"partition", toString(I.partition)}}}};
-  std::ofstream f(path);
-  if (!f) throw UserError("cannot write the trace to " + path);
-  f << root.dump() << "\n";
+  trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);
+  trace.write(path, {{"schedule", I.kind},
+                     {"stages", I.S},
+                     {"microbatches", I.M},
+                     {"partition", toString(I.partition)}});
 }
 
 std::string PipelineEngine::summaryJson() const {
