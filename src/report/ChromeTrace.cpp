@@ -12,7 +12,8 @@ using nlohmann::json;
 ChromeTrace::ChromeTrace(int64_t originNs) : origin_(originNs) {}
 
 void ChromeTrace::addProcess(int pid, const std::string& name) {
-  events_.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", name}}}});
+  events_.push_back(
+      {{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", name}}}});
   events_.push_back(
       {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
 }

@@ -1,6 +1,7 @@
 #include "pipefb/report/Report.h"
 
 #include <sys/wait.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <array>
@@ -11,7 +12,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <yaml-cpp/yaml.h>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/MemoryCategory.h"
@@ -49,11 +49,20 @@ std::string escapeHtml(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -108,9 +117,9 @@ struct Sample {
 struct TraceData {
   bool present = false;
   std::map<int, std::string> processName;
-  std::map<int, std::vector<Sample>> samples;  // pid -> memory counters, by time
+  std::map<int, std::vector<Sample>> samples;            // pid -> memory counters, by time
   std::map<int, std::pair<double, double>> eventWindow;  // pid -> span of "memory events"
-  std::map<int, double> spanSeconds;           // pid -> total duration of its compute spans
+  std::map<int, double> spanSeconds;  // pid -> total duration of its compute spans
   std::map<int, int64_t> spans;
   double endMs = 0;
 };
@@ -196,7 +205,8 @@ void runGnuplot(const std::string& gnuplot, const fs::path& dir, const std::stri
                 const std::string& name) {
   const fs::path gp = dir / (name + ".gp");
   writeFile(gp, script);
-  const std::string cmd = "cd '" + dir.string() + "' && " + gnuplot + " '" + gp.filename().string() + "' 2>&1";
+  const std::string cmd =
+      "cd '" + dir.string() + "' && " + gnuplot + " '" + gp.filename().string() + "' 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   if (f == nullptr) throw std::runtime_error("cannot start " + gnuplot);
   std::string out;
@@ -215,8 +225,12 @@ void runGnuplot(const std::string& gnuplot, const fs::path& dir, const std::stri
 std::string svgHeader(const std::string& name, const std::string& title, int height = 340) {
   return "set terminal svg size 1000," + std::to_string(height) +
          " dynamic noenhanced font 'Helvetica,11' background rgb 'white'\n"
-         "set output '" + name + ".svg'\n"
-         "set title '" + title + "'\n"
+         "set output '" +
+         name +
+         ".svg'\n"
+         "set title '" +
+         title +
+         "'\n"
          "set grid\n"
          "set key outside right top\n";
 }
@@ -287,8 +301,8 @@ bool memoryChart(const ReportOptions& o, const fs::path& dir, const std::string&
 }
 
 bool curveChart(const ReportOptions& o, const fs::path& dir, const std::string& name,
-                const std::string& title, const std::string& ylabel,
-                const std::vector<double>& x, const std::vector<double>& y) {
+                const std::string& title, const std::string& ylabel, const std::vector<double>& x,
+                const std::vector<double>& y) {
   std::ostringstream dat;
   size_t n = 0;
   for (size_t i = 0; i < x.size() && i < y.size(); ++i)
@@ -331,8 +345,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   const fs::path run(runDirArg);
   const fs::path summaryPath = run / "summary.json";
   if (!fs::exists(summaryPath))
-    throw UserError(summaryPath.string() +
-                    ": no such file; RUN_DIR must be the output.dir of a finished pipefb_train run");
+    throw UserError(
+        summaryPath.string() +
+        ": no such file; RUN_DIR must be the output.dir of a finished pipefb_train run");
   json summary;
   try {
     summary = json::parse(readFile(summaryPath));
@@ -366,18 +381,20 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   for (const auto& d : summary["devices"]) {
     const std::string name = d.value("name", "?");
     const int64_t peak = d.value("peak_bytes", int64_t{0});
-    const int64_t capacity =
-        d.contains("capacity_bytes") && d["capacity_bytes"].is_number() ? d["capacity_bytes"].get<int64_t>() : -1;
-    json dj = {{"name", name},
-               {"capacity_bytes", capacity >= 0 ? json(capacity) : json(nullptr)},
-               {"peak_bytes", peak},
-               {"at_peak", nullptr},
-               {"utilization", capacity > 0 ? json(static_cast<double>(peak) / capacity) : json(nullptr)},
-               {"peak_time_ms", nullptr},
-               {"trace_peak_bytes", nullptr},
-               {"trace_at_peak", nullptr},
-               {"busy_seconds", busy.count(name) ? json(busy[name]) : json(nullptr)},
-               {"predicted_peak_bytes", nullptr}};
+    const int64_t capacity = d.contains("capacity_bytes") && d["capacity_bytes"].is_number()
+                                 ? d["capacity_bytes"].get<int64_t>()
+                                 : -1;
+    json dj = {
+        {"name", name},
+        {"capacity_bytes", capacity >= 0 ? json(capacity) : json(nullptr)},
+        {"peak_bytes", peak},
+        {"at_peak", nullptr},
+        {"utilization", capacity > 0 ? json(static_cast<double>(peak) / capacity) : json(nullptr)},
+        {"peak_time_ms", nullptr},
+        {"trace_peak_bytes", nullptr},
+        {"trace_at_peak", nullptr},
+        {"busy_seconds", busy.count(name) ? json(busy[name]) : json(nullptr)},
+        {"predicted_peak_bytes", nullptr}};
     dj["at_peak"] = bytesToJson(bytesFromJson(d.value("peak_by_category", json::object())));
     auto pid = pidOfName.find(name);
     const std::vector<Sample>* samples = nullptr;
@@ -426,19 +443,20 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
 
   // Stalls (offload) and imbalance (pipeline stages).
   json offload = findOffload(summary);
-  const json transfers = pipeline.is_object() && pipeline.contains("transfers") &&
-                                 pipeline["transfers"].is_array()
-                             ? pipeline["transfers"]
-                             : json::array();
+  const json transfers =
+      pipeline.is_object() && pipeline.contains("transfers") && pipeline["transfers"].is_array()
+          ? pipeline["transfers"]
+          : json::array();
   const json hostPool = pipeline.is_object() && pipeline.contains("host_pool")
                             ? pipeline["host_pool"]
                             : json(nullptr);
   for (const auto& t : transfers) {
     const double stall = t.value("stall_seconds", 0.0);
     if (wall > 0 && stall > 0.05 * wall)
-      warnings.push_back(t.value("name", "?") + " stalled " + fmt(stall) +
-                         " s waiting for prefetches, " + fmt(100.0 * stall / wall, "%.1f") +
-                         "% of the run (> 5%); prefetch earlier (pipeline.lookahead) or offload less");
+      warnings.push_back(
+          t.value("name", "?") + " stalled " + fmt(stall) + " s waiting for prefetches, " +
+          fmt(100.0 * stall / wall, "%.1f") +
+          "% of the run (> 5%); prefetch earlier (pipeline.lookahead) or offload less");
   }
   if (offload.is_object()) {
     for (const auto& [k, v] : offload.items())
@@ -523,8 +541,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
       {"offload", offload},
       {"transfers", transfers},
       {"host_pool", hostPool},
-      {"iteration_seconds", {{"measured", std::isfinite(iterMeasured) ? json(iterMeasured) : json(nullptr)},
-                             {"predicted", std::isfinite(iterPredicted) ? json(iterPredicted) : json(nullptr)}}},
+      {"iteration_seconds",
+       {{"measured", std::isfinite(iterMeasured) ? json(iterMeasured) : json(nullptr)},
+        {"predicted", std::isfinite(iterPredicted) ? json(iterPredicted) : json(nullptr)}}},
       {"predicted_note", predictedNote},
       {"trace", {{"present", trace.present}, {"end_ms", trace.endMs}}},
       {"warnings", warnings}};
@@ -538,8 +557,10 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
                             summary.value("schedule", std::string("?"));
   h << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << escapeHtml(title)
     << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;margin:24px;max-width:1100px}"
-       "table{border-collapse:collapse;margin:8px 0;font-size:13px}td,th{border:1px solid #ccc;padding:4px 8px;"
-       "text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}pre{background:#f7f7f7;"
+       "table{border-collapse:collapse;margin:8px 0;font-size:13px}td,th{border:1px solid "
+       "#ccc;padding:4px 8px;"
+       "text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}pre{background:#"
+       "f7f7f7;"
        "padding:8px;overflow:auto}.warn{color:#b00020}.chart svg{max-width:100%;height:auto}"
        "</style></head><body>\n";
   h << "<h1>" << escapeHtml(title) << "</h1>\n";
@@ -549,7 +570,8 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
     << ". Run folder: <code>" << escapeHtml(run.string()) << "</code></p>\n";
 
   h << "<h2>Warnings</h2>\n";
-  if (warnings.empty()) h << "<p>None.</p>\n";
+  if (warnings.empty())
+    h << "<p>None.</p>\n";
   else {
     h << "<ul>\n";
     for (const auto& w : warnings) h << "<li class=\"warn\">" << escapeHtml(w) << "</li>\n";
@@ -563,7 +585,8 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   for (const auto& dj : devices) {
     h << "<tr><td>" << escapeHtml(dj["name"].get<std::string>()) << "</td><td>"
       << fmtMiB(dj["peak_bytes"].get<int64_t>()) << "</td><td>"
-      << (dj["capacity_bytes"].is_null() ? "unlimited" : fmtMiB(dj["capacity_bytes"].get<int64_t>()))
+      << (dj["capacity_bytes"].is_null() ? "unlimited"
+                                         : fmtMiB(dj["capacity_bytes"].get<int64_t>()))
       << "</td><td>"
       << (dj["utilization"].is_null() ? "" : fmt(100 * dj["utilization"].get<double>(), "%.1f%%"))
       << "</td><td>"
@@ -577,19 +600,21 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   }
   h << "</table>\n<p>The breakdown is the allocator's, at the instant of the peak. The moment is "
        "the trace's highest memory sample (trace.json); it may miss a short-lived peak between "
-       "samples, or outside the traced steps (evaluation runs after training on the same device).</p>\n";
+       "samples, or outside the traced steps (evaluation runs after training on the same "
+       "device).</p>\n";
 
   h << "<h2>Memory timelines</h2>\n";
   if (!trace.present) h << "<p>No trace.json in this run folder.</p>\n";
   for (const auto& c : chartNames)
     if (c.rfind("memory-", 0) == 0)
-      h << "<div class=\"chart\" data-src=\"charts/" << c << ".svg\">" << inlineSvg(charts / (c + ".svg"))
-        << "</div>\n";
+      h << "<div class=\"chart\" data-src=\"charts/" << c << ".svg\">"
+        << inlineSvg(charts / (c + ".svg")) << "</div>\n";
 
   h << "<h2>Offload traffic</h2>\n";
   bool anyTraffic = false;
   for (const auto& t : transfers)
-    anyTraffic = anyTraffic || t.value("bytes_d2h", int64_t{0}) + t.value("bytes_h2d", int64_t{0}) > 0;
+    anyTraffic =
+        anyTraffic || t.value("bytes_d2h", int64_t{0}) + t.value("bytes_h2d", int64_t{0}) > 0;
   if (!transfers.empty()) {
     h << "<table><tr><th>device</th><th>offloaded (D2H)</th><th>prefetched (H2D)</th>"
          "<th>offloads</th><th>prefetches</th><th>copy (s)</th><th>overlap</th><th>stall (s)</th>"
@@ -597,9 +622,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
     for (const auto& t : transfers)
       h << "<tr><td>" << escapeHtml(t.value("name", "?")) << "</td><td>"
         << fmtMiB(t.value("bytes_d2h", int64_t{0})) << "</td><td>"
-        << fmtMiB(t.value("bytes_h2d", int64_t{0})) << "</td><td>" << t.value("offloads", int64_t{0})
-        << "</td><td>" << t.value("prefetches", int64_t{0}) << "</td><td>"
-        << fmt(t.value("copy_seconds", 0.0), "%.4f") << "</td><td>"
+        << fmtMiB(t.value("bytes_h2d", int64_t{0})) << "</td><td>"
+        << t.value("offloads", int64_t{0}) << "</td><td>" << t.value("prefetches", int64_t{0})
+        << "</td><td>" << fmt(t.value("copy_seconds", 0.0), "%.4f") << "</td><td>"
         << (t.contains("overlap_pct") && t["overlap_pct"].is_number()
                 ? fmt(t["overlap_pct"].get<double>(), "%.1f%%")
                 : std::string())
@@ -616,7 +641,8 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   if (offload.is_object() && !offload.empty()) {
     h << "<table><tr><th>counter</th><th>value</th></tr>\n";
     for (const auto& [k, v] : offload.items())
-      h << "<tr><td>" << escapeHtml(k) << "</td><td>" << escapeHtml(jsonScalar(v)) << "</td></tr>\n";
+      h << "<tr><td>" << escapeHtml(k) << "</td><td>" << escapeHtml(jsonScalar(v))
+        << "</td></tr>\n";
     h << "</table>\n";
   } else if (transfers.empty()) {
     h << "<p>No offload counters in summary.json (this run did not offload, or its runtime does "
@@ -655,7 +681,8 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
     h << "<table><tr><th>key</th><th>value</th></tr>\n";
     for (const auto& k : {"schedule", "partition"})
       if (pipeline.contains(k))
-        h << "<tr><td>" << k << "</td><td>" << escapeHtml(jsonScalar(pipeline[k])) << "</td></tr>\n";
+        h << "<tr><td>" << k << "</td><td>" << escapeHtml(jsonScalar(pipeline[k]))
+          << "</td></tr>\n";
     if (pipeline.contains("contract"))
       for (const auto& [k, v] : pipeline["contract"].items())
         h << "<tr><td>contract." << escapeHtml(k) << "</td><td>" << escapeHtml(jsonScalar(v))

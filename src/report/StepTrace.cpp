@@ -40,8 +40,8 @@ void StepTrace::write(const std::string& path) {
   trace.addProcess(0, device_.name());
   trace.addThread(0, 0, "compute");
   for (size_t i = 0; i < spans_.size(); ++i) {
-    trace.addSpan(0, 0, "step " + std::to_string(i + 1), "step", spans_[i].startNs,
-                  spans_[i].endNs, {{"step", i + 1}});
+    trace.addSpan(0, 0, "step " + std::to_string(i + 1), "step", spans_[i].startNs, spans_[i].endNs,
+                  {{"step", i + 1}});
     trace.addMemoryCounter(0, "memory", spans_[i].endNs, spans_[i].liveAfter);
   }
   trace.addMemoryEvents(events_, {{device_.id(), base_}}, {{device_.id(), 0}});

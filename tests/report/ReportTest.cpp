@@ -121,9 +121,9 @@ void checkRunFolder(const std::string& dir, int devices, bool host) {
   EXPECT_EQ(inlined, timelines + 2);
   EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org"))  // no network resources
       << "report.html must be self-contained";
-  for (const char* section : {"Warnings", "Peak memory per device", "Memory timelines",
-                              "Offload traffic", "Predicted against measured",
-                              "Loss and throughput", "Configuration"})
+  for (const char* section :
+       {"Warnings", "Peak memory per device", "Memory timelines", "Offload traffic",
+        "Predicted against measured", "Loss and throughput", "Configuration"})
     EXPECT_NE(html.find(section), std::string::npos) << section;
   EXPECT_NE(html.find("name: mlp"), std::string::npos) << "config.yaml is not in the page";
 }
@@ -145,8 +145,9 @@ TEST(ReportTest, SingleDeviceRunLeavesAReport) {
 }
 
 TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
-  const std::string dir = train("1f1b", "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
-                                        "--set devices.count=2 --set pipeline.microbatches=2");
+  const std::string dir = train("1f1b",
+                                "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                "--set devices.count=2 --set pipeline.microbatches=2");
   checkRunFolder(dir, 2, true);
   // The host pool has a timeline even when nothing was offloaded.
   expectGnuplotSvg(fs::path(dir) / "charts/memory-host.svg");
@@ -160,10 +161,10 @@ TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
 }
 
 TEST(ReportTest, OffloadRunShowsTrafficAndTheHostPoolTimeline) {
-  const std::string dir =
-      train("offload", "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
-                       "--set devices.count=2 --set pipeline.microbatches=4 "
-                       "--set pipeline.stash=offload --set training.iterations=6");
+  const std::string dir = train("offload",
+                                "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                "--set devices.count=2 --set pipeline.microbatches=4 "
+                                "--set pipeline.stash=offload --set training.iterations=6");
   checkRunFolder(dir, 2, true);
   const json memory = json::parse(slurp(fs::path(dir) / "memory.json"));
   ASSERT_EQ(memory["transfers"].size(), 2u);
@@ -222,9 +223,10 @@ TEST(ReportTest, WarnsWhenADeviceIsNearItsCapacity) {
 }
 
 TEST(ReportTest, PlanFileFillsThePredictedColumns) {
-  const std::string dir = train("predicted", "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
-                                             "--set devices.count=2 --set pipeline.microbatches=2 "
-                                             "--set training.iterations=4");
+  const std::string dir = train("predicted",
+                                "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                "--set devices.count=2 --set pipeline.microbatches=2 "
+                                "--set training.iterations=4");
   std::ofstream(fs::path(dir) / "plan.yaml") << "version: 1\nschedule: 1f1b\npredicted:\n"
                                                 "  iteration_time: 0.125\n"
                                                 "  peak_memory: [1048576, 2097152, 0, 0]\n";
@@ -253,8 +255,8 @@ TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
   auto r = test::runCommand(
       "timeout 120 /usr/bin/chromium --headless --no-sandbox --disable-gpu --disable-quic "
       "--no-first-run --disable-background-networking --disable-component-update --disable-sync "
-      "--user-data-dir=" + profile + " --screenshot=" + png +
-      " --window-size=1200,2000 file://" + dir + "/report.html");
+      "--user-data-dir=" +
+      profile + " --screenshot=" + png + " --window-size=1200,2000 file://" + dir + "/report.html");
   ASSERT_TRUE(fs::exists(png)) << r.out;
   // A blank page compresses to a few KiB; charts with text and fills do not.
   EXPECT_GT(fs::file_size(png), 40u * 1024) << "the screenshot looks blank";
