@@ -4,7 +4,10 @@
 //     intra-op threads, in one run.
 //  2. The measured iteration time against the simulator's, from the measured per-action
 //     costs of the same run.
+//  3. Issue 5: peak device memory (max over devices), and per device the data-transfer
+//     counters (bytes, copy time, overlap with compute, stall).
 // Usage: runtime_bench [microbatches=4] [iterations=20] [schedule=1f1b] [stash=keep]
+//                      [devices=2, or 4 for pipefb]
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -35,7 +38,7 @@ int main(int argc, char** argv) {
   c.pipeline.schedule = sched;
   c.pipeline.microbatches = M;
   c.pipeline.stash = stash;
-  c.devices.count = sched.rfind("pipefb", 0) == 0 ? 4 : 2;
+  c.devices.count = argc > 5 ? std::atoi(argv[5]) : sched.rfind("pipefb", 0) == 0 ? 4 : 2;
   torch::manual_seed(0);
   auto x = torch::randn({32, 1, 32, 32});
   auto y = torch::randint(10, {32}, torch::kLong);
@@ -134,5 +137,29 @@ int main(int argc, char** argv) {
   std::printf("simulated iteration time from measured costs: %.2f ms (bubble %.3f)\n",
               1e3 * simr.iterationTime, simr.bubbleFraction);
   std::printf("measured / simulated: %.3fx (goal <= 1.10x)\n", piped / simr.iterationTime);
+  int64_t peak = 0;
+  auto stats = e.deviceStats();
+  for (size_t d = 0; d + 1 < stats.size(); ++d) {
+    peak = std::max(peak, stats[d].peak);
+    std::printf("%s peak %.2f MiB (stash %.2f MiB)\n", stats[d].name.c_str(),
+                stats[d].peak / 1048576.0,
+                stats[d].peakByCategory[index(MemoryCategory::Stash)] / 1048576.0);
+  }
+  double copy = 0, hidden = 0, stall = 0;
+  for (const auto& t : e.transferStats()) {
+    copy += t.copySeconds;
+    hidden += t.hiddenSeconds;
+    stall += t.stallSeconds;
+    if (t.offloads + t.prefetches > 0)
+      std::printf("%s: D2H %.2f MiB, H2D %.2f MiB, copy %.1f ms, hidden %.1f ms, stall %.1f ms\n",
+                  t.name.c_str(), t.bytesD2H / 1048576.0, t.bytesH2D / 1048576.0, 1e3 * t.copySeconds,
+                  1e3 * t.hiddenSeconds, 1e3 * t.stallSeconds);
+  }
+  std::printf(
+      "RESULT %s-%s devices %d: peak device memory %.2f MiB, %.1f samples/s, overlap %.1f%%, "
+      "stall %.1f ms/iteration, host pool peak %.2f MiB (%s)\n",
+      sched.c_str(), stash.c_str(), e.numDevices(), peak / 1048576.0, 32 / piped,
+      copy > 0 ? 100.0 * hidden / copy : 0.0, 1e3 * stall / (warm + iters),
+      e.hostPool().peakBytes / 1048576.0, e.hostPool().kind.c_str());
   return 0;
 }
