@@ -222,6 +222,42 @@ TEST(ReportTest, WarnsWhenADeviceIsNearItsCapacity) {
   EXPECT_NE(slurp(r.html).find("within 5% of its capacity"), std::string::npos);
 }
 
+TEST(ReportTest, WarnsAboutStallsAndImbalancedStagesOnlyAboveTheThresholds) {
+  const std::string src = train("warnings-src",
+                                "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                "--set devices.count=2 --set pipeline.microbatches=2 "
+                                "--set pipeline.stash=offload --set training.iterations=4");
+  const json base = json::parse(slurp(fs::path(src) / "summary.json"));
+  ASSERT_EQ(base["pipeline"]["transfers"].size(), 2u);
+  auto reportWith = [&](const std::string& name, double stall, double busy0, double busy1) {
+    const std::string dir = runDir(name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const char* f : {"metrics.csv", "config.yaml", "trace.json"})
+      fs::copy_file(fs::path(src) / f, fs::path(dir) / f);
+    json s = base;
+    s["wall_seconds"] = 10.0;
+    s["pipeline"]["transfers"][1]["stall_seconds"] = stall;
+    s["pipeline"]["devices"][0]["busy_seconds"] = busy0;
+    s["pipeline"]["devices"][1]["busy_seconds"] = busy1;
+    std::ofstream(fs::path(dir) / "summary.json") << s.dump();
+    return writeReport(dir).warnings;
+  };
+  auto has = [](const std::vector<std::string>& w, const std::string& what) {
+    for (const auto& x : w)
+      if (x.find(what) != std::string::npos) return true;
+    return false;
+  };
+  // 0.6 s of 10 s stalled (6%), 3 s against 2 s of compute (1.5x): both warned.
+  auto w = reportWith("warnings-on", 0.6, 2.0, 3.0);
+  EXPECT_TRUE(has(w, "cpu:1 stalled")) << ::testing::PrintToString(w);
+  EXPECT_TRUE(has(w, "imbalanced stages: cpu:1")) << ::testing::PrintToString(w);
+  // 0.4 s (4%) and 2.2 s against 2 s (1.1x): neither.
+  w = reportWith("warnings-off", 0.4, 2.0, 2.2);
+  EXPECT_FALSE(has(w, "stalled")) << ::testing::PrintToString(w);
+  EXPECT_FALSE(has(w, "imbalanced")) << ::testing::PrintToString(w);
+}
+
 TEST(ReportTest, PlanFileFillsThePredictedColumns) {
   const std::string dir = train("predicted",
                                 "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
