@@ -426,7 +426,7 @@ TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
   };
   const double ref = accuracyOf("1f1b", "keep");
   EXPECT_GT(ref, 0.5);  // 4 classes: chance is 0.25
-  for (const std::string stash : {"keep", "checkpoint"}) {
+  for (const std::string stash : {"keep", "checkpoint", "offload", "checkpoint-offload"}) {
     EXPECT_GT(accuracyOf("pipedream", stash), ref - 0.1) << stash;
     EXPECT_GT(accuracyOf("pipefb-async", stash), ref - 0.1) << stash;
   }
