@@ -75,12 +75,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
     for (int M : Ms) {
       for (int S = 1; S <= L; ++S) {
         if (options.maxStages > 0 && S > options.maxStages) break;
-        PipelineShape sh;
-        sh.kind = fam.kind;
-        sh.stages = S;
-        sh.microbatches = M;
-        sh.microbatchSize = options.batch / M;
-        sh.lookahead = options.lookahead;
+        PipelineShape sh = PipelineShape::of(fam.kind, S, M, options.batch, options.lookahead);
         const int len = sh.chainLength();
         if (len > D) break;
         std::vector<std::vector<int>> chains, parts;

@@ -496,12 +496,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
                                     : microbatchCounts(options.batch, options.maxMicrobatches);
     for (int M : Ms) {
       for (int S = 1; S <= maxS; ++S) {
-        PipelineShape sh;
-        sh.kind = fam.kind;
-        sh.stages = S;
-        sh.microbatches = M;
-        sh.microbatchSize = options.batch / M;
-        sh.lookahead = options.lookahead;
+        PipelineShape sh = PipelineShape::of(fam.kind, S, M, options.batch, options.lookahead);
         const double f = double(sh.microbatchSize) / double(prof.microbatch);
         for (const auto& ch : chains(sh.chainLength())) {
           sh.chain = ch;

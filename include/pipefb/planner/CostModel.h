@@ -71,6 +71,18 @@ struct PipelineShape {
   int lookahead = 1;
   std::vector<int> chain;
 
+  /// A shape before its device chain is chosen; microbatchSize = batch / microbatches.
+  static PipelineShape of(ScheduleKind kind, int stages, int microbatches, std::int64_t batch,
+                          int lookahead) {
+    PipelineShape sh;
+    sh.kind = kind;
+    sh.stages = stages;
+    sh.microbatches = microbatches;
+    sh.microbatchSize = batch / microbatches;
+    sh.lookahead = lookahead;
+    return sh;
+  }
+
   int forwardDevice(int k) const { return chain.at(k); }
   int backwardDevice(int k) const {
     return isSplit(kind) ? chain.at(2 * stages - 1 - k) : chain.at(k);
