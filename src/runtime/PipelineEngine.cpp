@@ -1117,14 +1117,18 @@ double PipelineEngine::step(const data::Batch& batch) {
                     " microbatches from a batch of " + std::to_string(batch.input.size(0)) +
                     " samples; the batch must have at least as many samples");
   const int first = I.stages[0].fDev, last = I.stages[I.S - 1].bDev;
+  // Copy every microbatch onto its device before posting any, so the devices' own
+  // allocations never race with this thread's (an OOM here is the caller's, not a
+  // worker's, and which one it is must not depend on thread timing).
+  std::vector<torch::Tensor> onFirst, onLast;
+  for (int j = 0; j < I.M; ++j) {
+    onFirst.push_back(copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers));
+    onLast.push_back(copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers));
+  }
   for (int j = 0; j < I.M; ++j) {
     const int mb = static_cast<int>(k) * I.M + j;
-    I.channels.put(
-        {Chan::Input, 0, mb, first},
-        {{copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers)}, nullptr});
-    I.channels.put(
-        {Chan::Target, I.S - 1, mb, last},
-        {{copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers)}, nullptr});
+    I.channels.put({Chan::Input, 0, mb, first}, {{std::move(onFirst[j])}, nullptr});
+    I.channels.put({Chan::Target, I.S - 1, mb, last}, {{std::move(onLast[j])}, nullptr});
   }
   ++I.fed;
   const bool lastIteration = k + 1 == I.K;

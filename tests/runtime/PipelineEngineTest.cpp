@@ -375,7 +375,14 @@ TEST(PipelineMemory, OutOfMemoryNamesDeviceStopsWorkersAndKeepsOomInfo) {
     EXPECT_FALSE(info.hint.empty());
     const std::string what = err.what();
     EXPECT_NE(what.find("out of memory on cpu:0"), std::string::npos) << what;
-    EXPECT_NE(what.find("[*F0.1*]"), std::string::npos) << what;  // the grid marks the action
+    // The grid marks the failing action: the second or third forward on device 0. Which
+    // one depends on how soon device 1 has taken the sent activations off device 0's
+    // comm buffers, a matter of thread timing (seen: F0.2 under CPU load).
+    const bool marksF01 = what.find("at action F0.1 ") != std::string::npos &&
+                          what.find("[*F0.1*]") != std::string::npos;
+    const bool marksF02 = what.find("at action F0.2 ") != std::string::npos &&
+                          what.find("[*F0.2*]") != std::string::npos;
+    EXPECT_TRUE(marksF01 || marksF02) << what;
     EXPECT_TRUE(memory::findOutOfMemory(std::make_exception_ptr(err)).has_value());
     auto* p = dynamic_cast<const runtime::PipelineOutOfMemoryError*>(&err);
     ASSERT_NE(p, nullptr);
