@@ -44,8 +44,8 @@ void usePlannerPartition(pipefb::config::Config& config) {
   spdlog::info(
       "pipeline: partition by the planner ({} profile): {}; predicted {} per iteration, peak {}"
       "{} (pipeline.partition_by: params for the parameter-bytes balance)",
-      planning.profileText, rangesText(p.plan), pipefb::planner::formatSeconds(p.plan.iterationTime),
-      pipefb::formatBytes(p.plan.peakMemory),
+      planning.profileText, rangesText(p.plan),
+      pipefb::planner::formatSeconds(p.plan.iterationTime), pipefb::formatBytes(p.plan.peakMemory),
       p.withinLimits ? "" : "; nothing fits devices.memory, planned without it");
 }
 
@@ -55,9 +55,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pipefb_train: pipeline-parallel training for devices short of memory"};
   std::string configPath, planPath;
   std::vector<std::string> overrides;
-  app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/vgg16.yaml)")
-      ->required();
-  app.add_option("--set,-s", overrides, "override a key: --set training.lr=0.1 (repeatable)");
+  pipefb::addConfigOptions(app, configPath, overrides);
   app.add_option("--plan", planPath,
                  "plan file from pipefb_plan: sets schedule, stages, partition, microbatches, "
                  "stash policy, lookahead and devices.count");
@@ -68,7 +66,8 @@ int main(int argc, char** argv) {
       pipefb::planner::applyPlan(config, spec, planPath);
       spdlog::info("plan {}: {} x {} stages, {} microbatches, stash {}, partition {}", planPath,
                    config.pipeline.schedule, config.pipeline.stages, config.pipeline.microbatches,
-                   config.pipeline.stash, pipefb::runtime::toString(pipefb::runtime::partitionFromCuts(
+                   config.pipeline.stash,
+                   pipefb::runtime::toString(pipefb::runtime::partitionFromCuts(
                        config.pipeline.partition, spec.numLayers)));
     } else if (config.pipeline.schedule != "none" && config.pipeline.partition.empty() &&
                config.pipeline.partition_by == "planner") {

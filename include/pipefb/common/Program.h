@@ -8,10 +8,20 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "pipefb/common/Error.h"
 
 namespace pipefb {
+
+/// The flags every config-driven program takes: --config FILE (required) and
+/// repeatable --set section.key=value overrides.
+inline void addConfigOptions(CLI::App& app, std::string& configPath,
+                             std::vector<std::string>& overrides) {
+  app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/vgg16.yaml)")
+      ->required();
+  app.add_option("--set,-s", overrides, "override a key: --set training.lr=0.1 (repeatable)");
+}
 
 /// Parses argv into `app`, then runs `body` and returns the exit code it gives,
 /// mapping exceptions to the codes above. `name` prefixes every error line.

@@ -17,6 +17,7 @@
 #include "pipefb/planner/Explain.h"
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Setup.h"
+#include "pipefb/planner/SetupFlags.h"
 
 using namespace pipefb;
 using namespace pipefb::planner;
@@ -40,19 +41,11 @@ int main(int argc, char** argv) {
   SetupOptions setup;
   int fixedMicrobatches = 0, maxMicrobatches = 64, maxStages = 0, simulateTop = 4;
   bool quiet = false;
-  app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/gpt2-xl.yaml)")
-      ->required();
-  app.add_option("--set,-s", overrides, "override a config key (repeatable)");
+  addConfigOptions(app, configPath, overrides);
   app.add_option("--budget,-b", budgetText,
                  "memory budget per device (e.g. 2GiB; default: capacity)");
   app.add_option("--host-budget", hostText, "host-pool budget (default: the cluster's)");
-  app.add_option(
-      "--cluster", setup.cluster,
-      "cluster spec: a file or a name in configs/clusters (default: devices.count x --device)");
-  app.add_option("--device", setup.device,
-                 "device spec for a config-derived cluster (default cpu)");
-  app.add_option("--profile", setup.profile,
-                 "profile file from pipefb_profile (default: analytic)");
+  addSetupOptions(app, setup);
   app.add_option("--profile-microbatch", setup.profileMicrobatch,
                  "microbatch of the analytic profile (default 1)");
   app.add_option("--schedules", schedules,

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/Program.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/planner/ProfileFile.h"
 #include "pipefb/planner/Profiler.h"
@@ -61,9 +62,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   ProfilerOptions opt;
   bool force = false;
-  app.add_option("--config,-c", configPath, "YAML config file (e.g. configs/vgg16.yaml)")
-      ->required();
-  app.add_option("--set,-s", overrides, "override a config key (repeatable)");
+  addConfigOptions(app, configPath, overrides);
   app.add_option("--out,-o", out,
                  "profile file (default: profiles/<model>-mb<n>-<device>-<hash>.yaml)");
   app.add_flag("--force,-f", force, "measure even if the profile file has the same key");
@@ -72,15 +71,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", opt.threads,
                  "intra-op threads while profiling (1, as pipeline workers; 0 = LibTorch default)");
   app.add_option("--device", opt.device, "name of this device in the profile key (cpu)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipefb_profile: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-  try {
+  return runProgram("pipefb_profile", app, argc, argv, [&] {
     opt.validate();
     config::Config cfg = config::loadConfig(configPath, overrides);
     ProfileResult r = loadOrMeasureProfile(cfg, opt, out, force);
@@ -95,11 +86,5 @@ int main(int argc, char** argv) {
     std::cout << "plan from it: pipefb_plan --config " << configPath << " --profile " << r.path
               << "\n";
     return 0;
-  } catch (const UserError& e) {
-    std::cerr << "pipefb_profile: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pipefb_profile: failed: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

@@ -26,6 +26,7 @@
 #include "pipefb/planner/Explain.h"
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Setup.h"
+#include "pipefb/planner/SetupFlags.h"
 #include "pipefb/planner/Sweep.h"
 
 using namespace pipefb;
@@ -97,8 +98,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides, families;
   SetupOptions setup;
   int measure = 0, fixedMicrobatches = 0, maxMicrobatches = 64, simulate = 0;
-  app.add_option("--config,-c", configPath, "YAML config file")->required();
-  app.add_option("--set,-s", overrides, "override a config key (repeatable)");
+  addConfigOptions(app, configPath, overrides);
   app.add_option("--budgets", budgetsText,
                  "LOW:HIGH:COUNT (geometric) or a list, e.g. 256MiB:4GiB:12")
       ->required();
@@ -106,9 +106,7 @@ int main(int argc, char** argv) {
                  "schedule families (default: 1f1b-keep,1f1b-offload,"
                  "1f1b,gpipe,pipedream,pipefb-sync,pipefb-async)")
       ->delimiter(',');
-  app.add_option("--cluster", setup.cluster, "cluster spec (default: devices.count x --device)");
-  app.add_option("--device", setup.device, "device spec for a config-derived cluster (cpu)");
-  app.add_option("--profile", setup.profile, "profile file (default: analytic)");
+  addSetupOptions(app, setup);
   app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
   app.add_option("--microbatches", fixedMicrobatches,
                  "only this microbatch count (default: search)");
@@ -121,7 +119,8 @@ int main(int argc, char** argv) {
       throw UserError("--measure: " + std::to_string(measure) +
                       " iterations; need at least 3 (the first is warm-up, the iteration time "
                       "is the median step interval after it), or 0 for no training");
-    const std::string train = (fs::read_symlink("/proc/self/exe").parent_path() / "pipefb_train").string();
+    const std::string train =
+        (fs::read_symlink("/proc/self/exe").parent_path() / "pipefb_train").string();
     if (measure > 0 && !fs::exists(train))
       throw UserError("--measure: no pipefb_train next to pipefb_sweep (" + train +
                       "); build it: cmake --build <build> --target pipefb_train");
@@ -147,9 +146,9 @@ int main(int argc, char** argv) {
         const std::string key = planKey(p.plan);
         if (!done.count(key)) {
           PlanContext ctx{configPath, model.profile().model, pl.profileText, model.cluster().name,
-                          p.budget, o.hostBudget};
-          const std::string dir = out + "/measure/" + p.family + "-" +
-                                  std::to_string(p.budget >> 20) + "MiB";
+                          p.budget,   o.hostBudget};
+          const std::string dir =
+              out + "/measure/" + p.family + "-" + std::to_string(p.budget >> 20) + "MiB";
           done[key] = measurePlan(train, configPath, overrides, model, p.plan, ctx, dir, measure);
         }
         p.measured = done[key];
@@ -160,7 +159,9 @@ int main(int argc, char** argv) {
                       m.peakMax() / 1048576.0);
         std::printf("%-14s %-11s %-34s %-21s %-23s %s\n", p.family.c_str(),
                     formatBytes(p.budget).c_str(), key.substr(0, 34).c_str(), a, b,
-                    m.exitCode == 0 ? "ok" : ("exit " + std::to_string(m.exitCode) + ": " + m.note).c_str());
+                    m.exitCode == 0
+                        ? "ok"
+                        : ("exit " + std::to_string(m.exitCode) + ": " + m.note).c_str());
       }
     }
     auto files = writeSweep(r, out, title);

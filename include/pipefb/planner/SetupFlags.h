@@ -1,0 +1,19 @@
+#pragma once
+// The command-line flags of SetupOptions, shared by pipefb_plan and pipefb_sweep.
+#include <CLI/CLI.hpp>
+
+#include "pipefb/planner/Setup.h"
+
+namespace pipefb::planner {
+
+inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
+  app.add_option(
+      "--cluster", setup.cluster,
+      "cluster spec: a file or a name in configs/clusters (default: devices.count x --device)");
+  app.add_option("--device", setup.device,
+                 "device spec for a config-derived cluster (default cpu)");
+  app.add_option("--profile", setup.profile,
+                 "profile file from pipefb_profile (default: analytic)");
+}
+
+}  // namespace pipefb::planner
