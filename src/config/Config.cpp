@@ -349,13 +349,23 @@ std::vector<std::string> keysOf(const std::string& section) {
   return out;
 }
 
+/// A mapping key as text. YAML allows any node as a key ("? [a, b]: 1", "? {a: 1}: 2");
+/// the config only has names, so anything but a scalar is a UserError, not a bad_conversion
+/// escaping the parser (found by fuzz/ConfigFuzzer; ConfigTest.NonScalarKeyIsAUserError).
+std::string keyName(const std::string& source, const YAML::Node& key, const std::string& what) {
+  if (!key.IsScalar())
+    throw UserError(whereOf(source, key).text + ": a " + what + " name must be plain text, got " +
+                    shown(key));
+  return key.Scalar();
+}
+
 void applyDocument(Config& config, const YAML::Node& root, const std::string& source) {
   if (root.IsNull()) return;
   if (!root.IsMap())
     throw UserError(whereOf(source, root).text +
                     ": the config must be a mapping with sections " + joinAllowed(kSections));
   for (const auto& sec : root) {
-    const std::string section = sec.first.as<std::string>();
+    const std::string section = keyName(source, sec.first, "section");
     Where secWhere = whereOf(source, sec.first);
     bool known = false;
     for (const auto& k : kSections) known = known || k == section;
@@ -367,7 +377,7 @@ void applyDocument(Config& config, const YAML::Node& root, const std::string& so
       throw UserError(secWhere.text + ": " + section + ": expected a mapping of keys, got " +
                       shown(sec.second));
     for (const auto& kv : sec.second) {
-      const std::string key = kv.first.as<std::string>();
+      const std::string key = keyName(source, kv.first, section + " key");
       const KeySpec* spec = findSpec(section + "." + key);
       if (!spec) {
         auto keys = keysOf(section);

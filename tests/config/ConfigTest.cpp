@@ -159,3 +159,15 @@ TEST(Config, MissingFileIsUserError) {
   EXPECT_NE(errorOf([] { loadConfig("/nonexistent/x.yaml"); }).find("/nonexistent/x.yaml"),
             std::string::npos);
 }
+
+// Found by fuzz/ConfigFuzzer: a YAML key that is not plain text (a "? [list]" or
+// "? {map}" complex key) made yaml-cpp's as<std::string>() throw out of the parser.
+TEST(Config, NonScalarKeyIsAUserError) {
+  EXPECT_NE(errorOf([] { parseConfig("? [model]\n: {name: mlp}\n"); })
+                .find("a section name must be plain text, got a list"),
+            std::string::npos);
+  EXPECT_NE(errorOf([] { parseConfig("model:\n  ? {width: 1}\n  : 0.5\n"); })
+                .find("a model key name must be plain text, got a mapping"),
+            std::string::npos);
+  EXPECT_NO_THROW(parseConfig("model:\n  ? width\n  : 0.5\n"));  // a scalar complex key is fine
+}
