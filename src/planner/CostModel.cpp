@@ -159,7 +159,7 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   F_.assign(L + 1, 0);
   B_ = R_ = step_ = F_;
   saved_.assign(L + 1, 0);
-  param_ = grad_ = opt_ = saved_;
+  param_ = grad_ = opt_ = states_ = saved_;
   for (size_t l = 0; l < L; ++l) {
     const LayerCost& c = profile_.layers[l];
     F_[l + 1] = F_[l] + c.forward;
@@ -170,6 +170,7 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     param_[l + 1] = param_[l] + c.paramBytes;
     grad_[l + 1] = grad_[l] + c.gradBytes;
     opt_[l + 1] = opt_[l] + c.optimizerBytes;
+    states_[l + 1] = states_[l] + c.paramBytes + c.gradBytes + c.optimizerBytes;
   }
 }
 
@@ -235,7 +236,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
 }
 
 StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
-                               StashPolicy policy, std::int64_t maxWorking) const {
+                               StashPolicy policy, std::int64_t maxWorking,
+                               bool timesOnly) const {
   PIPEFB_ASSERT(first < last && first >= 0 && last <= numLayers(),
                 "bad stage [" << first << "," << last << ")");
   const double f = scale(shape);
@@ -290,6 +292,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.time = -1;
     for (auto& x : rs)
       if (x.t > e.time) e.time = x.t, e.binding = x.r;
+    if (timesOnly) return e;
     // Forward device: weights, the stash until its offload copy is done, working set.
     w(e.forwardMemory, MemoryCategory::Weights, W);
     w(e.forwardMemory, MemoryCategory::Stash, std::min(e.inFlight, 1) * e.stashBytes);
@@ -308,6 +311,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.binding = Resource::Compute;
     if (e.forwardCopy > e.time) e.time = e.forwardCopy, e.binding = Resource::Copy;
     if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
+    if (timesOnly) return e;
     const int resident = off ? std::min(e.inFlight, shape.lookahead + 2) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, W);

@@ -163,8 +163,7 @@ std::vector<std::vector<int>> greedyChains(const Cluster& c, int length) {
       for (int x = 0; x < D; ++x) {
         if (used[x]) continue;
         if (best < 0 || bw(ch.back(), x) > bw(ch.back(), best) ||
-            (bw(ch.back(), x) == bw(ch.back(), best) &&
-             c.devices[x].speed > c.devices[best].speed))
+            (bw(ch.back(), x) == bw(ch.back(), best) && c.devices[x].speed > c.devices[best].speed))
           best = x;
       }
       used[best] = true;
@@ -223,9 +222,8 @@ void evaluatePlan(const CostModel& model, Plan& plan) {
     }
   }
   plan.iterationTime = sh.iterationTime(plan.tau);
-  plan.throughput = plan.iterationTime > 0
-                        ? double(sh.microbatches * sh.microbatchSize) / plan.iterationTime
-                        : 0;
+  plan.throughput =
+      plan.iterationTime > 0 ? double(sh.microbatches * sh.microbatchSize) / plan.iterationTime : 0;
   plan.peakMemory = 0;
   for (auto m : plan.deviceMemory) plan.peakMemory = std::max(plan.peakMemory, m);
 }
@@ -239,8 +237,8 @@ struct Entry {
   double score = kInf;  // max so far (time, or bytes for Objective::Memory)
   double tie = 0;       // secondary: summed work (Time) / pace (Memory); only breaks ties
   std::int64_t host = 0;
-  int prevI = -1;       // start layer of the last stage
-  int prevIdx = -1;     // entry index in the previous cell (Pareto mode)
+  int prevI = -1;    // start layer of the last stage
+  int prevIdx = -1;  // entry index in the previous cell (Pareto mode)
   StashPolicy policy = StashPolicy::Keep;
 };
 
@@ -269,6 +267,107 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     return (limits[fd] < 0 || total(e.forwardMemory) <= limits[fd]) &&
            (limits[bd] < 0 || total(e.backwardMemory) <= limits[bd]);
   };
+  // Note [Solver relaxation]
+  // A stage k = [a, b) can only be part of a plan under the cap if its relaxation holds:
+  // its compute lower bound (CostModel::computeLowerBound, shaved by 1e-12 so rounding
+  // never lifts it over the stage's time) is within the pace cap, and weights x versions
+  // + grads + optimizer state + working set (which every policy keeps; the stash is left
+  // out, but one graph's worth of saved bytes is not: every policy holds at least one
+  // stash of the stage's graph, or recomputes that graph in its backward working set) fit
+  // its devices' limits and the memory cap. Both only grow with the stage, so
+  // covering the layers greedily (each stage as long as its relaxation allows) from the
+  // front reaches at least as far after k stages as any plan that fits (exchange
+  // argument), and from the back starts stage k at most as early. That gives each DP row
+  // k a window of cells [low[k], reach[k]], and rejects a shape outright when the greedy
+  // cannot cover all layers with S stages. Everything here only drops cells that no plan
+  // under the cap can use, so the DP stays exact.
+  const double f = model.scale(shape);
+  const bool split = isSplit(shape.kind);
+  const double invM = 1.0 / shape.microbatches;
+  std::vector<double> invF(S), invB(S);
+  std::vector<std::int64_t> versions(S), limF(S), limB(S);
+  for (int k = 0; k < S; ++k) {
+    invF[k] = 1.0 / model.cluster().devices[shape.forwardDevice(k)].speed;
+    invB[k] = 1.0 / model.cluster().devices[shape.backwardDevice(k)].speed;
+    versions[k] = weightVersions(shape.kind, S, k, shape.microbatches);
+    limF[k] = limits[shape.forwardDevice(k)];
+    limB[k] = limits[shape.backwardDevice(k)];
+  }
+  constexpr double kShave = 1 - 1e-12;
+  auto timeLb = [&](int st, int i, int j) {
+    const double fw = model.forwardSum(i, j) * f, bw = model.backwardSum(i, j) * f;
+    const double step = model.stepSum(i, j) * invM;
+    return kShave *
+           (split ? std::max(fw * invF[st], (bw + step) * invB[st]) : (fw + bw + step) * invF[st]);
+  };
+  auto scaledBytes = [f](std::int64_t b) {
+    return static_cast<std::int64_t>(std::llround(static_cast<double>(b) * f));
+  };
+  // Memory lower bound of stage k = [i, j) with the scaled working set `ws`: the larger of
+  // its two devices' (one device unless split).
+  auto memLb = [&](int k, int i, int j, std::int64_t ws) {
+    const std::int64_t W = model.paramSum(i, j);
+    // The backward device's: states, weight versions, working set, one graph (keep and
+    // offload keep >= 1 resident stash of it, the checkpoint kinds recompute it in B).
+    return model.staticSum(i, j) + (versions[k] - 1) * W + ws + scaledBytes(model.savedSum(i, j));
+  };
+  auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
+    const std::int64_t mb = memLb(k, i, j, ws);
+    if (limB[k] >= 0 && mb > limB[k]) return false;
+    if (memCap >= 0 && mb > memCap) return false;
+    if (split) {  // the forward device holds the weights and the working set
+      const std::int64_t mf = model.paramSum(i, j) + ws;
+      if (limF[k] >= 0 && mf > limF[k]) return false;
+    }
+    return true;
+  };
+  std::vector<int> reach(S + 1), low(S + 1);
+  auto cover = [&](double tauCap, std::int64_t memCap) {
+    auto ok = [&](int k, int i, int j, std::int64_t ws) {
+      return memFits(k, i, j, scaledBytes(ws), memCap) && timeLb(k, i, j) <= tauCap;
+    };
+    int a = 0;
+    reach[0] = 0;
+    for (int k = 0; k < S; ++k) {
+      int b = a;
+      std::int64_t ws = 0;
+      while (b < L) {
+        const std::int64_t w2 = std::max(ws, model.workingBytes(b));
+        if (!ok(k, a, b + 1, w2)) break;
+        ws = w2;
+        ++b;
+      }
+      reach[k + 1] = b;
+      a = b;
+    }
+    if (a < L) return false;
+    int e = L;
+    low[S] = L;
+    for (int k = S - 1; k >= 0; --k) {
+      int st = e;
+      std::int64_t ws = 0;
+      while (st > 0) {
+        const std::int64_t w2 = std::max(ws, model.workingBytes(st - 1));
+        if (!ok(k, st - 1, e, w2)) break;
+        ws = w2;
+        --st;
+      }
+      low[k] = st;
+      e = st;
+    }
+    return true;
+  };
+  auto capsOf = [&](double b, double* tauCap, std::int64_t* memCap) {
+    *tauCap = objective == Objective::Time ? b : kInf;
+    *memCap =
+        objective == Objective::Memory && b < kInf ? static_cast<std::int64_t>(std::floor(b)) : -1;
+  };
+  {
+    double tc;
+    std::int64_t mc;
+    capsOf(bound, &tc, &mc);
+    if (!cover(tc, mc)) return std::nullopt;  // nothing fits under the cap (or at all)
+  }
   // A greedy plan (cuts balancing the compute lower bound, the fastest feasible policy
   // per stage) gives a finite cap when none was passed in. The DP then looks only for
   // strictly better plans and falls back to the greedy one, so it stays exact.
@@ -312,42 +411,11 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
       }
     }
   }
-  // Memory-infeasible stages: the largest limit among the devices a stage may use.
-  std::int64_t maxLimit = -1;
-  bool anyUnlimited = false;
-  for (int d : shape.chain) {
-    if (limits[d] < 0) anyUnlimited = true;
-    maxLimit = std::max(maxLimit, limits[d]);
-  }
-  // Suffix reachability under the cap: need[j] = fewest stages that can cover [j, L) when
-  // every stage's compute lower bound on the chain's fastest device stays under the cap
-  // (greedy from the end, which is optimal for covering with a monotone bound). Cells
-  // (k, j) with need[j] > S - k cannot finish and are skipped.
-  std::vector<int> need(L + 1, 0);
-  if (bound < kInf && objective == Objective::Time) {
-    double vmax = 0;
-    for (int d : shape.chain) vmax = std::max(vmax, model.cluster().devices[d].speed);
-    const double f = model.scale(shape);
-    auto lbFast = [&](int a, int b) {
-      const double fw = model.forwardSum(a, b) * f, bw = model.backwardSum(a, b) * f;
-      return (isSplit(shape.kind) ? std::max(fw, bw) : fw + bw) / vmax;
-    };
-    int end = L;
-    int count = 0;
-    int startOfStage = L;  // the current greedy stage is [startOfStage, end)
-    for (int j = L - 1; j >= 0; --j) {
-      if (lbFast(j, end) >= bound) {
-        ++count;  // close [j+1, end)
-        end = j + 1;
-        if (lbFast(j, end) >= bound) {
-          for (int x = j; x >= 0; --x) need[x] = S + 1;  // layer j alone is too slow
-          break;
-        }
-      }
-      startOfStage = j;
-      need[j] = count + 1;
-    }
-    (void)startOfStage;
+  {
+    double tc;
+    std::int64_t mc;
+    capsOf(bound, &tc, &mc);
+    if (!cover(tc, mc)) return greedy;
   }
   const size_t W = static_cast<size_t>(L) + 1;
   std::vector<std::vector<Entry>> cells(static_cast<size_t>(S + 1) * W);
@@ -356,51 +424,112 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   start.score = 0;
   cell(0, 0).push_back(start);
 
+  // Range maximum of the working set (sparse table), for seeding a cell at any i.
+  std::vector<std::vector<std::int64_t>> wsMax{std::vector<std::int64_t>(L)};
+  for (int l = 0; l < L; ++l) wsMax[0][l] = model.workingBytes(l);
+  for (int p = 1; (1 << p) <= L; ++p) {
+    wsMax.emplace_back(L - (1 << p) + 1);
+    for (int l = 0; l + (1 << p) <= L; ++l)
+      wsMax[p][l] = std::max(wsMax[p - 1][l], wsMax[p - 1][l + (1 << (p - 1))]);
+  }
+  auto workingMax = [&](int a, int b) {
+    int p = 0;
+    while ((2 << p) <= b - a) ++p;
+    return std::max(wsMax[p][a], wsMax[p][b - (1 << p)]);
+  };
+
   std::vector<Entry> cand;
-  for (int k = 1; k <= S; ++k) {
-    const int stage = k - 1;
-    for (int j = k; j <= L - (S - k); ++j) {
-      if (need[j] > S - k) continue;
-      cand.clear();
-      Entry best;  // scalar mode; prevI < 0 while nothing was found
-      best.score = bound;
-      std::int64_t maxWorking = 0;
-      for (int i = j - 1; i >= k - 1; --i) {
-        maxWorking = std::max(maxWorking, model.workingBytes(i));
-        const double lb = objective == Objective::Time
-                              ? model.computeLowerBound(shape, stage, i, j)
-                              : double(model.memoryLowerBound(shape, stage, i, j, maxWorking));
-        if (lb >= (pareto ? bound : best.score)) break;  // the stage only grows from here
-        if (!anyUnlimited &&
-            model.memoryLowerBound(shape, stage, i, j, maxWorking) > maxLimit)
-          break;  // weights + states + working set only grow too
-        const auto& prev = cell(k - 1, i);
-        if (prev.empty()) continue;
-        if (!pareto && prev.front().score >= best.score) continue;
-        for (StashPolicy p : policies) {
-          StageEstimate e = model.stage(shape, stage, i, j, p, maxWorking);
-          if (!fits(e, stage)) continue;
-          const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
-          const double t = objective == Objective::Time ? e.forwardCompute + e.backwardCompute
-                                                        : e.time;
-          for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
-            const Entry& pe = prev[idx];
-            Entry n;
-            n.score = std::max(pe.score, c);
-            n.tie = objective == Objective::Time ? pe.tie + t : std::max(pe.tie, t);
-            n.host = pe.host + e.hostBytes;
-            n.prevI = i;
-            n.prevIdx = idx;
-            n.policy = p;
-            if (pareto) {
-              if (n.host > hostLimit || n.score >= bound) continue;
-              cand.push_back(n);
-            } else if (better(n, best)) {
-              best = n;
-            }
-          }
+  Entry best;  // scalar mode; prevI < 0 while nothing was found
+  // Stage [i, j) as the k-th, after every entry of cell (k - 1, i).
+  auto consider = [&](int stage, int i, int j, std::int64_t maxWorking,
+                      const std::vector<Entry>& prev) {
+    for (StashPolicy p : policies) {
+      // Scalar time search: a stage as slow as the best so far cannot beat it (nor tie
+      // it below the cap, which is all a tie could change), so its memory is not costed.
+      if (!pareto && objective == Objective::Time &&
+          model.stage(shape, stage, i, j, p, maxWorking, /*timesOnly=*/true).time > best.score)
+        continue;
+      StageEstimate e = model.stage(shape, stage, i, j, p, maxWorking);
+      if (!fits(e, stage)) continue;
+      const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
+      const double t = objective == Objective::Time ? e.forwardCompute + e.backwardCompute : e.time;
+      for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
+        const Entry& pe = prev[idx];
+        Entry n;
+        n.score = std::max(pe.score, c);
+        n.tie = objective == Objective::Time ? pe.tie + t : std::max(pe.tie, t);
+        n.host = pe.host + e.hostBytes;
+        n.prevI = i;
+        n.prevIdx = idx;
+        n.policy = p;
+        if (pareto) {
+          if (n.host > hostLimit || n.score >= bound) continue;
+          cand.push_back(n);
+        } else if (better(n, best)) {
+          best = n;
         }
       }
+    }
+  };
+  // minPrev[p][i] = the lowest score in cells (k - 1, i .. i + 2^p - 1) (front entries;
+  // infinite when empty), rebuilt per row k.
+  std::vector<std::vector<double>> minPrev(wsMax.size(), std::vector<double>(W, kInf));
+  int minPrevRow = -1;
+  // The largest i' in [lo, i] whose cell (row, i') has a score below cap, else lo - 1.
+  auto lastBelow = [&](int row, int i, double cap) {
+    const int lo = row;  // cell (row, i') is empty for i' < row
+    while (i >= lo) {
+      if (minPrev[0][i] < cap) return i;
+      int p = 0;
+      while (p + 1 < static_cast<int>(minPrev.size()) && i - (2 << p) + 1 >= lo &&
+             minPrev[p + 1][i - (2 << p) + 1] >= cap)
+        ++p;
+      i -= 1 << p;
+    }
+    return lo - 1;
+  };
+  for (int k = 1; k <= S; ++k) {
+    const int stage = k - 1;
+    if (minPrevRow != k - 1) {
+      for (int i = 0; i < static_cast<int>(W); ++i)
+        minPrev[0][i] = cell(k - 1, i).empty() ? kInf : cell(k - 1, i).front().score;
+      for (size_t p = 1; p < minPrev.size(); ++p)
+        for (int i = 0; i + (1 << p) <= static_cast<int>(W); ++i)
+          minPrev[p][i] = std::min(minPrev[p - 1][i], minPrev[p - 1][i + (1 << (p - 1))]);
+      minPrevRow = k - 1;
+    }
+    int seed = -1;  // the last stage's start in the previous cell of this row
+    for (int j = std::max(k, low[k]); j <= std::min(reach[k], L - (S - k)); ++j) {
+      cand.clear();
+      best = Entry{};
+      best.score = bound;
+      // Scalar mode: first try the start that was best for (k, j - 1) and the one after
+      // it. Where the optimum lies is not needed for exactness (the scan below still
+      // sees every i that could beat the cap); a good cap early makes the scan skip the
+      // long stretch of prefixes that are already slower than it, and stop sooner.
+      if (!pareto && seed >= 0) {
+        for (int i = seed; i <= seed + 1 && i < j; ++i) {
+          const auto& prev = cell(k - 1, i);
+          if (!prev.empty() && prev.front().score < best.score)
+            consider(stage, i, j, workingMax(i, j), prev);
+        }
+      }
+      // Descend over the starts i whose prefix is below the cap, jumping over runs of
+      // prefixes at or above it with the row's range minimum (sparse table minPrev).
+      for (int i = j - 1; i >= k - 1; --i) {
+        const double cap = pareto ? bound : best.score;
+        i = lastBelow(k - 1, i, cap);
+        if (i < k - 1) break;
+        const std::int64_t maxWorking = workingMax(i, j);
+        const std::int64_t wsScaled = scaledBytes(maxWorking);
+        // Both bounds only grow as i decreases (the stage grows): they end the scan.
+        if (!memFits(stage, i, j, wsScaled, -1)) break;
+        const double lb = objective == Objective::Time ? timeLb(stage, i, j)
+                                                       : double(memLb(stage, i, j, wsScaled));
+        if (lb >= cap) break;
+        consider(stage, i, j, maxWorking, cell(k - 1, i));
+      }
+      if (!pareto && best.prevI >= 0) seed = best.prevI;
       auto& out = cell(k, j);
       if (!pareto) {
         if (best.prevI >= 0) out.push_back(best);
@@ -463,7 +592,8 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   SolveResult res;
   std::vector<ScheduleFamily> families = options.schedules;
   if (families.empty())
-    for (ScheduleKind k : allScheduleKinds()) families.push_back({toString(k), k, allStashPolicies()});
+    for (ScheduleKind k : allScheduleKinds())
+      families.push_back({toString(k), k, allStashPolicies()});
   const Cluster& cl = model.cluster();
   const int D = cl.numDevices(), L = model.numLayers();
   const Profile& prof = model.profile();
@@ -581,8 +711,8 @@ SolveResult minimalBudget(const CostModel& model, const SolverOptions& optionsIn
     return r;
   }
   // Not even the full capacities: report what it would take without them.
-  SolveResult u = search(model, o, std::vector<std::int64_t>(model.cluster().numDevices(), -1),
-                         host);
+  SolveResult u =
+      search(model, o, std::vector<std::int64_t>(model.cluster().numDevices(), -1), host);
   r.minimalBudget = -1;
   if (u.feasible) r.minimalPlan = u.best;
   return r;
@@ -677,9 +807,10 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
   // Enough iterations to reach the steady state the cost model assumes: PipeDream keeps
   // min(S-s, K*M) stashes, so K*M must reach S.
   int K = 3;
-  if (sh.kind == ScheduleKind::PipeDream) K = std::max(K, (2 * S + sh.microbatches - 1) / sh.microbatches + 1);
-  auto plan3 = schedules::makeSchedule(toString(sh.kind), S, sh.microbatches,
-                                       schedules::Placement(sp), K);
+  if (sh.kind == ScheduleKind::PipeDream)
+    K = std::max(K, (2 * S + sh.microbatches - 1) / sh.microbatches + 1);
+  auto plan3 =
+      schedules::makeSchedule(toString(sh.kind), S, sh.microbatches, schedules::Placement(sp), K);
   auto lowered = schedules::lower(plan3, policies, sh.lookahead);
   sim::SimOptions so;
   so.recordMemoryTimeline = false;

@@ -5,7 +5,9 @@
 // so this compares the search (DP, pruning, chain classes, Pareto fronts), not two models.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "PlannerTestUtil.h"
@@ -138,4 +140,80 @@ TEST(SolverOptimality, SmallestBudgetEqualsExhaustiveSearch) {
     ASSERT_EQ(double(dp.minimalBudget), bf.objective) << "instance " << id;
   }
   EXPECT_GE(checked, 100);
+}
+
+// The pruning of solveShape (Note [Solver relaxation], the cap, the seeded scan with its
+// range-minimum jumps) at sizes the brute force cannot reach: on random shapes of 20-80
+// layers and up to 8 stages, with per-device limits that bind, the pruned DP's pace (or
+// peak, for Objective::Memory) equals a plain O(S x L^2 x policies) DP over the same
+// CostModel, and it is infeasible exactly when the plain DP is.
+TEST(SolverOptimality, PrunedDpEqualsPlainDpOnLargerShapes) {
+  std::mt19937 rng(99);
+  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  int compared = 0, feasible = 0;
+  for (int id = 0; id < 120; ++id) {
+    Instance in = randomInstance(rng, id);
+    // Stretch the profile to 20-80 layers (repeat its random layers with jitter).
+    const int L = pick(20, 80);
+    Profile& p = in.profile;
+    const auto base = p.layers;
+    p.layers.clear();
+    for (int l = 0; l < L; ++l) {
+      LayerCost c = base[l % base.size()];
+      c.forward *= 0.5 + 0.01 * pick(0, 100);
+      c.savedBytes = pick(0, 1000);
+      c.paramBytes = c.gradBytes = pick(0, 500);
+      c.workingBytes = pick(0, 300);
+      p.layers.push_back(c);
+    }
+    const int D = in.cluster.numDevices();
+    const ScheduleKind kind = allScheduleKinds()[pick(0, 4)];
+    const int maxS = std::min(isSplit(kind) ? D / 2 : D, 8);
+    if (maxS < 1) continue;
+    PipelineShape sh = PipelineShape::of(kind, pick(1, maxS), pick(1, 4), 4 * pick(1, 2), pick(0, 2));
+    std::vector<int> devices(D);
+    for (int d = 0; d < D; ++d) devices[d] = d;
+    std::shuffle(devices.begin(), devices.end(), rng);
+    sh.chain.assign(devices.begin(), devices.begin() + sh.chainLength());
+    const Objective obj = pick(0, 3) == 0 ? Objective::Memory : Objective::Time;
+    // Limits between a quarter and 3.25x the model's states, so memory binds often.
+    std::int64_t states = 0;
+    for (const auto& c : p.layers) states += c.paramBytes + c.gradBytes + c.optimizerBytes;
+    std::vector<std::int64_t> limits(D);
+    for (auto& lim : limits) lim = pick(0, 5) == 0 ? -1 : states / 4 + pick(0, 3 * int(states));
+    const std::vector<StashPolicy> policies = allStashPolicies();
+    CostModel m(p, in.cluster);
+
+    // Plain DP: best[k][j] = min over i, policy of max(best[k-1][i], cost of [i, j)).
+    const int S = sh.stages;
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<std::vector<double>> best(S + 1, std::vector<double>(L + 1, inf));
+    best[0][0] = 0;
+    for (int k = 1; k <= S; ++k)
+      for (int j = k; j <= L; ++j)
+        for (int i = k - 1; i < j; ++i) {
+          if (best[k - 1][i] == inf) continue;
+          for (StashPolicy pol : policies) {
+            const StageEstimate e = m.stage(sh, k - 1, i, j, pol);
+            const int fd = sh.forwardDevice(k - 1), bd = sh.backwardDevice(k - 1);
+            const bool fitsF = limits[fd] < 0 || total(e.forwardMemory) <= limits[fd];
+            const bool fitsB = limits[bd] < 0 || total(e.backwardMemory) <= limits[bd];
+            if (!fitsF || !fitsB) continue;
+            const double c = obj == Objective::Time ? e.time : double(e.peakMemory());
+            best[k][j] = std::min(best[k][j], std::max(best[k - 1][i], c));
+          }
+        }
+    auto plan = solveShape(m, sh, policies, limits, -1, obj);
+    ++compared;
+    ASSERT_EQ(plan.has_value(), best[S][L] < inf) << "instance " << id;
+    if (!plan) continue;
+    ++feasible;
+    const double got = obj == Objective::Time ? plan->tau : double(plan->peakMemory);
+    ASSERT_TRUE(sameValue(got, best[S][L]))
+        << "instance " << id << " " << toString(kind) << " S=" << S << " L=" << L << ": pruned "
+        << got << " vs plain " << best[S][L];
+  }
+  std::printf("pruned vs plain DP: %d shapes, %d feasible\n", compared, feasible);
+  EXPECT_GE(feasible, 40);
+  EXPECT_LE(feasible, compared - 10);
 }

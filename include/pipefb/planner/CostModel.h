@@ -135,9 +135,10 @@ class CostModel {
   /// Stage k = layers [first, last) in `shape`, under `policy`. `linkIn` is included.
   StageEstimate stage(const PipelineShape& shape, int k, int first, int last,
                       StashPolicy policy) const;
-  /// Same, with the working-set maximum of [first, last) (unscaled) given.
+  /// Same, with the working-set maximum of [first, last) (unscaled) given. `timesOnly`
+  /// leaves the memory fields empty (the DP's cheap first look at a candidate).
   StageEstimate stage(const PipelineShape& shape, int k, int first, int last,
-                      StashPolicy policy, std::int64_t maxWorking) const;
+                      StashPolicy policy, std::int64_t maxWorking, bool timesOnly = false) const;
   /// Time of the boundary in front of stage k (k >= 1), whose first layer is `first`.
   double linkTime(const PipelineShape& shape, int k, int first) const;
   /// A lower bound of stage(...).time that never decreases as the stage grows.
@@ -151,6 +152,11 @@ class CostModel {
   /// Unscaled sums over layers [first, last) at the profile's microbatch and device.
   double forwardSum(int first, int last) const { return range(F_, first, last); }
   double backwardSum(int first, int last) const { return range(B_, first, last); }
+  double stepSum(int first, int last) const { return range(step_, first, last); }
+  std::int64_t paramSum(int first, int last) const { return range(param_, first, last); }
+  std::int64_t savedSum(int first, int last) const { return range(saved_, first, last); }
+  /// Parameters + gradients + optimizer state of layers [first, last).
+  std::int64_t staticSum(int first, int last) const { return range(states_, first, last); }
 
   std::int64_t inputBytes(int layer) const;  // unscaled; layer 0: the model input
   std::int64_t workingBytes(int layer) const { return profile_.layers[layer].workingBytes; }
@@ -164,7 +170,7 @@ class CostModel {
   Profile profile_;
   Cluster cluster_;
   std::vector<double> F_, B_, R_, step_;
-  std::vector<std::int64_t> saved_, param_, grad_, opt_;
+  std::vector<std::int64_t> saved_, param_, grad_, opt_, states_;
 };
 
 }  // namespace pipefb::planner

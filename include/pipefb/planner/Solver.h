@@ -12,11 +12,22 @@
 // Because the pace tau is a maximum, and the iteration time of a fixed (schedule, M, S,
 // chain) is increasing in tau, the DP is exact for that shape. A host-pool budget adds a
 // sum constraint; the DP then keeps, per cell, the Pareto front of (tau, host bytes),
-// which is exact too. The scan over i stops once CostModel::computeLowerBound (which only
-// grows with the stage) reaches the cell's best, and shapes are visited by a lower bound
-// of their iteration time and skipped once it cannot beat the best found. The best found
-// so far also caps every cell of the next shape's DP (a stage or prefix slower than the
-// pace that would tie it is never extended), which keeps 1000 layers x 64 devices fast.
+// which is exact too. Pruning, none of which drops a cell a plan under the cap could use:
+// * Note [Solver relaxation] (Solver.cpp): per stage, a compute lower bound and a memory
+//   lower bound (weights x versions + grads + optimizer state + working set + one graph)
+//   that only grow with the stage; greedy covers from both ends give each row k a window
+//   of cells, and reject a shape whose layers cannot be covered under the cap (this is
+//   what makes memory-bound shapes, e.g. PipeDream's S weight versions on stage 0, cheap
+//   to rule out).
+// * The scan over i stops once either bound of [i, j) reaches the cell's best; starts
+//   whose prefix is already at the best are jumped over with a per-row range-minimum
+//   table; the cell is first seeded with the previous cell's argmin so the cap is tight
+//   early; a candidate's memory is only costed when its time could beat the best.
+// * Shapes are visited by a lower bound of their iteration time and skipped once it
+//   cannot beat the best found; the best found caps every cell of the next shape's DP.
+// With these, 1000 layers x 64 devices plans in well under a second (bench_planner), and
+// SolverOptimality.PrunedDpEqualsPlainDpOnLargerShapes checks the pruned DP against a
+// plain one on shapes of up to 80 layers.
 // Chains: ordered selections of distinct devices. Devices that can be swapped without
 // changing any cost (same speed, capacity, host link, and link rows/columns) form
 // classes, and the solver enumerates chains up to those swaps, which is exhaustive
