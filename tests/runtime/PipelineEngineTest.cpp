@@ -480,10 +480,10 @@ struct AsyncReference {
 };
 
 void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
-                         const std::string& stash, const std::string& optimizer) {
+                         const std::string& stash, const std::string& optimizer,
+                         int kIters = 4) {
   SCOPED_TRACE(c.name + " " + sched + " " + stash + " " + optimizer + " S=" +
                std::to_string(S) + " M=" + std::to_string(M));
-  constexpr int kIters = 4;
   auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
   cfg.training.optimizer = optimizer;
   if (optimizer == "adam") cfg.training.lr = 1e-3;
@@ -520,6 +520,8 @@ TEST(PipelineAsync, WeightsFollowTheAsynchronousSemantics) {
   checkAsyncSemantics({"vgg16", visionOptions("vgg16"), 4}, "pipedream", 3, 2, "keep", "adam");
   checkAsyncSemantics({"vgg16", visionOptions("vgg16"), 4}, "pipefb-async", 3, 2, "checkpoint",
                       "adam");
+  checkAsyncSemantics({"vgg16", visionOptions("vgg16"), 8}, "pipefb-async", 2, 4, "keep", "adam",
+                      12);
 }
 
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
