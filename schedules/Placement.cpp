@@ -13,6 +13,13 @@ Placement::Placement(std::vector<StagePlacement> stages) : stages_(std::move(sta
       throw UserError("placement of stage " + std::to_string(s) + " uses a negative device (" +
                       std::to_string(p.forward) + "/" + std::to_string(p.backward) +
                       "); devices are numbered from 0");
+    // The same bound as the schedule text's "device <n>:" lines. Without it a placement
+    // such as 0/2147483647 overflowed `+ 1`, and 0/2000000000 made parseSchedule allocate
+    // two billion action lists (both found by fuzz/ScheduleFuzzer).
+    if (p.forward >= kMaxDevices || p.backward >= kMaxDevices)
+      throw UserError("placement of stage " + std::to_string(s) + " uses device " +
+                      std::to_string(std::max(p.forward, p.backward)) + "; devices are numbered " +
+                      "0.." + std::to_string(kMaxDevices - 1));
     numDevices_ = std::max({numDevices_, p.forward + 1, p.backward + 1});
   }
 }

@@ -96,7 +96,9 @@ Schedule parseSchedule(const std::string& text, const std::string& source) {
         throw UserError(where + ": expected 'device <n>:' followed by actions");
       dev.pop_back();
       int d = parseCount(where, "device", dev, 0);
-      if (d > 100000) throw UserError(where + ": device " + dev + " is out of range");
+      if (d >= kMaxDevices)
+        throw UserError(where + ": device " + dev + " is out of range (0.." +
+                        std::to_string(kMaxDevices - 1) + ")");
       if (static_cast<int>(lists.size()) <= d) lists.resize(d + 1);
       std::string tok;
       while (ls >> tok) {
@@ -111,6 +113,11 @@ Schedule parseSchedule(const std::string& text, const std::string& source) {
                       "'; allowed: kind, stages, microbatches, iterations, placement, device");
     }
   }
+  // totalMicrobatches() is M x K in an int; action indices must stay below it anyway.
+  if (static_cast<long long>(s.numMicrobatches) * s.numIterations > (1 << 27))
+    throw UserError(source + ": microbatches x iterations is " +
+                    std::to_string(static_cast<long long>(s.numMicrobatches) * s.numIterations) +
+                    "; at most " + std::to_string(1 << 27) + " microbatches are allowed");
   if (!haveStages || !haveMicrobatches || !havePlacement)
     throw UserError(source + ": a schedule needs 'stages', 'microbatches' and 'placement' lines");
   if (s.placement.numStages() != s.numStages)

@@ -33,6 +33,8 @@ struct Position {
   int step = -1;
 };
 
+constexpr size_t kMaxStageIndexPairs = size_t{1} << 24;
+
 class AbstractRun {
  public:
   AbstractRun(const Schedule& s, const MemoryContract* c) : s_(s), c_(c) {
@@ -44,6 +46,13 @@ class AbstractRun {
     if (maxIdx >= (1 << 27)) fail("index " + std::to_string(maxIdx) + " is too large", {});
     N_ = maxIdx + 1;
     const size_t SN = static_cast<size_t>(S_) * N_;
+    // The per-(stage, index) tables below hold ~60 bytes an entry; bound them so that a
+    // schedule file naming F0.100000000 is an error, not gigabytes (fuzz/ScheduleFuzzer).
+    if (SN > kMaxStageIndexPairs)
+      fail(std::to_string(S_) + " stages x " + std::to_string(N_) +
+               " microbatch indices is more than the validator tracks (" +
+               std::to_string(kMaxStageIndexPairs) + " pairs)",
+           {});
     fPos_.assign(SN, {});
     bPos_.assign(SN, {});
     fDone_.assign(SN, false);

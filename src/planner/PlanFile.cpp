@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
@@ -158,7 +159,11 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     p.batch = need("batch").as<std::int64_t>();
     p.lookahead = n["lookahead"] ? n["lookahead"].as<int>() : 1;
     p.numLayers = need("layers").as<int>();
-    if (p.microbatches < 1 || p.microbatchSize < 1 || p.batch != p.microbatches * p.microbatchSize)
+    // The bound on microbatch_size keeps the product from overflowing (a signed-overflow
+    // UB that fuzz/PlanFuzzer found with microbatch_size: 4611686018427387904).
+    if (p.microbatches < 1 || p.microbatchSize < 1 ||
+        p.microbatchSize > std::numeric_limits<std::int64_t>::max() / p.microbatches ||
+        p.batch != p.microbatches * p.microbatchSize)
       throw UserError(source + ": batch must equal microbatches x microbatch_size (got " +
                       std::to_string(p.batch) + ", " + std::to_string(p.microbatches) + " x " +
                       std::to_string(p.microbatchSize) + ")");

@@ -112,5 +112,16 @@ TEST(TrainPlan, PlannerPartitionBalancesTimeNotParameters) {
   EXPECT_EQ(tried, 455);
 }
 
+// Found by fuzz/PlanFuzzer: microbatches x microbatch_size overflowed int64 (UB) before
+// the batch check.
+TEST(TrainPlan, PlanFileBatchOverflowIsAUserError) {
+  EXPECT_NE(errorOf([] {
+              parsePlan("version: 1\nschedule: 1f1b\nmicrobatches: 4\n"
+                        "microbatch_size: 4611686018427387904\nbatch: 0\nlayers: 1\nstages: []\n",
+                        "p.yaml");
+            }).find("batch must equal microbatches x microbatch_size"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace pipefb::planner

@@ -54,3 +54,16 @@ TEST(ScheduleTextTest, RejectsInconsistentHeaders) {
   ASSERT_EQ(s.devices.size(), 1u);
   EXPECT_EQ(s.devices[0].size(), 4u);
 }
+
+// Found by fuzz/ScheduleFuzzer: a placement naming device 2147483647 overflowed
+// `forward + 1`; one naming device 2000000000 made the parser allocate two billion action
+// lists; huge microbatches x iterations overflowed totalMicrobatches(). All are UserErrors.
+TEST(ScheduleTextTest, RejectsHugeDevicesAndCounts) {
+  for (const char* text : {"stages 1\nmicrobatches 1\nplacement 0/2147483647\n",
+                           "stages 1\nmicrobatches 1\nplacement 0/2000000000\n",
+                           "stages 1\nmicrobatches 1\nplacement 100000/0\n",
+                           "stages 1\nmicrobatches 2000000000\niterations 2\nplacement 0/0\n"})
+    EXPECT_THROW(parseSchedule(text), pipefb::UserError) << text;
+  // The largest device index is still fine.
+  EXPECT_EQ(parseSchedule("stages 1\nmicrobatches 1\nplacement 0/99999\n").numDevices(), 100000);
+}

@@ -13,6 +13,9 @@ struct StagePlacement {
   }
 };
 
+/// Device indices are below this (a placement or a schedule file naming more is a UserError).
+constexpr int kMaxDevices = 100000;
+
 class Placement {
  public:
   Placement() = default;
