@@ -15,7 +15,7 @@ Placement::Placement(std::vector<StagePlacement> stages) : stages_(std::move(sta
                       "); devices are numbered from 0");
     // The same bound as the schedule text's "device <n>:" lines. Without it a placement
     // such as 0/2147483647 overflowed `+ 1`, and 0/2000000000 made parseSchedule allocate
-    // two billion action lists (both found by fuzz/ScheduleFuzzer).
+    // two billion action lists (both seen under fuzz/ScheduleFuzzer's ASan/UBSan).
     if (p.forward >= kMaxDevices || p.backward >= kMaxDevices)
       throw UserError("placement of stage " + std::to_string(s) + " uses device " +
                       std::to_string(std::max(p.forward, p.backward)) + "; devices are numbered " +

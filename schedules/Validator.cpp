@@ -47,7 +47,8 @@ class AbstractRun {
     N_ = maxIdx + 1;
     const size_t SN = static_cast<size_t>(S_) * N_;
     // The per-(stage, index) tables below hold ~60 bytes an entry; bound them so that a
-    // schedule file naming F0.100000000 is an error, not gigabytes (fuzz/ScheduleFuzzer).
+    // schedule file naming F0.100000000 is an error, not gigabytes (seen under
+    // fuzz/ScheduleFuzzer).
     if (SN > kMaxStageIndexPairs)
       fail(std::to_string(S_) + " stages x " + std::to_string(N_) +
                " microbatch indices is more than the validator tracks (" +

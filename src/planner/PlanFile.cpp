@@ -160,7 +160,7 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     p.lookahead = n["lookahead"] ? n["lookahead"].as<int>() : 1;
     p.numLayers = need("layers").as<int>();
     // The bound on microbatch_size keeps the product from overflowing (a signed-overflow
-    // UB that fuzz/PlanFuzzer found with microbatch_size: 4611686018427387904).
+    // UB, seen under fuzz/PlanFuzzer's UBSan with microbatch_size: 4611686018427387904).
     if (p.microbatches < 1 || p.microbatchSize < 1 ||
         p.microbatchSize > std::numeric_limits<std::int64_t>::max() / p.microbatches ||
         p.batch != p.microbatches * p.microbatchSize)

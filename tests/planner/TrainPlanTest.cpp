@@ -112,8 +112,8 @@ TEST(TrainPlan, PlannerPartitionBalancesTimeNotParameters) {
   EXPECT_EQ(tried, 455);
 }
 
-// Found by fuzz/PlanFuzzer: microbatches x microbatch_size overflowed int64 (UB) before
-// the batch check.
+// Seen under fuzz/PlanFuzzer (UBSan) while writing it: microbatches x microbatch_size overflowed
+// int64 (UB) before the batch check.
 TEST(TrainPlan, PlanFileBatchOverflowIsAUserError) {
   EXPECT_NE(errorOf([] {
               parsePlan("version: 1\nschedule: 1f1b\nmicrobatches: 4\n"

@@ -55,9 +55,10 @@ TEST(ScheduleTextTest, RejectsInconsistentHeaders) {
   EXPECT_EQ(s.devices[0].size(), 4u);
 }
 
-// Found by fuzz/ScheduleFuzzer: a placement naming device 2147483647 overflowed
-// `forward + 1`; one naming device 2000000000 made the parser allocate two billion action
-// lists; huge microbatches x iterations overflowed totalMicrobatches(). All are UserErrors.
+// Seen under fuzz/ScheduleFuzzer (ASan/UBSan) while writing it: a placement naming device
+// 2147483647 overflowed `forward + 1`; one naming device 2000000000 made the parser allocate two
+// billion action lists; huge microbatches x iterations overflowed totalMicrobatches(). All are
+// UserErrors.
 TEST(ScheduleTextTest, RejectsHugeDevicesAndCounts) {
   for (const char* text : {"stages 1\nmicrobatches 1\nplacement 0/2147483647\n",
                            "stages 1\nmicrobatches 1\nplacement 0/2000000000\n",

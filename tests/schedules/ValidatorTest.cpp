@@ -157,8 +157,9 @@ TEST(ValidatorTest, GridMarksAndWindows) {
   EXPECT_TRUE(contains(window, "[*")) << window;
 }
 
-// Found by fuzz/ScheduleFuzzer: the validator sized its tables by stages x (largest index
-// + 1), so a file naming F0.100000000 asked for gigabytes. Now a ScheduleError (UserError).
+// Seen under fuzz/ScheduleFuzzer (ASan/UBSan) while writing it: the validator sized its tables by
+// stages x (largest index + 1), so a file naming F0.100000000 asked for gigabytes. Now a
+// ScheduleError (UserError).
 TEST(ValidatorTest, HugeIndexIsAUserErrorNotAnAllocation) {
   Schedule s = parseSchedule("stages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
                              "device 0: F0.100000000\n");
