@@ -57,7 +57,7 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
     ++queued_;
   }
   auto job = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
-  engines_[device]->submit([this, device, e, job, hostCategory] {
+  engines_[device]->submit([this, device, key, e, job, hostCategory] {
     const int64_t start = memory::nowNs();
     std::vector<at::Tensor> host;
     int64_t bytes = 0;
@@ -89,7 +89,7 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
       c.bytesD2H += bytes;
       ++c.offloads;
       c.copySeconds += (end - start) * 1e-9;
-      c.intervals.push_back({start, end});
+      c.intervals.push_back({start, end, /*toHost=*/true, bytes, key});
     }
     host.clear();  // a dropped stash: freed before synchronize() can return
     finishJob();
@@ -165,11 +165,10 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
     c.bytesH2D += bytes;
     ++c.prefetches;
     c.copySeconds += (end - start) * 1e-9;
-    c.intervals.push_back({start, end});
+    c.intervals.push_back({start, end, /*toHost=*/false, bytes, key});
   }
   dev.clear();  // a dropped stash: freed before synchronize() can return
   finishJob();
-  (void)key;
 }
 
 std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,

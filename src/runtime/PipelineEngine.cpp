@@ -1269,6 +1269,7 @@ void PipelineEngine::writeTrace(const std::string& path) const {
   for (int d = 0; d <= I.D; ++d) {
     trace.addProcess(d, d < I.D ? I.devices[d].domain->name() : std::string("host"));
     if (d < I.D) trace.addThread(d, 0, "compute");
+    if (d < I.D) trace.addThread(d, 1, "copy engine");
   }
   std::map<int, int> pidOfDomain;
   for (int d = 0; d < I.D; ++d) pidOfDomain[I.devices[d].domain->id()] = d;
@@ -1281,6 +1282,16 @@ void PipelineEngine::writeTrace(const std::string& path) const {
                     {{"stage", a.stage}, {"index", a.index}, {"step", r.index}});
       trace.addMemoryCounter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
     }
+    // The device's copy engine: each offload (D2H) and prefetch (H2D) copy job.
+    for (const auto& c : I.transfers->counters(d).intervals)
+      trace.addSpan(d, 1,
+                    std::string(c.toHost ? "D2H " : "H2D ") + std::to_string(c.key.stage) + "." +
+                        std::to_string(c.key.index),
+                    c.toHost ? "offload" : "prefetch", c.startNs, c.endNs,
+                    {{"bytes", c.bytes},
+                     {"stage", c.key.stage},
+                     {"index", c.key.index},
+                     {"what", c.key.kind == 0 ? "stash" : "weight version"}});
   }
   // The event stream (first iterations): a counter per allocation and free.
   trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);

@@ -94,6 +94,13 @@ void checkRunFolder(const std::string& dir, int devices, bool host) {
     }
   }
   EXPECT_EQ(names.size(), static_cast<size_t>(devices + (host ? 1 : 0)));
+  // A pipeline run (it has the host pool) names a copy-engine track on every device.
+  std::set<int> copyTracks;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == 1 &&
+        e["args"]["name"] == "copy engine")
+      copyTracks.insert(e["pid"].get<int>());
+  EXPECT_EQ(copyTracks.size(), host ? static_cast<size_t>(devices) : 0u);
   for (int d = 0; d < devices; ++d) {
     EXPECT_EQ(names[d], "cpu:" + std::to_string(d));
     EXPECT_GT(spans[d], 0) << "device " << d << " has no compute track";
@@ -175,6 +182,36 @@ TEST(ReportTest, OffloadRunShowsTrafficAndTheHostPoolTimeline) {
   // The host pool held the offloaded stashes: its timeline is not flat.
   EXPECT_EQ(memory["devices"][2]["name"], "host");
   EXPECT_GT(memory["devices"][2]["trace_peak_bytes"].get<int64_t>(), 0);
+  // trace.json: each device's copy engine is a track of its own (tid 1 of the device's
+  // process) holding one span per copy job, and the spans add up to the counters.
+  const json trace = json::parse(slurp(fs::path(dir) / "trace.json"));
+  const json summary = json::parse(slurp(fs::path(dir) / "summary.json"));
+  for (int d = 0; d < 2; ++d) {
+    bool named = false;
+    int64_t d2h = 0, h2d = 0, offloads = 0, prefetches = 0;
+    double lastEnd = -1;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["pid"] != d || !e.contains("tid") || e["tid"] != 1) continue;
+      if (e["ph"] == "M" && e["name"] == "thread_name") named = e["args"]["name"] == "copy engine";
+      if (e["ph"] != "X") continue;
+      const bool off = e["cat"] == "offload";
+      EXPECT_TRUE(off || e["cat"] == "prefetch") << e;
+      EXPECT_EQ(e["name"].get<std::string>().substr(0, 4), off ? "D2H " : "H2D ") << e;
+      EXPECT_EQ(e["args"]["what"], "stash") << e;
+      (off ? d2h : h2d) += e["args"]["bytes"].get<int64_t>();
+      ++(off ? offloads : prefetches);
+      // One engine copies one job at a time: its spans never overlap.
+      EXPECT_GE(e["ts"].get<double>(), lastEnd - 1e-3) << e;
+      lastEnd = e["ts"].get<double>() + e["dur"].get<double>();
+    }
+    const json& t = summary["pipeline"]["transfers"][d];
+    EXPECT_TRUE(named) << "device " << d << " has no copy-engine track";
+    EXPECT_EQ(d2h, t["bytes_d2h"].get<int64_t>()) << "device " << d;
+    EXPECT_EQ(h2d, t["bytes_h2d"].get<int64_t>()) << "device " << d;
+    EXPECT_EQ(offloads, t["offloads"].get<int64_t>()) << "device " << d;
+    EXPECT_EQ(prefetches, t["prefetches"].get<int64_t>()) << "device " << d;
+    EXPECT_GT(offloads + prefetches, 0) << "device " << d;
+  }
   const std::string html = slurp(fs::path(dir) / "report.html");
   EXPECT_NE(html.find("offloaded (D2H)"), std::string::npos);
   EXPECT_EQ(html.find("No bytes moved"), std::string::npos);

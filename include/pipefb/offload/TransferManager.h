@@ -57,8 +57,14 @@ struct TransferCancelled : std::runtime_error {
   TransferCancelled() : std::runtime_error("transfer cancelled: the manager was closed") {}
 };
 
+/// One copy job of a copy engine (also used for compute intervals, where only the times
+/// are set). The trace draws each copy engine's jobs as a track of their own
+/// (Note [Chrome trace], pipefb/report/ChromeTrace.h).
 struct CopyInterval {
   int64_t startNs = 0, endNs = 0;  // memory::nowNs() clock
+  bool toHost = false;             // true: an offload (D2H), false: a prefetch (H2D)
+  int64_t bytes = 0;               // bytes copied by this job
+  TransferKey key{};               // what was copied
 };
 
 /// Per device. Sums unless noted.

@@ -6,6 +6,9 @@
 //   - one process per device (pid = device index; the host pool is the last pid),
 //     named by a "process_name" metadata event, ordered by "process_sort_index";
 //   - thread 0 of a device is its compute track ("X" spans: actions or steps);
+//   - thread 1 of a pipeline device is its copy engine ("copy engine"): one "X" span per
+//     copy job, "D2H s.m" (cat "offload") or "H2D s.m" (cat "prefetch"), args bytes,
+//     stage, index; the track exists (named) even when nothing was copied;
 //   - memory as counter tracks ("C" events, args = live bytes per category):
 //     "memory" is sampled at the end of every action / step, "memory events" is
 //     the replayed ALLOC/FREE stream of the first iterations.
