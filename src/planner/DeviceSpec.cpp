@@ -79,8 +79,8 @@ double parseSeconds(const std::string& textIn, const std::string& key) {
     if (pos != t.size() || v < 0) throw std::invalid_argument("x");
     return v * mult;
   } catch (const std::exception&) {
-    throw UserError(key + ": expected a time such as 10us, 2ms or 1e-5 (seconds), got '" +
-                    textIn + "'");
+    throw UserError(key + ": expected a time such as 10us, 2ms or 1e-5 (seconds), got '" + textIn +
+                    "'");
   }
 }
 
@@ -96,8 +96,10 @@ double parseBandwidth(const std::string& text, const std::string& key) {
     if (pos == t.size() && v > 0) return v;
   } catch (const std::exception&) {
   }
-  throw UserError(key + ": expected a bandwidth in bytes per second such as 12GB, 900GiB or "
-                        "1.2e10, got '" + text + "'");
+  throw UserError(key +
+                  ": expected a bandwidth in bytes per second such as 12GB, 900GiB or "
+                  "1.2e10, got '" +
+                  text + "'");
 }
 
 DeviceSpec parseDeviceSpec(const std::string& yaml, const std::string& source) {
@@ -108,12 +110,12 @@ DeviceSpec parseDeviceSpec(const std::string& yaml, const std::string& source) {
     throw UserError(source + ": not valid YAML: " + e.what());
   }
   if (!n.IsMap()) throw UserError(source + ": a device spec is a map of keys");
-  const std::vector<std::string> keys = {"name",          "description",    "peak_flops",
-                                         "memory",        "hbm_bandwidth",  "pcie_bandwidth",
-                                         "host_latency",  "efficiency",     "layer_overhead"};
+  const std::vector<std::string> keys = {"name",         "description",   "peak_flops",
+                                         "memory",       "hbm_bandwidth", "pcie_bandwidth",
+                                         "host_latency", "efficiency",    "layer_overhead"};
   checkKeys(n, keys, source, "");
-  for (const char* req : {"name", "peak_flops", "memory", "hbm_bandwidth", "pcie_bandwidth",
-                          "efficiency"})
+  for (const char* req :
+       {"name", "peak_flops", "memory", "hbm_bandwidth", "pcie_bandwidth", "efficiency"})
     if (!n[req]) throw UserError(source + ": missing key '" + req + "'");
   DeviceSpec d;
   d.name = n["name"].as<std::string>();
@@ -196,8 +198,9 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
     throw UserError(source + ": not valid YAML: " + e.what());
   }
   if (!n.IsMap()) throw UserError(source + ": a cluster spec is a map of keys");
-  checkKeys(n, {"name", "description", "devices", "host_pool", "link_kinds", "default_link",
-                "matrix", "groups", "group_link"},
+  checkKeys(n,
+            {"name", "description", "devices", "host_pool", "link_kinds", "default_link", "matrix",
+             "groups", "group_link"},
             source, "");
   ClusterSpec c;
   c.name = n["name"] ? n["name"].as<std::string>() : fs::path(source).stem().string();
@@ -305,6 +308,81 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
         throw UserError(source + ": no link from device " + std::to_string(a) + " to " +
                         std::to_string(b) + "; set default_link or fill the matrix");
   return c;
+}
+
+namespace {
+// Doubles as text that reads back to the same double (%.17g).
+std::string exact(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+}  // namespace
+
+std::string deviceSpecToYaml(const DeviceSpec& d) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << d.name;
+  if (!d.description.empty()) out << YAML::Key << "description" << YAML::Value << d.description;
+  out << YAML::Key << "peak_flops" << YAML::Value << exact(d.peakFlops);
+  out << YAML::Key << "memory" << YAML::Value << std::to_string(d.memory);
+  out << YAML::Key << "hbm_bandwidth" << YAML::Value << exact(d.hbmBandwidth);
+  out << YAML::Key << "pcie_bandwidth" << YAML::Value << exact(d.pcieBandwidth);
+  out << YAML::Key << "host_latency" << YAML::Value << exact(d.hostLatency);
+  out << YAML::Key << "efficiency" << YAML::Value << exact(d.efficiency);
+  out << YAML::Key << "layer_overhead" << YAML::Value << exact(d.layerOverhead);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string clusterSpecToYaml(const ClusterSpec& c) {
+  const int D = static_cast<int>(c.devices.size());
+  // One named kind per distinct link; the spec's own kind names where it has them.
+  std::map<std::string, Link> kinds;
+  std::vector<std::vector<std::string>> names(D, std::vector<std::string>(D, "-"));
+  for (int a = 0; a < D; ++a)
+    for (int b = 0; b < D; ++b) {
+      if (a == b) continue;
+      const Link& l = c.links[a][b];
+      std::string k =
+          a < static_cast<int>(c.linkKinds.size()) && b < static_cast<int>(c.linkKinds[a].size())
+              ? c.linkKinds[a][b]
+              : "";
+      auto it = kinds.find(k);
+      if (k.empty() || k == "-" || (it != kinds.end() && !(it->second == l))) {
+        k.clear();
+        for (auto& [name, link] : kinds)
+          if (link == l) k = name;
+        if (k.empty()) k = "link" + std::to_string(kinds.size());
+      }
+      kinds[k] = l;
+      names[a][b] = k;
+    }
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << c.name;
+  if (!c.description.empty()) out << YAML::Key << "description" << YAML::Value << c.description;
+  out << YAML::Key << "devices" << YAML::Value << YAML::BeginSeq;
+  for (const auto& d : c.devices)
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "spec" << YAML::Value << d.name << YAML::Key
+        << "count" << YAML::Value << 1 << YAML::EndMap;
+  out << YAML::EndSeq;
+  out << YAML::Key << "host_pool" << YAML::Value
+      << (c.hostPool < 0 ? std::string("unlimited") : std::to_string(c.hostPool));
+  if (!kinds.empty()) {
+    out << YAML::Key << "link_kinds" << YAML::Value << YAML::BeginMap;
+    for (const auto& [k, l] : kinds)
+      out << YAML::Key << k << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key
+          << "bandwidth" << YAML::Value << exact(l.bandwidth) << YAML::Key << "latency"
+          << YAML::Value << exact(l.latency) << YAML::EndMap;
+    out << YAML::EndMap;
+    out << YAML::Key << "matrix" << YAML::Value << YAML::BeginSeq;
+    for (int a = 0; a < D; ++a) out << YAML::Flow << names[a];
+    out << YAML::EndSeq;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
 }
 
 ClusterSpec loadClusterSpec(const std::string& path, const std::string& devicesDir) {

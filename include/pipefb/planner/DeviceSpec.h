@@ -54,6 +54,12 @@ ClusterSpec loadClusterSpec(const std::string& path, const std::string& devicesD
 ClusterSpec uniformClusterSpec(const DeviceSpec& spec, int n, Link link,
                                std::int64_t hostPool = -1);
 
+/// The spec as YAML that parseDeviceSpec / parseClusterSpec read back to an equal spec
+/// (numbers with 17 significant digits; a cluster's devices by spec name, one entry per
+/// device, and every link in a matrix of its link kinds).
+std::string deviceSpecToYaml(const DeviceSpec& spec);
+std::string clusterSpecToYaml(const ClusterSpec& spec);
+
 /// "10us", "2ms", "1e-5" -> seconds; "12GB", "900GiB", "1.2e10" -> bytes/s.
 double parseSeconds(const std::string& text, const std::string& key);
 double parseBandwidth(const std::string& text, const std::string& key);

@@ -1,0 +1,187 @@
+// Round trips of the planner's files (plan files, device and cluster specs) and the
+// infeasible-budget contract of pipefb_plan (issue 6: exit 2, the smallest feasible budget
+// and its plan).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <regex>
+
+#include "PlannerTestUtil.h"
+#include "TestUtil.h"
+#include "pipefb/planner/DeviceSpec.h"
+#include "pipefb/planner/PlanFile.h"
+
+namespace pipefb::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kDevices = std::string(PIPEFB_SOURCE_DIR) + "/configs/devices";
+const std::string kClusters = std::string(PIPEFB_SOURCE_DIR) + "/configs/clusters";
+
+void expectSameDevice(const DeviceSpec& a, const DeviceSpec& b, const std::string& what) {
+  EXPECT_EQ(a.name, b.name) << what;
+  EXPECT_EQ(a.description, b.description) << what;
+  EXPECT_EQ(a.peakFlops, b.peakFlops) << what;
+  EXPECT_EQ(a.memory, b.memory) << what;
+  EXPECT_EQ(a.hbmBandwidth, b.hbmBandwidth) << what;
+  EXPECT_EQ(a.pcieBandwidth, b.pcieBandwidth) << what;
+  EXPECT_EQ(a.hostLatency, b.hostLatency) << what;
+  EXPECT_EQ(a.efficiency, b.efficiency) << what;
+  EXPECT_EQ(a.layerOverhead, b.layerOverhead) << what;
+}
+
+TEST(SpecFiles, EveryDeviceSpecRoundTrips) {
+  int n = 0;
+  for (const auto& name : deviceSpecNames(kDevices)) {
+    const DeviceSpec spec = loadDeviceSpec(kDevices + "/" + name + ".yaml");
+    const std::string yaml = deviceSpecToYaml(spec);
+    expectSameDevice(parseDeviceSpec(yaml, name + " (written)"), spec, name + ":\n" + yaml);
+    ++n;
+  }
+  EXPECT_GE(n, 6);  // v100-16g, a100-40g/80g, h100-80g, rtx3090-24g, t4-16g (+ cpu)
+}
+
+TEST(SpecFiles, EveryClusterSpecRoundTrips) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(kClusters)) {
+    if (e.path().extension() != ".yaml") continue;
+    const ClusterSpec spec = loadClusterSpec(e.path().string(), kDevices);
+    const std::string yaml = clusterSpecToYaml(spec);
+    const ClusterSpec back = parseClusterSpec(yaml, "written", kDevices);
+    const std::string what = e.path().filename().string() + ":\n" + yaml;
+    EXPECT_EQ(back.name, spec.name) << what;
+    EXPECT_EQ(back.description, spec.description) << what;
+    EXPECT_EQ(back.hostPool, spec.hostPool) << what;
+    ASSERT_EQ(back.devices.size(), spec.devices.size()) << what;
+    for (size_t d = 0; d < spec.devices.size(); ++d)
+      expectSameDevice(back.devices[d], spec.devices[d], what);
+    EXPECT_EQ(back.links, spec.links) << what;
+    EXPECT_EQ(back.linkKinds, spec.linkKinds) << what;
+    // And once more: the written form is a fixed point.
+    EXPECT_EQ(clusterSpecToYaml(back), yaml);
+    ++n;
+  }
+  EXPECT_GE(n, 5);
+}
+
+TEST(SpecFiles, HandMadeMatrixWithUnnamedLinksRoundTrips) {
+  ClusterSpec c = uniformClusterSpec(loadDeviceSpec(kDevices + "/t4-16g.yaml"), 3, Link{10e9, 1e-5},
+                                     std::int64_t(64) << 30);
+  c.links[0][2] = Link{1.25e9, 5e-5};  // one slower link, kind name not a link kind's
+  c.linkKinds[0][2] = "-";
+  for (int d = 0; d < 3; ++d) c.links[d][d] = Link{};  // unused (same device); files leave it out
+  const ClusterSpec back = parseClusterSpec(clusterSpecToYaml(c), "written", kDevices);
+  EXPECT_EQ(back.links, c.links);
+  EXPECT_EQ(back.hostPool, c.hostPool);
+  EXPECT_EQ(back.devices.size(), 3u);
+}
+
+// A plan written by planToYaml and read back (parsePlan, planFromSpec) is the same plan:
+// shape, device chain, cuts, per-stage devices and policies (mixed ones included), and so
+// the same predicted time and memory.
+TEST(PlanFiles, SolvedPlansRoundTrip) {
+  std::mt19937 rng(5);
+  auto uni = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
+  int checked = 0, mixed = 0;
+  for (int id = 0; id < 40; ++id) {
+    Profile p;
+    p.model = "rt" + std::to_string(id);
+    p.inputBytes = 1000;
+    const int L = 4 + id % 9;
+    for (int l = 0; l < L; ++l) {
+      LayerCost c;
+      c.name = "l" + std::to_string(l);
+      c.forward = uni(0.1, 2);
+      c.backward = 2 * c.forward;
+      c.recompute = c.forward;
+      c.outputBytes = 1000;
+      c.savedBytes = std::int64_t(uni(1000, 20000));
+      c.paramBytes = c.gradBytes = std::int64_t(uni(100, 5000));
+      c.optimizerBytes = 2 * c.paramBytes;
+      p.layers.push_back(c);
+    }
+    Cluster cl = Cluster::uniform(4, 1.0, -1, Link{1e4, 1e-3}, Link{2e4, 1e-3});
+    cl.devices[1].speed = 2;  // heterogeneous: chains are not all equal
+    cl.devices[3].capacity = 40000;
+    CostModel m(p, cl);
+    const std::vector<std::string> families = {"1f1b", "pipedream", "pipefb-sync", "gpipe",
+                                               "pipefb-async"};
+    SolverOptions o = testing::only(families[id % families.size()], 8);
+    o.budget = id % 2 ? 60000 : -1;
+    SolveResult r = solve(m, o);
+    if (!r.feasible) continue;
+    const Plan& plan = r.best;
+    const std::string yaml =
+        planToYaml(m, plan, PlanContext{"c.yaml", p.model, "literal", cl.name});
+    const PlanSpec spec = parsePlan(yaml, "plan.yaml");
+    const Plan back = planFromSpec(m, spec);
+    const std::string what = "instance " + std::to_string(id) + ":\n" + yaml;
+    EXPECT_EQ(back.shape.kind, plan.shape.kind) << what;
+    EXPECT_EQ(back.shape.stages, plan.shape.stages) << what;
+    EXPECT_EQ(back.shape.microbatches, plan.shape.microbatches) << what;
+    EXPECT_EQ(back.shape.microbatchSize, plan.shape.microbatchSize) << what;
+    EXPECT_EQ(back.shape.lookahead, plan.shape.lookahead) << what;
+    EXPECT_EQ(back.shape.chain, plan.shape.chain) << what;
+    ASSERT_EQ(back.stages.size(), plan.stages.size()) << what;
+    bool isMixed = false;
+    for (size_t k = 0; k < plan.stages.size(); ++k) {
+      EXPECT_EQ(back.stages[k].first, plan.stages[k].first) << what;
+      EXPECT_EQ(back.stages[k].last, plan.stages[k].last) << what;
+      EXPECT_EQ(back.stages[k].forwardDevice, plan.stages[k].forwardDevice) << what;
+      EXPECT_EQ(back.stages[k].backwardDevice, plan.stages[k].backwardDevice) << what;
+      EXPECT_EQ(back.stages[k].policy, plan.stages[k].policy) << what;
+      isMixed = isMixed || plan.stages[k].policy != plan.stages[0].policy;
+    }
+    EXPECT_EQ(back.iterationTime, plan.iterationTime) << what;
+    EXPECT_EQ(back.deviceMemory, plan.deviceMemory) << what;
+    EXPECT_EQ(back.hostBytes, plan.hostBytes) << what;
+    // The file's own predictions (6 significant digits for times, bytes exact).
+    EXPECT_NEAR(spec.predictedIterationTime, plan.iterationTime, 1e-5 * plan.iterationTime) << what;
+    for (size_t d = 0; d < spec.predictedPeak.size(); ++d)
+      EXPECT_EQ(spec.predictedPeak[d], plan.deviceMemory[d]) << what;
+    mixed += isMixed;
+    ++checked;
+  }
+  EXPECT_GE(checked, 25);
+  EXPECT_GE(mixed, 1);
+}
+
+// Issue 6: an infeasible budget exits 2, prints the smallest feasible budget and its plan
+// (the stage table), and that budget is feasible: planning at it succeeds.
+TEST(PlanCli, InfeasibleBudgetGivesExit2TheSmallestBudgetAndItsPlan) {
+  const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/vgg16.yaml";
+  const std::string out =
+      " -o " +
+      (fs::temp_directory_path() / ("plan-cli-" + std::to_string(::getpid()) + ".yaml")).string();
+  const auto r =
+      test::runProgram("pipefb_plan --config " + cfg +
+                       " --set devices.count=4 --set pipeline.schedule=1f1b --budget 4MiB" + out);
+  ASSERT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("Nothing fits in 4.00 MiB per device."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with this plan:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stage layers"), std::string::npos) << r.out;  // the plan's table
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m,
+                                std::regex("smallest feasible budget: .* \\(--budget ([0-9]+)\\)")))
+      << r.out;
+  const std::int64_t smallest = std::stoll(m[1]);
+  EXPECT_GT(smallest, 4 << 20);
+  // The last line is the one-line error.
+  const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
+  EXPECT_NE(last.find("pipefb_plan: error: no plan fits the budget"), std::string::npos) << last;
+  const auto ok = test::runProgram("pipefb_plan --config " + cfg +
+                                   " --set devices.count=4 --set pipeline.schedule=1f1b --budget " +
+                                   std::to_string(smallest) + "" + out);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  const auto below =
+      test::runProgram("pipefb_plan --config " + cfg +
+                       " --set devices.count=4 --set pipeline.schedule=1f1b --budget " +
+                       std::to_string(smallest - 1) + "" + out);
+  EXPECT_EQ(below.code, 2) << below.out;
+}
+
+}  // namespace
+}  // namespace pipefb::planner
