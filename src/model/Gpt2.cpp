@@ -56,10 +56,10 @@ class AttentionImpl : public nn::Module {
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);  // (T,T)
     att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
-    if (dropout_ > 0) att = torch::dropout(att, dropout_, is_training());
+    if (dropout_ > 0) att = model::dropout(att, dropout_, is_training());
     auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, dim_});  // (B,T,D)
     y = c_proj->forward(y);
-    if (dropout_ > 0) y = torch::dropout(y, dropout_, is_training());
+    if (dropout_ > 0) y = model::dropout(y, dropout_, is_training());
     return y;
   }
   Conv1D c_attn{nullptr}, c_proj{nullptr};
@@ -79,7 +79,7 @@ class MlpImpl : public nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     // GPT-2's "gelu_new" is the tanh approximation.
     auto y = c_proj->forward(torch::gelu(c_fc->forward(x), "tanh"));
-    if (dropout_ > 0) y = torch::dropout(y, dropout_, is_training());
+    if (dropout_ > 0) y = model::dropout(y, dropout_, is_training());
     return y;
   }
   Conv1D c_fc{nullptr}, c_proj{nullptr};
@@ -109,7 +109,7 @@ class EmbedLayer : public Layer {
     }
     auto pos = torch::arange(idx.size(1), idx.options().dtype(torch::kLong));  // (T)
     auto x = wte_->forward(idx) + wpe_->forward(pos);                          // (B,T,D)
-    if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
+    if (dropout_ > 0) x = model::dropout(x, dropout_, is_training());
     return x;
   }
 

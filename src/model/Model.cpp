@@ -7,6 +7,38 @@
 
 namespace pipefb::model {
 
+namespace {
+thread_local at::Generator* tlsDropoutGen = nullptr;
+}
+
+DropoutStream::DropoutStream(uint64_t seed)
+    : gen_(at::detail::createCPUGenerator(seed)), previous_(tlsDropoutGen) {
+  tlsDropoutGen = &gen_;
+}
+
+DropoutStream::~DropoutStream() { tlsDropoutGen = previous_; }
+
+uint64_t dropoutSeed(uint64_t seed, int stage, int64_t microbatch) {
+  // splitmix64 over the three inputs: distinct streams for distinct (stage, microbatch).
+  uint64_t z = seed ^ (0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(stage) + 1)) ^
+               (0xBF58476D1CE4E5B9ULL * (static_cast<uint64_t>(microbatch) + 1));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
+  if (!training || p <= 0) return x;
+  if (tlsDropoutGen == nullptr) return torch::dropout(x, p, training);
+  if (p >= 1) return x * 0;
+  torch::Tensor keep;
+  {
+    torch::NoGradGuard noGrad;
+    keep = torch::empty_like(x).bernoulli_(1 - p, *tlsDropoutGen).div_(1 - p);
+  }
+  return x * keep;
+}
+
 Model::Model(ModelOptions options, std::vector<std::shared_ptr<Layer>> layers,
              std::vector<int64_t> sampleShape, torch::ScalarType inputDtype)
     : options_(std::move(options)),

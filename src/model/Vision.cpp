@@ -58,10 +58,10 @@ class LinearLayer : public Layer {
     } else if (spec_.flatten) {
       x = x.flatten(1);
     }
-    if (spec_.dropBefore > 0) x = torch::dropout(x, spec_.dropBefore, is_training());
+    if (spec_.dropBefore > 0) x = model::dropout(x, spec_.dropBefore, is_training());
     x = fc_->forward(x);
     if (spec_.relu) x = x.relu_();
-    if (spec_.dropAfter > 0) x = torch::dropout(x, spec_.dropAfter, is_training());
+    if (spec_.dropAfter > 0) x = model::dropout(x, spec_.dropAfter, is_training());
     return x;
   }
 

@@ -698,6 +698,8 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
   Tensor x = a.stage == 0 ? takeFrom(dev.inputs, {0, a.index}, "input")
                           : takeFrom(dev.acts, in, "activation");
   ReplicaPtr rep = forwardReplica(st, a.index);
+  // Note [Dropout streams]: the recompute in B(s,m) draws the same masks.
+  model::DropoutStream masks(model::dropoutSeed(config.training.seed, a.stage, a.index));
   auto entry = std::make_shared<StashEntry>();
   const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
   Tensor out;
@@ -804,6 +806,7 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
       torch::NoGradGuard noGrad;
       for (const auto& b : rep->buffers) savedBuffers.push_back(b.clone());
     }
+    model::DropoutStream masks(model::dropoutSeed(config.training.seed, a.stage, a.index));
     output = rep->forward(input);
   }
   e.reset();

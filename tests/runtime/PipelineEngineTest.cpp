@@ -795,3 +795,39 @@ TEST(PipelineOffload, ABudgetOnlyOffloadCanMeet) {
   for (int d = 0; d < 2 * S; ++d)
     memory::configureDomain(memory::virtualDeviceName(d), memory::kUnlimited);
 }
+
+// Note [Dropout streams]: with dropout, B's recompute (checkpoint) draws the masks its
+// forward drew, so every stash policy gives the gradients of `keep`; and the masks do not
+// depend on thread timing, so two runs agree bitwise.
+TEST(PipelineDropout, RecomputeDrawsTheForwardsMasks) {
+  auto opts = visionOptions("vgg16");
+  opts.dropout = 0.5;
+  auto gradsOf = [&](const std::string& sched, const std::string& stash) {
+    auto cfg = makeConfig(opts, sched, 3, 2, stash, 4);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+    e.step(makeBatch(*model, 4, 10, 5));
+    e.finish();
+    return model;
+  };
+  for (const std::string sched : {"1f1b", "pipefb-sync"}) {
+    auto keep = gradsOf(sched, "keep");
+    auto again = gradsOf(sched, "keep");
+    std::string worst;
+    EXPECT_EQ(maxRelErr(*again, *keep, /*grads=*/true, &worst), 0) << sched << ": " << worst;
+    for (const std::string stash : {"checkpoint", "checkpoint-offload", "offload"}) {
+      auto other = gradsOf(sched, stash);
+      EXPECT_LE(maxRelErr(*other, *keep, /*grads=*/true, &worst), 1e-5)
+          << sched << " " << stash << ": " << worst;
+    }
+  }
+  // The masks are drawn: a model with dropout does not give the gradients of one without.
+  auto noDrop = visionOptions("vgg16");
+  auto cfg = makeConfig(noDrop, "1f1b", 3, 2, "keep", 4);
+  auto plain = buildSeeded(noDrop);
+  runtime::PipelineEngine e(*plain, cfg, quietOptions(1));
+  e.step(makeBatch(*plain, 4, 10, 5));
+  e.finish();
+  std::string worst;
+  EXPECT_GT(maxRelErr(*plain, *gradsOf("1f1b", "keep"), /*grads=*/true, &worst), 1e-3);
+}

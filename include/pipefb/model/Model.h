@@ -86,6 +86,33 @@ class Model {
   torch::ScalarType inputDtype_;
 };
 
+// Note [Dropout streams]
+// Every dropout in the zoo goes through model::dropout. By default it draws from torch's
+// global generator, as torch::dropout does. A pipeline runs stages on several threads and
+// recomputes forwards (stash checkpoint): the global generator would give a recompute a
+// different mask from its forward (wrong gradients) and make masks depend on thread
+// timing. So the runtime opens a DropoutStream around F(s,m) and around its recompute,
+// seeded from (seed, stage, microbatch): the same masks every time, on any thread.
+class DropoutStream {
+ public:
+  /// Dropout on this thread draws from a generator seeded with `seed` until destruction.
+  explicit DropoutStream(uint64_t seed);
+  ~DropoutStream();
+  DropoutStream(const DropoutStream&) = delete;
+  DropoutStream& operator=(const DropoutStream&) = delete;
+
+ private:
+  at::Generator gen_;
+  at::Generator* previous_;
+};
+
+/// The seed of the dropout stream of (run seed, stage, microbatch).
+uint64_t dropoutSeed(uint64_t seed, int stage, int64_t microbatch);
+
+/// Inverted dropout (as torch::dropout) drawing from this thread's DropoutStream if one is
+/// open, else from torch's global generator.
+torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
+
 /// Builds a model from the zoo. Throws pipefb::UserError for an unknown name or a
 /// bad option (naming the key and what is allowed). The weights are initialised
 /// as torchvision / GPT-2 do, from torch's global RNG (seed it first).
