@@ -7,12 +7,17 @@
 //  3. Issue 5: peak device memory (max over devices), and per device the data-transfer
 //     counters (bytes, copy time, overlap with compute, stall).
 // Usage: runtime_bench [microbatches=4] [iterations=20] [schedule=1f1b] [stash=keep]
-//                      [devices=2, or 4 for pipefb]
+//                      [devices=2, or 4 for pipefb] [partition=planner|params|cuts e.g. 9]
+//                      [rounds=3]
+// The default partition is the one pipefb_train uses: the planner's, from the analytic
+// CPU profile (Note [Planner partition in pipefb_train]).
 #include <chrono>
 #include <cstdio>
 #include <map>
 
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/planner/Setup.h"
+#include "pipefb/planner/TrainPlan.h"
 #include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/sim/Simulator.h"
 #include "pipefb/train/Optimizer.h"
@@ -39,41 +44,66 @@ int main(int argc, char** argv) {
   c.pipeline.microbatches = M;
   c.pipeline.stash = stash;
   c.devices.count = argc > 5 ? std::atoi(argv[5]) : sched.rfind("pipefb", 0) == 0 ? 4 : 2;
+  const std::string partition = argc > 6 ? argv[6] : "planner";
+  if (partition == "planner") {
+    planner::SetupOptions setup;
+    setup.configsDir = PIPEFB_SOURCE_DIR "/configs";
+    setup.profileMicrobatch = c.training.batch / M;
+    auto planning = planner::setupPlanning(c, setup);
+    const int S = runtime::stagesFor(c);
+    c.pipeline.partition = planner::plannerPartition(*planning.model, c, S).cuts;
+    c.pipeline.stages = S;
+  } else if (partition != "params") {
+    c.pipeline.partition.clear();
+    for (size_t at = 0; at < partition.size();) {
+      size_t comma = partition.find(',', at);
+      if (comma == std::string::npos) comma = partition.size();
+      c.pipeline.partition.push_back(std::stoll(partition.substr(at, comma - at)));
+      at = comma + 1;
+    }
+  }
   torch::manual_seed(0);
   auto x = torch::randn({32, 1, 32, 32});
   auto y = torch::randint(10, {32}, torch::kLong);
   data::Batch batch{x, y};
 
-  // Plain LibTorch, 2 intra-op threads, whole batch.
-  double plain = 0;
-  {
-    at::set_num_threads(2);
-    auto m = model::buildModel(c.model);
-    auto opt = train::makeOptimizer(c.training, m->parameters());
-    auto t0 = Clock::now();
-    for (int i = 0; i < warm + iters; ++i) {
-      if (i == warm) t0 = Clock::now();
-      opt->zero_grad();
-      m->loss(m->forward(x), y).backward();
-      opt->step();
-    }
-    plain = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-  }
-
-  // The pipeline.
-  at::set_num_threads(1);
+  // Plain LibTorch (2 intra-op threads, whole batch) and the pipeline (one intra-op thread
+  // per device) run in alternating blocks of `iters` iterations, `rounds` times, so that a
+  // change of machine load hits both alike.
+  const int rounds = argc > 7 ? std::atoi(argv[7]) : 3;
+  auto plainModel = model::buildModel(c.model);
+  auto opt = train::makeOptimizer(c.training, plainModel->parameters());
+  auto plainStep = [&] {
+    opt->zero_grad();
+    plainModel->loss(plainModel->forward(x), y).backward();
+    opt->step();
+  };
   auto m = model::buildModel(c.model);
   runtime::EngineOptions o;
-  o.iterations = warm + iters;
+  o.iterations = warm + rounds * iters;
   o.recordMemoryEvents = false;
   runtime::PipelineEngine e(*m, c, o);
-  auto t0 = Clock::now();
-  for (int i = 0; i < warm + iters; ++i) {
-    if (i == warm) t0 = Clock::now();
-    e.step(batch);
+  at::set_num_threads(2);
+  for (int i = 0; i < warm; ++i) plainStep();
+  at::set_num_threads(1);
+  for (int i = 0; i < warm; ++i) e.step(batch);
+  double plainTotal = 0, pipedTotal = 0;
+  for (int r = 0; r < rounds; ++r) {
+    at::set_num_threads(2);
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) plainStep();
+    const double p = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    at::set_num_threads(1);
+    t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) e.step(batch);
+    const double q = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    std::printf("round %d: plain %.2f ms, pipeline %.2f ms, speed-up %.3fx\n", r, 1e3 * p, 1e3 * q,
+                p / q);
+    plainTotal += p;
+    pipedTotal += q;
   }
   e.finish();
-  const double piped = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  const double plain = plainTotal / rounds, piped = pipedTotal / rounds;
 
   // Simulator from the measured per-action costs (steady-state iterations only). The
   // runtime copies on the sender's compute thread, so SA/SG time is added to F/B and
@@ -127,8 +157,10 @@ int main(int argc, char** argv) {
                 1e3 * mean(sg[i], nsg[i]), 1e3 * mean(st[i], nst[i]));
   }
   auto simr = sim::simulate(s, costs);
-  std::printf("vgg16 w=0.25 batch 32 1x32x32, %s %d stages x %d microbatches, stash %s\n",
-              sched.c_str(), S, M, stash.c_str());
+  std::printf("vgg16 w=0.25 batch 32 1x32x32, %s %d stages x %d microbatches, stash %s, "
+              "partition %s (%s)\n",
+              sched.c_str(), S, M, stash.c_str(), runtime::toString(e.partition()).c_str(),
+              partition.c_str());
   std::printf("plain LibTorch (2 intra-op threads): %.2f ms/iteration, %.1f samples/s\n",
               1e3 * plain, 32 / plain);
   std::printf("pipeline (%d devices, 1 thread each):   %.2f ms/iteration, %.1f samples/s\n",
