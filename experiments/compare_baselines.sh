@@ -11,6 +11,8 @@
 #
 #   experiments/compare_baselines.sh            (after scripts/setup; a few minutes)
 #   WIDTH=0.25 BATCH=32 STEPS=20 THREADS=2 experiments/compare_baselines.sh
+# On a loaded machine use THREADS=1: 2 OpenMP threads on 2 oversubscribed cores spin at
+# their barriers and run ~10x slower (experiments/README.md).
 # Writes experiments/results/compare_baselines/{results.csv,throughput_rss.svg,*.log,machine.txt}.
 source "$(dirname "$0")/lib.sh"
 WIDTH=${WIDTH:-0.125}
