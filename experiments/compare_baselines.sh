@@ -22,9 +22,10 @@ THREADS=${THREADS:-2}
 WARMUP=3
 need pipefb_train bench_trainer
 start_results compare_baselines
+CSV=$OUT/results.csv
+if ! plot_only; then
 echo "width $WIDTH batch $BATCH steps $STEPS threads $THREADS (single-device rows)" >>"$OUT/machine.txt"
 
-CSV=$OUT/results.csv
 echo "impl,threads,samples_per_s,peak_rss_mib,wall_s" >"$CSV"
 
 ITERS=$((STEPS + WARMUP))
@@ -64,8 +65,10 @@ tp=$(json <(tail -1 "$OUT/python-eager.log") "'%.1f' % j['samples_per_s_mean']")
 echo "python-eager,$THREADS,$tp,$RSS_MIB,$WALL_S" >>"$CSV"
 echo "python-eager: $tp samples/s, peak RSS $RSS_MIB MiB"
 
+fi
+
 gnuplot <<GP
-set terminal svg size 900,380 dynamic background rgb 'white'
+set terminal svg size 900,440 dynamic noenhanced background rgb 'white'
 set output '$OUT/throughput_rss.svg'
 set datafile separator ','
 set multiplot layout 1,2 title "VGG16 width $WIDTH, batch $BATCH, Adam (experiments/compare_baselines.sh)"

@@ -1,6 +1,7 @@
 # Shared helpers of the experiments/*.sh scripts (sourced, not run).
 #   BUILD   build directory with the programs (default: <repo>/build, what scripts/setup makes)
 #   OUT     results directory (default: experiments/results/<name>)
+#   PLOT_ONLY=1  redraw the chart from the CSVs already in OUT (no runs, machine.txt kept)
 # Every script writes machine.txt (cores, load before/after) next to its CSVs, because
 # on a shared 2-core machine the load changes the numbers more than anything else.
 set -euo pipefail
@@ -19,9 +20,12 @@ need() {  # need PROGRAM...: the build's programs must exist
   command -v gnuplot >/dev/null || { echo "$(basename "$0"): gnuplot is missing; run scripts/setup" >&2; exit 2; }
 }
 
+plot_only() { [[ ${PLOT_ONLY:-0} == 1 ]]; }
+
 start_results() {  # start_results NAME: OUT, machine.txt
   OUT=${OUT:-$ROOT/experiments/results/$1}
   mkdir -p "$OUT"
+  plot_only && return 0
   {
     echo "experiment: $1"
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -32,7 +36,7 @@ start_results() {  # start_results NAME: OUT, machine.txt
 }
 
 end_results() {
-  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
+  plot_only || echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
   echo "results in $OUT"
 }
 

@@ -17,6 +17,8 @@ MEASURE=${MEASURE:-3}
 FAMILIES=${FAMILIES:-1f1b-keep,1f1b-offload,1f1b,gpipe,pipedream,pipefb-sync,pipefb-async}
 need pipefb_sweep pipefb_train
 start_results memory_budget_sweep
+SUM=$OUT/summary.csv
+if ! plot_only; then
 echo "families $FAMILIES, measure $MEASURE iterations per plan" >>"$OUT/machine.txt"
 
 declare -A ARGS BUDGETS
@@ -27,7 +29,6 @@ BUDGETS[resnet50]=${RESNET_BUDGETS:-16MiB:256MiB:5}
 ARGS[gpt2]="--config $ROOT/configs/gpt2-tiny.yaml --set training.batch=16"
 BUDGETS[gpt2]=${GPT2_BUDGETS:-8MiB:128MiB:5}
 
-SUM=$OUT/summary.csv
 echo "model,family,smallest_budget_mib,at_budget_mib,plan,predicted_peak_mib,measured_peak_mib,measured_samples_per_s,measure_note" >"$SUM"
 for model in $MODELS; do
   [[ -n ${ARGS[$model]:-} ]] || { echo "$(basename "$0"): MODELS: unknown model '$model'; allowed: vgg16 resnet50 gpt2" >&2; exit 2; }
@@ -69,9 +70,11 @@ PYEOF
   echo "$model done: $(grep -c . "$dir/sweep.csv") sweep rows"
 done
 
+fi
+
 # Smallest feasible budget per family and model (log scale).
 gnuplot <<GP
-set terminal svg size 900,420 dynamic background rgb 'white'
+set terminal svg size 1000,520 dynamic noenhanced background rgb 'white'
 set output '$OUT/smallest_budget.svg'
 set datafile separator ','
 set title 'smallest feasible per-device budget, 4 devices (experiments/memory_budget_sweep.sh)'

@@ -13,6 +13,7 @@ DEVICES=${DEVICES:-4 8 16 32 64}
 need bench_planner
 start_results planner_scaling
 CSV=$OUT/results.csv
+if ! plot_only; then
 echo "layers,devices,solve_s,solve_budget3g_s,best" >"$CSV"
 : >"$OUT/bench.log"
 for L in $LAYERS; do
@@ -30,13 +31,15 @@ for L in $LAYERS; do
   done
 done
 
+fi
+
 # One line per device count: solve time against layers (log-log).
 plots=""
 for D in $DEVICES; do
   plots+="${plots:+, }'$CSV' using (\$2==$D ? \$1 : 1/0):3 skip 1 with linespoints title '$D devices'"
 done
 gnuplot <<GP
-set terminal svg size 760,460 dynamic background rgb 'white'
+set terminal svg size 760,460 dynamic noenhanced background rgb 'white'
 set output '$OUT/solve_time.svg'
 set datafile separator ','
 set title 'planner solve time (experiments/planner_scaling.sh)'

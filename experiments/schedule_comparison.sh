@@ -24,9 +24,10 @@ SCHEDULES=${SCHEDULES:-gpipe 1f1b pipedream pipefb-sync pipefb-async}
 POLICIES=${POLICIES:-keep offload checkpoint-offload}
 need pipefb_train pipefb_sim
 start_results schedule_comparison
+CSV=$OUT/results.csv
+if ! plot_only; then
 echo "vgg16 width 0.25 batch 32 microbatches $MICRO iterations $ITERS (warm-up $WARMUP)" >>"$OUT/machine.txt"
 
-CSV=$OUT/results.csv
 echo "schedule,policy,stages,devices,samples_per_s,peak_dev_mib,host_pool_mib,idle_pct,sim_bubble_pct,stall_pct,overlap_pct,final_loss" >"$CSV"
 for sched in $SCHEDULES; do
   if [[ $sched == pipefb-* ]]; then S=2; D=4; else S=4; D=4; fi
@@ -67,8 +68,10 @@ PYEOF
   done
 done
 
+fi
+
 gnuplot <<GP
-set terminal svg size 1000,420 dynamic background rgb 'white'
+set terminal svg size 1100,520 dynamic noenhanced background rgb 'white'
 set output '$OUT/schedules.svg'
 set datafile separator ','
 set multiplot layout 1,2 title "VGG16 w=1/4, batch 32, M=$MICRO, 4 devices (experiments/schedule_comparison.sh)"
