@@ -28,7 +28,7 @@ SETS=(--set model.width=0.25 --set training.batch=32 --set pipeline.microbatches
 CONFIG=$ROOT/configs/vgg16.yaml
 
 echo "== profile (microbatch 32/8 = 4) =="
-"$BUILD/pipefb_profile" --config "$CONFIG" "${SETS[@]}" --out "$OUT/profile.yaml" | tail -3
+"$BUILD/pipefb_profile" --config "$CONFIG" "${SETS[@]}" --out "$OUT/profile.yaml" --force | tail -3
 
 echo "== plan and train: $BUDGETS, $ITERS iterations per plan =="
 (cd "$WORK" && "$BUILD/pipefb_sweep" --config "$CONFIG" "${SETS[@]}" --profile "$OUT/profile.yaml" \

@@ -45,8 +45,7 @@ bool isSplit(ScheduleKind k) {
 }
 
 bool isFlushing(ScheduleKind k) {
-  return k == ScheduleKind::GPipe || k == ScheduleKind::OneFOneB ||
-         k == ScheduleKind::PipeFbSync;
+  return k == ScheduleKind::GPipe || k == ScheduleKind::OneFOneB || k == ScheduleKind::PipeFbSync;
 }
 
 int inFlightStashes(ScheduleKind k, int S, int s, int M) {
@@ -77,6 +76,10 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
       return 1;
   }
   return 1;
+}
+
+double stepsPerMicrobatch(ScheduleKind k, int M) {
+  return k == ScheduleKind::PipeDream ? 1.0 : 1.0 / M;
 }
 
 std::vector<StashPolicy> allStashPolicies() {
@@ -125,17 +128,14 @@ void Cluster::validate() const {
   const int n = numDevices();
   if (n < 1) throw UserError("cluster '" + name + "': no devices");
   if (static_cast<int>(links.size()) != n)
-    throw UserError("cluster '" + name + "': the link matrix has " +
-                    std::to_string(links.size()) + " rows for " + std::to_string(n) +
-                    " devices");
+    throw UserError("cluster '" + name + "': the link matrix has " + std::to_string(links.size()) +
+                    " rows for " + std::to_string(n) + " devices");
   for (int a = 0; a < n; ++a) {
     if (static_cast<int>(links[a].size()) != n)
       throw UserError("cluster '" + name + "': link matrix row " + std::to_string(a) + " has " +
-                      std::to_string(links[a].size()) + " entries, expected " +
-                      std::to_string(n));
+                      std::to_string(links[a].size()) + " entries, expected " + std::to_string(n));
     if (!(devices[a].speed > 0))
-      throw UserError("cluster '" + name + "': device " + std::to_string(a) +
-                      " has speed <= 0");
+      throw UserError("cluster '" + name + "': device " + std::to_string(a) + " has speed <= 0");
   }
 }
 
@@ -172,6 +172,20 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     opt_[l + 1] = opt_[l] + c.optimizerBytes;
     states_[l + 1] = states_[l] + c.paramBytes + c.gradBytes + c.optimizerBytes;
   }
+  stepWorkingMax_.emplace_back(L);
+  for (size_t l = 0; l < L; ++l) stepWorkingMax_[0][l] = profile_.layers[l].stepWorkingBytes;
+  for (size_t p = 1; (size_t(1) << p) <= L; ++p) {
+    stepWorkingMax_.emplace_back(L - (size_t(1) << p) + 1);
+    for (size_t l = 0; l + (size_t(1) << p) <= L; ++l)
+      stepWorkingMax_[p][l] =
+          std::max(stepWorkingMax_[p - 1][l], stepWorkingMax_[p - 1][l + (size_t(1) << (p - 1))]);
+  }
+}
+
+std::int64_t CostModel::stepWorking(int first, int last) const {
+  int p = 0;
+  while ((2 << p) <= last - first) ++p;
+  return std::max(stepWorkingMax_[p][first], stepWorkingMax_[p][last - (1 << p)]);
 }
 
 std::int64_t CostModel::inputBytes(int layer) const {
@@ -209,13 +223,13 @@ double CostModel::linkTime(const PipelineShape& shape, int k, int first) const {
   return std::max(act, grad);
 }
 
-double CostModel::computeLowerBound(const PipelineShape& shape, int k, int first,
-                                    int last) const {
+double CostModel::computeLowerBound(const PipelineShape& shape, int k, int first, int last) const {
   const double f = scale(shape);
   const double fw = range(F_, first, last) * f, bw = range(B_, first, last) * f;
-  const double step = range(step_, first, last) / shape.microbatches;
-  const double sf = cluster_.devices[shape.forwardDevice(k)].speed;
-  const double sb = cluster_.devices[shape.backwardDevice(k)].speed;
+  const double step =
+      range(step_, first, last) * stepsPerMicrobatch(shape.kind, shape.microbatches);
+  const double sf = speed(shape, shape.forwardDevice(k));
+  const double sb = speed(shape, shape.backwardDevice(k));
   if (isSplit(shape.kind)) return std::max(fw / sf, (bw + step) / sb);
   return (fw + bw + step) / sf;
 }
@@ -236,8 +250,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
 }
 
 StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
-                               StashPolicy policy, std::int64_t maxWorking,
-                               bool timesOnly) const {
+                               StashPolicy policy, std::int64_t maxWorking, bool timesOnly) const {
   PIPEFB_ASSERT(first < last && first >= 0 && last <= numLayers(),
                 "bad stage [" << first << "," << last << ")");
   const double f = scale(shape);
@@ -265,16 +278,22 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   e.versions = weightVersions(shape.kind, S, k, M);
 
   // Times (Note [Planner cost model]).
-  e.forwardTime = range(F_, first, last) * f / fdev.speed;
-  e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f /
-                   bdev.speed;
-  e.stepTime = range(step_, first, last) / bdev.speed;
-  const double stepPerMb = e.stepTime / M;
+  const double fspeed = speed(shape, fd), bspeed = speed(shape, bd);
+  e.forwardTime = range(F_, first, last) * f / fspeed;
+  e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f / bspeed;
+  e.stepTime = range(step_, first, last) / bspeed;
+  const double stepPerMb = e.stepTime * stepsPerMicrobatch(shape.kind, M);
   e.linkIn = linkTime(shape, k, first);
   if (split && k == S - 1)
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
+  // Note [Step working set]: what the step transient needs beyond stash + working set.
+  const std::int64_t stepWs = stepWorking(first, last);
+  const bool flushing = isFlushing(shape.kind);
+  auto stepExcess = [&](std::int64_t stash, std::int64_t working) {
+    return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
+  };
   if (split) {
     e.forwardCompute = e.forwardTime;
     e.backwardCompute = e.backwardTime + stepPerMb;
@@ -303,7 +322,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
-    w(e.backwardMemory, MemoryCategory::WorkingSet, ws + (ckpt ? graph : 0));
+    w(e.backwardMemory, MemoryCategory::WorkingSet,
+      ws + (ckpt ? graph : 0) + stepExcess(resident * e.stashBytes, ws + (ckpt ? graph : 0)));
   } else {
     e.forwardCompute = e.backwardCompute = e.forwardTime + e.backwardTime + stepPerMb;
     e.forwardCopy = e.backwardCopy = off ? 2 * fdev.host.time(e.stashBytes) : 0;
@@ -319,7 +339,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
-    w(m, MemoryCategory::WorkingSet, ws + (ckpt ? graph : 0));
+    w(m, MemoryCategory::WorkingSet,
+      ws + (ckpt ? graph : 0) + stepExcess(resident * e.stashBytes, ws + (ckpt ? graph : 0)));
     e.forwardMemory = m;
   }
   e.hostBytes = off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0;

@@ -32,7 +32,8 @@ std::string profileToYaml(const Profile& p) {
       << ", recompute: " << l.recompute << ", step: " << l.step
       << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
       << ", working_bytes: " << l.workingBytes << ", param_bytes: " << l.paramBytes
-      << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes << "}\n";
+      << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
+      << ", step_working_bytes: " << l.stepWorkingBytes << "}\n";
   }
   return o.str();
 }
@@ -59,6 +60,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.paramBytes = l["param_bytes"].as<std::int64_t>();
       c.gradBytes = l["grad_bytes"] ? l["grad_bytes"].as<std::int64_t>() : c.paramBytes;
       c.optimizerBytes = l["optimizer_bytes"] ? l["optimizer_bytes"].as<std::int64_t>() : 0;
+      c.stepWorkingBytes = l["step_working_bytes"] ? l["step_working_bytes"].as<std::int64_t>() : 0;
       p.layers.push_back(c);
     }
   } catch (const YAML::Exception& e) {

@@ -1,7 +1,9 @@
 // From config + flags to a cost model (Setup.h).
 #include "pipefb/planner/Setup.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <thread>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/AnalyticProfile.h"
@@ -35,8 +37,10 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     pl.clusterSpec = loadClusterSpec(path, devicesDir);
   } else {
     DeviceSpec spec = findDeviceSpec(opt.device, devicesDir);
-    if (cfg.devices.memory) spec.memory = *cfg.devices.memory;
-    else if (spec.name == "cpu") spec.memory = std::int64_t(1) << 50;  // unlimited domain
+    if (cfg.devices.memory)
+      spec.memory = *cfg.devices.memory;
+    else if (spec.name == "cpu")
+      spec.memory = std::int64_t(1) << 50;  // unlimited domain
     pl.clusterSpec = uniformClusterSpec(spec, static_cast<int>(cfg.devices.count),
                                         Link{spec.pcieBandwidth, spec.hostLatency},
                                         cfg.devices.host_memory ? *cfg.devices.host_memory : -1);
@@ -52,8 +56,9 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     if (profile.numLayers() != static_cast<int>(work.layers.size()) ||
         profile.model.compare(0, work.model.size(), work.model) != 0)
       throw UserError("--profile: " + opt.profile + " is for '" + profile.model + "' (" +
-                      std::to_string(profile.numLayers()) + " layers), but the config's model is '" +
-                      work.model + "' (" + std::to_string(work.layers.size()) +
+                      std::to_string(profile.numLayers()) +
+                      " layers), but the config's model is '" + work.model + "' (" +
+                      std::to_string(work.layers.size()) +
                       " layers); profile it with: pipefb_profile --config " + cfg.source);
   } else {
     const int states = optimizerStatesPerParam(cfg.training.optimizer, cfg.training.momentum);
@@ -61,7 +66,13 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;
   }
   auto speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
-  pl.model = std::make_unique<CostModel>(profile, pl.clusterSpec.toCluster(speeds));
+  Cluster cluster = pl.clusterSpec.toCluster(speeds);
+  // Virtual CPU devices share this machine's cores (Note [Shared cores] in CostModel.h).
+  if (opt.cluster.empty() && pl.clusterSpec.devices.front().name == "cpu")
+    cluster.cores = opt.cores >= 0
+                        ? opt.cores
+                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  pl.model = std::make_unique<CostModel>(profile, std::move(cluster));
   pl.solver.batch = cfg.training.batch;
   pl.solver.lookahead = static_cast<int>(cfg.pipeline.lookahead);
   return pl;

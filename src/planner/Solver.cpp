@@ -283,12 +283,12 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   // under the cap can use, so the DP stays exact.
   const double f = model.scale(shape);
   const bool split = isSplit(shape.kind);
-  const double invM = 1.0 / shape.microbatches;
+  const double stepShare = stepsPerMicrobatch(shape.kind, shape.microbatches);
   std::vector<double> invF(S), invB(S);
   std::vector<std::int64_t> versions(S), limF(S), limB(S);
   for (int k = 0; k < S; ++k) {
-    invF[k] = 1.0 / model.cluster().devices[shape.forwardDevice(k)].speed;
-    invB[k] = 1.0 / model.cluster().devices[shape.backwardDevice(k)].speed;
+    invF[k] = 1.0 / model.speed(shape, shape.forwardDevice(k));
+    invB[k] = 1.0 / model.speed(shape, shape.backwardDevice(k));
     versions[k] = weightVersions(shape.kind, S, k, shape.microbatches);
     limF[k] = limits[shape.forwardDevice(k)];
     limB[k] = limits[shape.backwardDevice(k)];
@@ -296,7 +296,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   constexpr double kShave = 1 - 1e-12;
   auto timeLb = [&](int st, int i, int j) {
     const double fw = model.forwardSum(i, j) * f, bw = model.backwardSum(i, j) * f;
-    const double step = model.stepSum(i, j) * invM;
+    const double step = model.stepSum(i, j) * stepShare;
     return kShave *
            (split ? std::max(fw * invF[st], (bw + step) * invB[st]) : (fw + bw + step) * invF[st]);
   };
@@ -634,11 +634,12 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
           if (options.objective == Objective::Time) {
             double sf = 0, sb = 0;
             for (int k = 0; k < S; ++k) {
-              sf += cl.devices[sh.forwardDevice(k)].speed;
-              sb += cl.devices[sh.backwardDevice(k)].speed;
+              sf += model.speed(sh, sh.forwardDevice(k));
+              sb += model.speed(sh, sh.backwardDevice(k));
             }
-            double tau = split ? std::max(sumF * f / sf, (sumB * f + sumStep / M) / sb)
-                               : ((sumF + sumB) * f + sumStep / M) / sf;
+            const double step = sumStep * stepsPerMicrobatch(fam.kind, M);
+            double tau = split ? std::max(sumF * f / sf, (sumB * f + step) / sb)
+                               : ((sumF + sumB) * f + step) / sf;
             bound = sh.iterationTime(tau);
           } else {
             bound = double(sumStatic) / S;
@@ -768,7 +769,7 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     const StageEstimate& e = st.estimate;
     sim::StageCosts c;
     c.forward = e.forwardTime;
-    const double sb = cl.devices[st.backwardDevice].speed;
+    const double sb = model.speed(sh, st.backwardDevice);
     double b = 0, r = 0;
     for (int l = st.first; l < st.last; ++l) {
       b += model.profile().layers[l].backward;

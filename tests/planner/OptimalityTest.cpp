@@ -1,8 +1,9 @@
 // The DP against exhaustive search (issue 6, "Optimality"): on every instance of a
 // randomized table (fixed seed, >= 200 instances, <= 10 layers, <= 4 devices, every
 // policy, heterogeneous capacities and speeds, arbitrary link matrices, some host-pool
-// budgets), the solver's objective equals the brute force's. Both use the same CostModel,
-// so this compares the search (DP, pruning, chain classes, Pareto fronts), not two models.
+// budgets, step working sets, shared cores), the solver's objective equals the brute
+// force's. Both use the same CostModel, so this compares the search (DP, pruning, chain
+// classes, Pareto fronts), not two models.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@ Instance randomInstance(std::mt19937& rng, int id) {
     c.paramBytes = pick(0, 500);
     c.gradBytes = c.paramBytes;
     c.optimizerBytes = c.paramBytes * pick(0, 2);
+    c.stepWorkingBytes = pick(0, 2) == 0 ? pick(0, 2 * int(c.paramBytes)) : 0;
     p.layers.push_back(c);
   }
   Cluster& cl = in.cluster;
@@ -65,6 +67,7 @@ Instance randomInstance(std::mt19937& rng, int id) {
     for (int b = 0; b < D; ++b)
       cl.links[a][b] = uniformLinks ? Link{ubw, 0.01} : Link{uni(50, 5000), uni(0, 0.05)};
   cl.hostPool = pick(0, 3) == 0 ? pick(200, 6000) : -1;
+  cl.cores = pick(0, 3) == 0 ? pick(1, 2) : 0;  // Note [Shared cores]
 
   SolverOptions& o = in.options;
   o.batch = std::vector<int>{1, 2, 3, 4, 6, 8}[pick(0, 5)];
@@ -120,7 +123,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   std::printf("optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
               "budget, %d heterogeneous, %d optima use a non-keep policy\n",
               feasible, infeasible, withHost, heterogeneous, nonKeep);
-  EXPECT_GE(feasible, 150);
+  EXPECT_GE(feasible, 140);
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
 }

@@ -33,6 +33,9 @@ struct Cluster {
   /// links[a][b]: a -> b. links[a][a] is ignored (same device: free).
   std::vector<std::vector<Link>> links;
   std::int64_t hostPool = -1;  // host-pool capacity in bytes; -1 = unlimited
+  /// Note [Shared cores]: > 0 when the devices' compute threads share this many cores
+  /// (pipefb's virtual CPU devices on one machine); 0 = every device computes alone.
+  int cores = 0;
 
   int numDevices() const { return static_cast<int>(devices.size()); }
   Link link(int a, int b) const { return a == b ? Link{} : links.at(a).at(b); }

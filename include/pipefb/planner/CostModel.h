@@ -11,6 +11,8 @@
 //   same device:  compute = F + B (+R if checkpointed) + step/M;  copy = 2 x stash / host bw
 //   PipeFB split: forward device: compute = F, copy = stash / host bw (offload);
 //                 backward device: compute = B (+R) + step/M, copy = stash / host bw (prefetch)
+//   (step/M: one step per iteration; PipeDream steps after every microbatch, so it pays
+//   the whole step per microbatch, stepsPerMicrobatch())
 //   boundary with the previous stage: activations one way, gradients the other, each
 //   latency + bytes / bandwidth on its own link; a split last stage also sends its output
 //   from its forward to its backward device.
@@ -28,6 +30,17 @@
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
 //   (min(n, lookahead + 2) on a same device; min(n, 1) on a split forward device).
 //   host pool: n x stash bytes for each offloaded stage.
+//
+// Note [Step working set]
+// The optimizer step allocates temporaries beyond its state (Adam: about 2x the largest
+// parameter tensor, freed per parameter), measured per layer by the profiler
+// (LayerCost::stepWorkingBytes). A stage's step transient is the largest of its layers'
+// (the step walks the parameters one by one). It lands on the backward device:
+//   flushing schedules step after the last B, when no stash is resident, so the device
+//   needs max(stash + working set, step transient) above its states;
+//   asynchronous ones step between microbatches with stashes in flight, so the transient
+//   is charged on top of the stash: stash + max(working set, step transient).
+// The excess over what the stash and working set already reserve is in WorkingSet.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -57,6 +70,9 @@ bool isFlushing(ScheduleKind k);
 /// iterations); PlannerTest checks them against the generators.
 int inFlightStashes(ScheduleKind k, int S, int s, int M);
 int weightVersions(ScheduleKind k, int S, int s, int M);
+/// Optimizer steps per microbatch: PipeDream updates after every microbatch (STEP s.m
+/// follows B(s,m) in its generator), every other schedule once per iteration (1/M).
+double stepsPerMicrobatch(ScheduleKind k, int M);
 
 std::vector<StashPolicy> allStashPolicies();
 
@@ -146,6 +162,19 @@ class CostModel {
   /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.
   std::int64_t memoryLowerBound(const PipelineShape& shape, int k, int first, int last,
                                 std::int64_t maxWorking) const;
+  /// Note [Shared cores]
+  /// Virtual CPU devices are threads on one machine. When a shape runs more device
+  /// threads (its chain length D) than the machine has cores C, in the steady state they
+  /// all compute at once and share the cores, so each runs at C / D of its profiled
+  /// speed (the profile times one layer on one otherwise idle thread). speed() is the
+  /// device's speed times min(1, C / D) when Cluster::cores = C > 0, else its speed.
+  /// This ignores the fill and drain phases (fewer threads busy) and the copy threads,
+  /// and it cannot see other processes on the machine.
+  double speed(const PipelineShape& shape, int device) const {
+    const double s = cluster_.devices[device].speed;
+    const int D = shape.chainLength();
+    return cluster_.cores > 0 && D > cluster_.cores ? s * cluster_.cores / D : s;
+  }
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 
@@ -171,6 +200,8 @@ class CostModel {
   Cluster cluster_;
   std::vector<double> F_, B_, R_, step_;
   std::vector<std::int64_t> saved_, param_, grad_, opt_, states_;
+  std::vector<std::vector<std::int64_t>> stepWorkingMax_;  // sparse table of range maxima
+  std::int64_t stepWorking(int first, int last) const;
 };
 
 }  // namespace pipefb::planner

@@ -19,6 +19,10 @@ struct LayerCost {
   std::int64_t outputBytes = 0;  // the activation this layer hands to the next
   std::int64_t savedBytes = 0;   // what autograd keeps for B (the graph stash)
   std::int64_t workingBytes = 0; // transient peak while F or B runs, beyond the stash
+  /// Transient peak of this layer's optimizer step beyond its state (Adam's temporaries,
+  /// e.g. exp_avg_sq.sqrt() / c, about 2x the largest parameter tensor); per iteration,
+  /// not scaled by the microbatch. Note [Step working set] in CostModel.h.
+  std::int64_t stepWorkingBytes = 0;
   std::int64_t paramBytes = 0;
   std::int64_t gradBytes = 0;
   std::int64_t optimizerBytes = 0;

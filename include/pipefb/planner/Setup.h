@@ -20,6 +20,9 @@ struct SetupOptions {
   std::string profile;         // profile file; "" = analytic
   std::string configsDir;      // holds devices/ and clusters/ (default: next to the config)
   std::int64_t profileMicrobatch = 0;  // analytic profile microbatch; 0 = 1
+  /// Cores the virtual CPU devices of a config-derived `cpu` cluster share (Note [Shared
+  /// cores]): -1 = this machine's (std::thread::hardware_concurrency), 0 = not shared.
+  int cores = -1;
 };
 
 struct Planning {

@@ -14,6 +14,10 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
                  "device spec for a config-derived cluster (default cpu)");
   app.add_option("--profile", setup.profile,
                  "profile file from pipefb_profile (default: analytic)");
+  app.add_option("--cores", setup.cores,
+                 "cores the virtual cpu devices share; compute slows by cores/devices when "
+                 "more devices run (default: this machine's; 0: each device has its own)")
+      ->check(CLI::Range(-1, 1 << 20));
 }
 
 }  // namespace pipefb::planner
