@@ -303,6 +303,15 @@ const std::vector<KeySpec>& schema() {
                         0, 1024));
     s.push_back(boolean("training.checkpoint",
                         [](Config& c) -> auto& { return c.training.checkpoint; }));
+    s.push_back(integer("training.checkpoint_every",
+                        [](Config& c) -> auto& { return c.training.checkpoint_every; }, 0));
+    s.push_back(integer("training.keep_checkpoints",
+                        [](Config& c) -> auto& { return c.training.keep_checkpoints; }, 1, 1000));
+    s.push_back(boolean("training.deterministic",
+                        [](Config& c) -> auto& { return c.training.deterministic; }));
+    s.push_back(choice("training.check_numerics",
+                       [](Config& c) -> auto& { return c.training.check_numerics; },
+                       {"off", "loss", "all"}));
     // devices
     s.push_back(integer("devices.count", [](Config& c) -> auto& { return c.devices.count; }, 1,
                         4096));

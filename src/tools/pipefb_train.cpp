@@ -7,10 +7,21 @@
 // profile (pipefb_profile) when there is one, else the analytic profile; `params` keeps
 // the runtime's parameter-bytes balance.
 //
+// --resume RUN_DIR: continues the run in RUN_DIR from its latest complete checkpoint
+// (training.checkpoint_every; pipefb/train/Checkpoint.h), with the run's config.yaml
+// unless --config is given; --set and --plan apply on top, so a run may resume under
+// another partition, stage count or placement. The run folder stays RUN_DIR.
+//
+// PIPEFB_TEST_FAULT (tests only): kill-after-step:N (SIGKILL after step N and its
+// checkpoint), kill-before-manifest:N (SIGKILL inside step N's checkpoint, before its
+// manifest), nan-input:N (NaN in step N's input batch).
+//
 // Exit codes: 0 success; 2 bad input (config, flag, data or plan file), with one line on
 // stderr naming the key or file; 1 any other failure (out of memory, numerical).
 #include <spdlog/spdlog.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -49,18 +60,73 @@ void usePlannerPartition(pipefb::config::Config& config) {
       p.withinLimits ? "" : "; nothing fits devices.memory, planned without it");
 }
 
+// PIPEFB_TEST_FAULT=kind:step (see the top of this file).
+pipefb::train::TrainerHooks faultHooks() {
+  pipefb::train::TrainerHooks hooks;
+  const char* env = std::getenv("PIPEFB_TEST_FAULT");
+  if (env == nullptr || *env == 0) return hooks;
+  const std::string text = env;
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  int64_t at = -1;
+  try {
+    if (colon != std::string::npos) at = std::stoll(text.substr(colon + 1));
+  } catch (const std::exception&) {
+  }
+  if (at < 1 || (kind != "kill-after-step" && kind != "kill-before-manifest" && kind != "nan-input"))
+    throw pipefb::UserError("PIPEFB_TEST_FAULT: '" + text +
+                            "' is not a fault; allowed: kill-after-step:N, "
+                            "kill-before-manifest:N, nan-input:N (N >= 1)");
+  if (kind == "kill-after-step")
+    hooks.afterStep = [at](int64_t step) {
+      if (step == at) std::raise(SIGKILL);
+    };
+  if (kind == "kill-before-manifest")
+    hooks.beforeManifest = [at](int64_t step) {
+      if (step == at) std::raise(SIGKILL);
+    };
+  if (kind == "nan-input")
+    hooks.beforeStep = [at](int64_t step, pipefb::data::Batch& batch) {
+      if (step == at && batch.input.is_floating_point())
+        batch.input = batch.input.clone().fill_(std::numeric_limits<float>::quiet_NaN());
+    };
+  return hooks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"pipefb_train: pipeline-parallel training for devices short of memory"};
-  std::string configPath, planPath;
+  std::string configPath, planPath, resumeDir;
   std::vector<std::string> overrides;
   pipefb::addConfigOptions(app, configPath, overrides);
+  app.get_option("--config")->required(false);
+  app.add_option("--resume", resumeDir,
+                 "continue the run in RUN_DIR from its latest complete checkpoint (its "
+                 "config.yaml unless --config is given)");
   app.add_option("--plan", planPath,
                  "plan file from pipefb_plan: sets schedule, stages, partition, microbatches, "
                  "stash policy, lookahead and devices.count");
   return pipefb::runProgram("pipefb_train", app, argc, argv, [&] {
+    std::string checkpoint;
+    if (!resumeDir.empty()) {
+      namespace fs = std::filesystem;
+      while (resumeDir.size() > 1 && resumeDir.back() == '/') resumeDir.pop_back();
+      if (!fs::is_directory(resumeDir))
+        throw pipefb::UserError("--resume " + resumeDir + ": no such run folder");
+      checkpoint = pipefb::train::latestCheckpoint(resumeDir);
+      if (checkpoint.empty())
+        throw pipefb::UserError(
+            "--resume " + resumeDir + ": no complete checkpoint in " +
+            pipefb::train::checkpointsDir(resumeDir) +
+            " (one without manifest.json died mid-write); run with training.checkpoint_every: N "
+            "to take checkpoints");
+      if (configPath.empty()) configPath = resumeDir + "/config.yaml";
+    } else if (configPath.empty()) {
+      throw pipefb::UserError("--config is required (or --resume RUN_DIR); see --help");
+    }
     pipefb::config::Config config = pipefb::config::loadConfig(configPath, overrides);
+    if (!resumeDir.empty()) config.output.dir = resumeDir;
     if (!planPath.empty()) {
       const auto spec = pipefb::planner::readPlanFile(planPath);
       pipefb::planner::applyPlan(config, spec, planPath);
@@ -73,7 +139,8 @@ int main(int argc, char** argv) {
                config.pipeline.partition_by == "planner") {
       usePlannerPartition(config);
     }
-    pipefb::train::Trainer trainer(std::move(config));
+    pipefb::train::Trainer trainer(std::move(config), faultHooks());
+    if (!checkpoint.empty()) trainer.resume(checkpoint);
     auto summary = trainer.run();
     if (summary.test_accuracy >= 0) std::cout << "test_accuracy " << summary.test_accuracy << "\n";
     return 0;

@@ -3,12 +3,15 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/NumericalError.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/TrackingAllocator.h"
@@ -48,8 +51,16 @@ int64_t plannedSteps(const config::Config& c, int64_t trainSamples) {
 // optimizer's buffers are `optimizer_state`; the input batch is a `comm_buffers`
 // charge (it is what a real device receives). A ScopeLeader makes intra-op pool
 // threads charge the compute thread's scope.
-Trainer::Trainer(config::Config config) : config_(std::move(config)) {
+Trainer::Trainer(config::Config config, TrainerHooks hooks)
+    : hooks_(std::move(hooks)), config_(std::move(config)) {
   const auto& t = config_.training;
+  // Note [Deterministic runs]: on CPU every kernel LibTorch runs here is already
+  // reproducible for a fixed intra-op thread count, the loader's order is a function of
+  // (seed, epoch), and a pipeline's gradient sums run in schedule order on one thread
+  // per device, with dropout masks from per-(seed, stage, microbatch) streams (Note
+  // [Dropout streams]); training.deterministic also makes torch refuse any
+  // nondeterministic kernel.
+  at::globalContext().setDeterministicAlgorithms(t.deterministic, /*warn_only=*/false);
   memory::installTrackingAllocator();
   device_ = &memory::configureDomain(memory::virtualDeviceName(0),
                                      config_.devices.memory.value_or(memory::kUnlimited));
@@ -69,11 +80,7 @@ Trainer::Trainer(config::Config config) : config_(std::move(config)) {
       model_ = model::buildModel(config_.model);
       model_->train(true);
     }
-    runtime::EngineOptions eo;
-    eo.iterations = totalSteps_;
-    eo.totalSteps = totalSteps_;
-    engine_ = std::make_unique<runtime::PipelineEngine>(*model_, config_, eo);
-    return;
+    return;  // the engine is built by ensureEngine(), after a resume() if any
   }
   memory::ScopeLeader leader;
   {
@@ -90,8 +97,65 @@ Trainer::Trainer(config::Config config) : config_(std::move(config)) {
 
 Trainer::~Trainer() = default;
 
+// Note [Checkpointing asynchronous pipelines]
+// A synchronous schedule (gpipe, 1f1b, pipefb-sync) is idle between two step()s: every
+// stage has applied the step, so a checkpoint reads the masters and optimizers as they
+// are, and one engine runs all remaining steps. An asynchronous one (pipedream,
+// pipefb-async) never is: the next iteration's forwards run on before the last one's
+// backwards, on stashed weight versions. With training.checkpoint_every: N it therefore
+// runs in segments of N steps, one engine each, aligned to multiples of N: a segment
+// drains at its end (finish()), so the checkpoint holds no in-flight weight version
+// (each stage's weight version is recorded in the manifest), and the next segment's
+// engine starts from the masters and the optimizer state. A resumed run cuts its
+// segments at the same steps as an uninterrupted one, so the two are identical. The
+// drain costs one pipeline fill per N steps, like a PipeDream-2BW flush.
+void Trainer::ensureEngine() {
+  if (config_.pipeline.schedule == "none") return;
+  const int64_t every = config_.training.checkpoint_every;
+  const bool async =
+      config_.pipeline.schedule == "pipedream" || config_.pipeline.schedule == "pipefb-async";
+  if (stepsDone_ >= totalSteps_) return;  // nothing left to run (the last engine stays)
+  if (engine_ && stepsDone_ < engineEnd_) return;
+  if (engine_) {  // a segment is over: carry its optimizer state into the next
+    const auto names = model_->namedParameters();
+    pendingOptimizer_.clear();
+    for (int s = 0; s < engine_->numStages(); ++s)
+      for (auto& e : optimizerState(engine_->optimizer(s), names)) pendingOptimizer_.push_back(e);
+    pendingSource_ = "the previous segment";
+    engine_.reset();
+  }
+  int64_t end = totalSteps_;
+  if (async && every > 0) end = std::min(totalSteps_, (stepsDone_ / every + 1) * every);
+  runtime::EngineOptions eo;
+  eo.iterations = std::max<int64_t>(1, end - stepsDone_);
+  eo.totalSteps = totalSteps_;
+  eo.firstStep = stepsDone_;
+  eo.log = engineEnd_ == 0;  // the first engine of this process; segments repeat it
+  engine_ = std::make_unique<runtime::PipelineEngine>(*model_, config_, eo);
+  engineEnd_ = end;
+  if (!pendingOptimizer_.empty()) {
+    const auto names = model_->namedParameters();
+    int64_t used = 0;
+    for (int s = 0; s < engine_->numStages(); ++s) {
+      memory::MemoryDomain* dom =
+          memory::findDomain(memory::virtualDeviceName(engine_->backwardDevice(s)));
+      memory::MemoryScope scope(dom ? *dom : memory::unscopedDomain(),
+                                MemoryCategory::OptimizerState);
+      used += loadOptimizerState(engine_->optimizer(s), names, pendingOptimizer_, pendingSource_);
+    }
+    if (used != static_cast<int64_t>(pendingOptimizer_.size()))
+      throw UserError(pendingSource_ + ": " +
+                      std::to_string(pendingOptimizer_.size() - used) +
+                      " optimizer state entries fit no parameter of training.optimizer " +
+                      config_.training.optimizer +
+                      "; resume with the optimizer the run was made with");
+    pendingOptimizer_.clear();
+  }
+}
+
 double Trainer::step(const data::Batch& batch) {
-  if (engine_) {
+  if (config_.pipeline.schedule != "none") {
+    ensureEngine();
     double loss = engine_->step(batch);
     ++stepsDone_;
     return loss;
@@ -108,16 +172,39 @@ double Trainer::step(const data::Batch& batch) {
     targets = batch.target.clone().chunk(micro, 0);
   }
   double total = 0;
-  for (size_t m = 0; m < inputs.size(); ++m) {
+  // Note [Numerics check] (pipefb/common/NumericalError.h); one device is stage 0.
+  const std::string& numerics = config_.training.check_numerics;
+  const int M = static_cast<int>(inputs.size());
+  auto check = [&](const torch::Tensor& t, const std::string& what, int m) {
+    if (!t.is_floating_point() || torch::isfinite(t).all().item<bool>()) return;
+    const std::string v = t.isnan().any().item<bool>() ? "nan"
+                          : t.masked_select(torch::isinf(t))[0].item<double>() > 0 ? "inf"
+                                                                                   : "-inf";
+    throw NumericalError(what, v, stepsDone_ + 1, 0, m, M);
+  };
+  for (int m = 0; m < M; ++m) {
     // Mean loss over the whole batch = sum over microbatches of loss_m * (n_m / n).
     double weight = static_cast<double>(inputs[m].size(0)) / static_cast<double>(n);
     torch::Tensor loss;
     {
       memory::MemoryScope scope(MemoryCategory::Stash);
-      torch::Tensor out = model_->forward(inputs[m]);
+      torch::Tensor out;
+      if (numerics == "all") {  // layer by layer, to name the first bad one
+        out = inputs[m];
+        for (size_t i = 0; i < model_->numLayers(); ++i) {
+          out = model_->forward(out, i, i + 1);
+          check(out, "activation of layer " + model_->layer(i)->name(), m);
+        }
+      } else {
+        out = model_->forward(inputs[m]);
+      }
       loss = model_->loss(out, targets[m]) * weight;
     }
+    if (numerics != "off") check(loss, "loss", m);
     loss.backward();
+    if (numerics == "all")
+      for (const auto& [name, p] : model_->namedParameters())
+        check(p.grad(), "gradient of " + name, m);
     total += loss.item<double>();
   }
   setLearningRate(*optimizer_, learningRate(config_.training, stepsDone_, totalSteps_));
@@ -137,7 +224,7 @@ std::pair<double, double> Trainer::evaluate(data::Dataset& test) {
   const int64_t bs = config_.training.eval_batch;
   memory::ScopeLeader leader;
   // A pipeline's stages live on several devices; its evaluation runs outside them.
-  memory::MemoryScope scope(engine_ ? memory::unscopedDomain() : *device_,
+  memory::MemoryScope scope(config_.pipeline.schedule != "none" ? memory::unscopedDomain() : *device_,
                             MemoryCategory::WorkingSet);
   for (int64_t start = 0; start < test.size(); start += bs) {
     std::vector<int64_t> idx;
@@ -178,63 +265,266 @@ std::vector<DeviceSummary> Trainer::deviceSummaries() const {
   return {d};
 }
 
+NamedTensors Trainer::mergedStateDict() const {
+  NamedTensors sd = model_->stateDict();
+  if (!engine_) return sd;
+  // Split stages: forwards update the forward copy's buffers (BatchNorm statistics).
+  std::map<const void*, torch::Tensor> current;
+  const auto& part = engine_->partition();
+  for (int s = 0; s < engine_->numStages(); ++s) {
+    std::vector<torch::Tensor> master;
+    for (int64_t i = part[s].first; i < part[s].last; ++i)
+      for (auto& b : model_->layer(static_cast<size_t>(i))->buffers()) master.push_back(b);
+    auto now = engine_->stageBuffers(s);
+    PIPEFB_ASSERT(now.size() == master.size(), "stage " << s << " buffers do not match");
+    for (size_t j = 0; j < master.size(); ++j)
+      current[master[j].unsafeGetTensorImpl()] = now[j];
+  }
+  for (auto& [name, t] : sd) {
+    auto it = current.find(t.unsafeGetTensorImpl());
+    if (it != current.end()) t = it->second;
+  }
+  return sd;
+}
+
+CheckpointState Trainer::checkpointState(double lastLoss) {
+  CheckpointState cs;
+  cs.step = stepsDone_;
+  cs.totalSteps = totalSteps_;
+  cs.loss = lastLoss;
+  cs.model = mergedStateDict();
+  const auto names = model_->namedParameters();
+  if (engine_) {
+    for (int s = 0; s < engine_->numStages(); ++s)
+      for (auto& e : optimizerState(engine_->optimizer(s), names)) cs.optimizer.push_back(e);
+  } else if (optimizer_) {
+    cs.optimizer = optimizerState(*optimizer_, names);
+  }
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    cs.torchRng = gen.get_state();
+  }
+  cs.loaderEpoch = loader_->epoch();
+  cs.loaderPosition = loader_->position();
+  cs.loaderSeed = config_.training.seed;
+  cs.configYaml = config::toYaml(config_);
+  cs.schedule = config_.pipeline.schedule;
+  cs.microbatches = config_.pipeline.microbatches;
+  const NamedTensors state = model_->stateDict();
+  auto stageOf = [&](int64_t first, int64_t last, int f, int b, int64_t version) {
+    CheckpointStage st{first, last, f, b, version, {}};
+    std::set<const void*> mine;
+    for (int64_t i = first; i < last; ++i) {
+      for (auto& p : model_->layer(static_cast<size_t>(i))->parameters())
+        mine.insert(p.unsafeGetTensorImpl());
+      for (auto& p : model_->layer(static_cast<size_t>(i))->buffers())
+        mine.insert(p.unsafeGetTensorImpl());
+    }
+    for (const auto& [name, t] : state)
+      if (mine.count(t.unsafeGetTensorImpl())) st.names.push_back(name);
+    return st;
+  };
+  if (engine_) {
+    const auto& part = engine_->partition();
+    for (int s = 0; s < engine_->numStages(); ++s)
+      cs.stages.push_back(stageOf(part[s].first, part[s].last, engine_->forwardDevice(s),
+                                  engine_->backwardDevice(s), engine_->weightVersion(s)));
+  } else {
+    cs.stages.push_back(
+        stageOf(0, static_cast<int64_t>(model_->numLayers()), 0, 0, stepsDone_));
+  }
+  return cs;
+}
+
+std::string Trainer::writeCheckpointNow(double lastLoss) {
+  CheckpointState cs = checkpointState(lastLoss);
+  const int64_t step = stepsDone_;
+  std::function<void()> hook;
+  if (hooks_.beforeManifest) hook = [&] { hooks_.beforeManifest(step); };
+  lastCheckpoint_ =
+      writeCheckpoint(config_.output.dir, cs, config_.training.keep_checkpoints, hook);
+  return lastCheckpoint_;
+}
+
+void Trainer::resume(const std::string& dir) {
+  CheckpointState cs = readCheckpoint(dir);
+  const std::string modelFile = dir + "/model.pt";
+  // Weights: by name, so that any partition of this config takes them.
+  std::map<std::string, torch::Tensor> saved(cs.model.begin(), cs.model.end());
+  const NamedTensors mine = model_->stateDict();
+  if (saved.size() != mine.size()) {
+    std::string extra;
+    for (const auto& [k, t] : saved) {
+      bool found = false;
+      for (const auto& m : mine) found = found || m.first == k;
+      if (!found) {
+        extra = k;
+        break;
+      }
+    }
+    throw UserError(modelFile + ": has " + std::to_string(saved.size()) + " tensors, model " +
+                    config_.model.name + " has " + std::to_string(mine.size()) +
+                    (extra.empty() ? "" : " (no '" + extra + "' in it)") +
+                    "; resume with the model config the run was made with");
+  }
+  {
+    torch::NoGradGuard noGrad;
+    for (const auto& [name, t] : mine) {
+      auto it = saved.find(name);
+      if (it == saved.end())
+        throw UserError(modelFile + ": no '" + name + "' for model " + config_.model.name +
+                        "; resume with the model config the run was made with");
+      if (!it->second.sizes().equals(t.sizes()))
+        throw UserError(modelFile + ": '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                        " but the model has " + c10::str(t.sizes()) +
+                        "; resume with the model config the run was made with");
+      t.copy_(it->second);
+    }
+  }
+  if (cs.loaderSeed != config_.training.seed)
+    throw UserError(dir + "/manifest.json: training.seed " + std::to_string(cs.loaderSeed) +
+                    " differs from the config's " + std::to_string(config_.training.seed) +
+                    "; resume with the seed of the run");
+  if (optimizer_) {
+    memory::MemoryScope scope(*device_, MemoryCategory::OptimizerState);
+    int64_t used =
+        loadOptimizerState(*optimizer_, model_->namedParameters(), cs.optimizer, dir + "/optimizer.pt");
+    if (used != static_cast<int64_t>(cs.optimizer.size()))
+      throw UserError(dir + "/optimizer.pt: " + std::to_string(cs.optimizer.size() - used) +
+                      " state entries fit no parameter of training.optimizer " +
+                      config_.training.optimizer + "; resume with the optimizer of the run");
+  } else {
+    engine_.reset();
+    engineEnd_ = 0;
+    pendingOptimizer_ = cs.optimizer;
+    pendingSource_ = dir + "/optimizer.pt";
+  }
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(cs.torchRng);
+    } catch (const std::exception&) {
+      throw UserError(dir + "/rng.pt: not a CPU generator state; the checkpoint is corrupt");
+    }
+  }
+  loader_->seek(cs.loaderEpoch, cs.loaderPosition);
+  stepsDone_ = cs.step;
+  lastCheckpoint_ = dir;
+  spdlog::info("resumed from {} at step {} of {} (epoch {}, batch {} of the epoch)", dir,
+               stepsDone_, totalSteps_, cs.loaderEpoch, cs.loaderPosition);
+}
+
+namespace {
+// metrics.csv of a resumed run: the rows up to the checkpoint's step stay, later ones
+// (computed after it, before the run died) go; new rows are appended.
+void trimMetrics(const std::string& path, int64_t steps) {
+  std::ifstream in(path);
+  std::string line, kept;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (header) {
+      kept += line + "\n";
+      header = false;
+      continue;
+    }
+    if (std::atoll(line.c_str()) <= steps) kept += line + "\n";
+  }
+  writeFileAtomically(path, kept);
+}
+}  // namespace
+
 RunSummary Trainer::run() {
   const auto& t = config_.training;
   RunSummary summary;
   summary.run_dir = config_.output.dir;
   fs::create_directories(config_.output.dir);
   writeFileAtomically(config_.output.dir + "/config.yaml", config::toYaml(config_));
-  std::ofstream metrics(config_.output.dir + "/metrics.csv");
-  metrics << "step,epoch,loss,lr,samples_per_s,elapsed_s\n";
+  const std::string metricsPath = config_.output.dir + "/metrics.csv";
+  const int64_t firstStep = stepsDone_;
+  if (firstStep > 0 && fs::exists(metricsPath)) trimMetrics(metricsPath, firstStep);
+  std::ofstream metrics(metricsPath, firstStep > 0 && fs::exists(metricsPath)
+                                         ? std::ios::app
+                                         : std::ios::trunc);
+  if (!(firstStep > 0) || fs::file_size(metricsPath) == 0)
+    metrics << "step,epoch,loss,lr,samples_per_s,elapsed_s\n";
 
   spdlog::info("pipefb_train: model {} ({} layers), data {} ({} samples), {} steps of batch {}",
                config_.model.name, model_->numLayers(), train_->describe(), train_->size(),
                totalSteps_, t.batch);
   // A single device has no runtime trace: record one (Note [Chrome trace]).
   std::unique_ptr<report::StepTrace> stepTrace;
-  if (!engine_) stepTrace = std::make_unique<report::StepTrace>(*device_);
+  if (config_.pipeline.schedule == "none") stepTrace = std::make_unique<report::StepTrace>(*device_);
   const auto t0 = Clock::now();
   double windowLoss = 0;
   int64_t windowSteps = 0;
   auto windowStart = Clock::now();
   int64_t windowSamples = 0;
   double lastLoss = 0;
-  for (int64_t s = 0; s < totalSteps_; ++s) {
-    data::Batch batch = loader_->next();
-    double lr = learningRate(t, stepsDone_, totalSteps_);
-    lastLoss = step(batch);
-    if (stepTrace) stepTrace->stepDone();
-    if (!std::isfinite(lastLoss))
-      throw std::runtime_error("loss is " + std::to_string(lastLoss) + " at step " +
-                               std::to_string(s + 1) +
-                               "; lower training.lr or check the data");
-    windowLoss += lastLoss;
-    ++windowSteps;
-    windowSamples += batch.input.size(0);
-    summary.samples += batch.input.size(0);
-    double elapsed = secondsSince(t0);
-    double sps = summary.samples / std::max(elapsed, 1e-9);
-    metrics << (s + 1) << ',' << loader_->epoch() << ',' << lastLoss << ',' << lr << ',' << sps
-            << ',' << elapsed << '\n';
-    bool last = s + 1 == totalSteps_;
-    if (config_.output.progress && ((s + 1) % t.log_every == 0 || last)) {
-      ProgressState p;
-      p.step = s + 1;
-      p.total_steps = totalSteps_;
-      p.epoch = loader_->epoch();
-      p.loss = windowLoss / windowSteps;
-      p.samples_per_s = windowSamples / std::max(secondsSince(windowStart), 1e-9);
-      p.elapsed_s = elapsed;
-      for (const auto& d : deviceSummaries())
-        p.memory.push_back({d.name, d.live_bytes, d.peak_bytes, d.capacity_bytes});
-      spdlog::info("{}", formatProgress(p));
-      windowLoss = 0;
-      windowSteps = 0;
-      windowSamples = 0;
-      windowStart = Clock::now();
+  const int64_t every = t.checkpoint_every;
+  auto lastGood = [&] {
+    return lastCheckpoint_.empty()
+               ? std::string("no checkpoint was taken (training.checkpoint_every: ") +
+                     std::to_string(every) + ")"
+               : "the last good checkpoint " + lastCheckpoint_ +
+                     " is kept (pipefb_train --resume " + config_.output.dir + ")";
+  };
+  try {
+    for (int64_t s = firstStep; s < totalSteps_; ++s) {
+      data::Batch batch = loader_->next();
+      if (hooks_.beforeStep) hooks_.beforeStep(s + 1, batch);
+      double lr = learningRate(t, stepsDone_, totalSteps_);
+      lastLoss = step(batch);
+      if (stepTrace) stepTrace->stepDone();
+      windowLoss += lastLoss;
+      ++windowSteps;
+      windowSamples += batch.input.size(0);
+      summary.samples += batch.input.size(0);
+      double elapsed = secondsSince(t0);
+      double sps = summary.samples / std::max(elapsed, 1e-9);
+      metrics << (s + 1) << ',' << loader_->epoch() << ',' << lastLoss << ',' << lr << ','
+              << sps << ',' << elapsed << '\n';
+      bool last = s + 1 == totalSteps_;
+      if (config_.output.progress && ((s + 1) % t.log_every == 0 || last)) {
+        ProgressState p;
+        p.step = s + 1;
+        p.total_steps = totalSteps_;
+        p.epoch = loader_->epoch();
+        p.loss = windowLoss / windowSteps;
+        p.samples_per_s = windowSamples / std::max(secondsSince(windowStart), 1e-9);
+        p.elapsed_s = elapsed;
+        for (const auto& d : deviceSummaries())
+          p.memory.push_back({d.name, d.live_bytes, d.peak_bytes, d.capacity_bytes});
+        spdlog::info("{}", formatProgress(p));
+        windowLoss = 0;
+        windowSteps = 0;
+        windowSamples = 0;
+        windowStart = Clock::now();
+      }
+      if (every > 0 && (s + 1) % every == 0) {
+        // Note [Checkpointing asynchronous pipelines]: an async segment ends here.
+        if (engine_ && engineEnd_ == s + 1) engine_->finish();
+        metrics.flush();
+        writeCheckpointNow(lastLoss);
+        if (config_.output.progress) spdlog::info("checkpoint {}", lastCheckpoint_);
+      }
+      if (hooks_.afterStep) hooks_.afterStep(s + 1);
     }
+    if (engine_) engine_->finish();  // asynchronous schedules run on after the last step()
+  } catch (const NumericalError& e) {
+    throw NumericalError(e.kind(), e.value(), e.step(), e.stage(), e.microbatch(),
+                         config_.pipeline.microbatches, lastGood());
+  } catch (const runtime::PipelineError& e) {
+    try {
+      if (e.cause()) std::rethrow_exception(e.cause());
+    } catch (const NumericalError& n) {
+      throw NumericalError(n.kind(), n.value(), n.step(), n.stage(), n.microbatch(),
+                           config_.pipeline.microbatches, lastGood());
+    } catch (...) {
+    }
+    throw;
   }
-  if (engine_) engine_->finish();  // asynchronous schedules run on after the last step()
   double trainSeconds = secondsSince(t0);
   metrics.close();
   summary.steps = totalSteps_;

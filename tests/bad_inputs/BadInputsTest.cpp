@@ -1,10 +1,19 @@
-// The bad-input corpus: every file in tests/bad_inputs/*.yaml is a config with
-// one fault. Its first line says `# expect: <text>`, a piece of the message.
+// The bad-input corpus: every file in tests/bad_inputs/*.yaml is a case with one
+// fault. Its first line says `# expect: <text>`, a piece of the message.
 // pipefb_train must exit 2 with exactly one line on stderr/stdout containing
 // that text, and leave no run folder behind.
+//
+// By default the case file is the config (`pipefb_train --config CASE`). Optional
+// header lines after the first one change that, for faults outside the config:
+//   # copy: DIR    copies tests/bad_inputs/data/DIR into the work folder (a run folder
+//                  with a broken checkpoint, say)
+//   # args: ARGS   the arguments instead of `--config CASE`; @CASE@ is the case file,
+//                  @WORK@ the work folder, @DATA@ tests/bad_inputs/data
+// Every case must be listed in the README's "Troubleshooting" section (second test).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -53,11 +62,55 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
     fs::path config = work / c.filename();
     std::ofstream(config) << replaceAll(text, "@SOURCE@", PIPEFB_SOURCE_DIR);
 
+    std::string args = "--config " + config.string();
+    std::istringstream header(text);
+    std::string line;
+    std::getline(header, line);  // # expect:
+    while (std::getline(header, line) && line.rfind("# ", 0) == 0) {
+      if (line.rfind("# copy: ", 0) == 0) {
+        const std::string dir = line.substr(8);
+        fs::copy(corpus / "data" / dir, work / dir, fs::copy_options::recursive);
+      } else if (line.rfind("# args: ", 0) == 0) {
+        args = line.substr(8);
+        args = replaceAll(args, "@CASE@", config.string());
+        args = replaceAll(args, "@WORK@", work.string());
+        args = replaceAll(args, "@DATA@", (corpus / "data").string());
+      }
+    }
+
     auto r = pipefb::test::runCommand("cd " + work.string() + " && " + PIPEFB_BINARY_DIR +
-                                      "/pipefb_train --config " + config.string());
+                                      "/pipefb_train " + args);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_EQ(pipefb::test::countLines(r.out), 1u) << r.out;
     EXPECT_NE(r.out.find(expect), std::string::npos) << "expected '" << expect << "' in: " << r.out;
     EXPECT_FALSE(fs::exists(work / "runs")) << "a run folder was left behind";
+  }
+}
+
+// README.md's "Troubleshooting" section lists every case file (so that it cannot go
+// stale): each name appears in the section, and the section names no case that is gone.
+TEST(BadInputs, ReadmeTroubleshootingListsEveryCase) {
+  const fs::path root(PIPEFB_SOURCE_DIR);
+  const std::string readme = readFile(root / "README.md");
+  const auto start = readme.find("\n## Troubleshooting");
+  ASSERT_NE(start, std::string::npos) << "README.md has no '## Troubleshooting' section";
+  const auto end = readme.find("\n## ", start + 1);
+  const std::string section = readme.substr(start, end == std::string::npos ? end : end - start);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root / "tests" / "bad_inputs"))
+    if (e.path().extension() == ".yaml") names.push_back(e.path().filename().string());
+  ASSERT_GE(names.size(), 30u);
+  for (const auto& n : names)
+    EXPECT_NE(section.find("`" + n + "`"), std::string::npos)
+        << n << " is not listed in README.md's Troubleshooting section";
+  // And no listed case that does not exist.
+  for (size_t at = section.find(".yaml`"); at != std::string::npos;
+       at = section.find(".yaml`", at + 1)) {
+    const auto open = section.rfind('`', at);
+    const std::string listed = section.substr(open + 1, at + 5 - open - 1);
+    if (listed.find('/') != std::string::npos || listed.find(' ') != std::string::npos) continue;
+    if (listed.size() < 3 || !std::isdigit(static_cast<unsigned char>(listed[0]))) continue;
+    EXPECT_TRUE(fs::exists(root / "tests" / "bad_inputs" / listed))
+        << "README.md lists " << listed << ", which is not in tests/bad_inputs";
   }
 }

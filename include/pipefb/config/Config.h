@@ -37,6 +37,11 @@ struct TrainingOptions {
   bool eval = true;               // test-set accuracy at the end
   int64_t threads = 0;            // intra-op threads; 0 = all cores
   bool checkpoint = true;         // write the final checkpoint
+  int64_t checkpoint_every = 0;   // resumable checkpoint every N steps; 0 = off
+  int64_t keep_checkpoints = 2;   // complete checkpoints kept in RUN_DIR/checkpoints
+  bool deterministic = false;     // bitwise-reproducible runs (see README)
+  /// off | loss | all: which values are checked for NaN/Inf (Note [Numerics check]).
+  std::string check_numerics = "loss";
 };
 
 struct DevicesOptions {

@@ -40,6 +40,10 @@ struct EngineOptions {
   int64_t iterations = 1;
   /// Optimizer steps of the whole run, for the learning-rate schedule (0: iterations).
   int64_t totalSteps = 0;
+  /// Optimizer steps done before this engine's first iteration (a resumed run, or the
+  /// next segment of a checkpointed asynchronous run): the lr schedule and the step
+  /// named in errors count from it.
+  int64_t firstStep = 0;
   /// The watchdog: a step() during which no device finishes an action for this long
   /// fails with a PipelineError that marks every device's current action.
   double stallTimeoutSeconds = 60.0;
@@ -148,6 +152,21 @@ class PipelineEngine {
   void finish();
   /// Iterations fed so far.
   int64_t iterationsDone() const;
+
+  // State access for checkpoints (pipefb/train/Checkpoint.h). Only while no worker runs:
+  // between step()s of a synchronous schedule, or after finish().
+  int numStages() const;
+  /// The optimizer of a stage (over the model's own parameters of its layers).
+  torch::optim::Optimizer& optimizer(int stage);
+  /// A stage's buffers as forwards see them: the forward copy's on a split stage (its
+  /// BatchNorm statistics run ahead of the master's until finish()), else the master's;
+  /// in the order of the stage's layers' buffers().
+  std::vector<torch::Tensor> stageBuffers(int stage) const;
+  /// Optimizer steps applied to a stage's master weights (its weight version).
+  int64_t weightVersion(int stage) const;
+  /// The device a stage's master weights, grads and optimizer state live on.
+  int backwardDevice(int stage) const;
+  int forwardDevice(int stage) const;
 
   const schedules::Schedule& schedule() const;
   const schedules::MemoryContract& contract() const;

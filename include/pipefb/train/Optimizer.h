@@ -21,3 +21,25 @@ double learningRate(const config::TrainingOptions& options, int64_t step, int64_
 void setLearningRate(torch::optim::Optimizer& optimizer, double lr);
 
 }  // namespace pipefb::train
+
+namespace pipefb::train {
+
+/// Per-parameter optimizer state keyed by parameter name (Note [Checkpoint layout] in
+/// Checkpoint.h): "<name>/momentum_buffer" for sgd; "<name>/step", "<name>/exp_avg",
+/// "<name>/exp_avg_sq" (and "<name>/max_exp_avg_sq") for adam. `names` maps the
+/// optimizer's parameters (by identity) to their names; parameters without state yet
+/// are left out.
+std::vector<std::pair<std::string, torch::Tensor>> optimizerState(
+    torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, torch::Tensor>>& names);
+
+/// Puts state from optimizerState() back into `optimizer`, whose parameters may be any
+/// subset of the saved ones (another partition). New state tensors are allocated in the
+/// caller's memory scope. Returns the entries used. A shape mismatch is a UserError
+/// naming `source`.
+int64_t loadOptimizerState(torch::optim::Optimizer& optimizer,
+                           const std::vector<std::pair<std::string, torch::Tensor>>& names,
+                           const std::vector<std::pair<std::string, torch::Tensor>>& state,
+                           const std::string& source);
+
+}  // namespace pipefb::train

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "pipefb/config/Config.h"
 #include "pipefb/data/Dataset.h"
 #include "pipefb/model/Model.h"
+#include "pipefb/train/Checkpoint.h"
 
 namespace pipefb::memory {
 class MemoryDomain;
@@ -44,14 +46,37 @@ struct RunSummary {
   std::string checkpoint;  // path of the final checkpoint ("" if none)
 };
 
+/// Fault injection for tests (pipefb_train reads them from PIPEFB_TEST_FAULT). Steps
+/// are 1-based: the optimizer step being (or just) computed.
+struct TrainerHooks {
+  /// Before step `step` runs on `batch` (e.g. poison it with NaN).
+  std::function<void(int64_t step, data::Batch& batch)> beforeStep;
+  /// After step `step` and its checkpoint, if any (e.g. SIGKILL).
+  std::function<void(int64_t step)> afterStep;
+  /// Inside the checkpoint of `step`, after its data files and before its manifest.
+  std::function<void(int64_t step)> beforeManifest;
+};
+
 class Trainer {
  public:
-  explicit Trainer(config::Config config);
+  explicit Trainer(config::Config config, TrainerHooks hooks = {});
   ~Trainer();
 
-  /// Trains for the configured steps, evaluates, writes the run folder
-  /// (config.yaml, metrics.csv, summary.json, model.pt) and returns the summary.
+  /// Trains for the configured steps (from the resumed step on), writing a checkpoint
+  /// every training.checkpoint_every steps, evaluates, writes the run folder
+  /// (config.yaml, metrics.csv, summary.json, model.pt, checkpoints/) and returns the
+  /// summary. A NaN/Inf (training.check_numerics) throws pipefb::NumericalError naming
+  /// the stage, microbatch and step, and the last good checkpoint stays as it was.
   RunSummary run();
+
+  /// Continues from a checkpoint folder (readCheckpoint): weights (re-partitioned by
+  /// name for this config's plan), optimizer state, loader position, RNG and step.
+  /// Call before run(). A checkpoint that does not fit the model is a UserError.
+  void resume(const std::string& checkpointDir);
+  /// Optimizer steps done (the resumed step included).
+  int64_t stepsDone() const { return stepsDone_; }
+  /// The state a checkpoint holds now (between steps).
+  CheckpointState checkpointState(double lastLoss);
 
   /// One optimizer step on `batch`: gradient accumulation over the configured
   /// microbatches, then the optimizer. Returns the batch's mean loss.
@@ -63,12 +88,29 @@ class Trainer {
   /// Single-device only (a pipeline has one optimizer per stage, in the engine).
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   /// The pipeline runtime when pipeline.schedule is not none, else null.
-  runtime::PipelineEngine* pipeline() { return engine_.get(); }
+  /// (Built on first use, after any resume(); see Note [Checkpointing asynchronous
+  /// pipelines] for when it is replaced.)
+  runtime::PipelineEngine* pipeline() {
+    ensureEngine();
+    return engine_.get();
+  }
   const config::Config& config() const { return config_; }
   int64_t totalSteps() const { return totalSteps_; }
 
  private:
   std::vector<DeviceSummary> deviceSummaries() const;
+  /// Builds the pipeline engine for the steps from stepsDone_ on (Note [Checkpointing
+  /// asynchronous pipelines]) and restores pendingOptimizer_ into it.
+  void ensureEngine();
+  std::string writeCheckpointNow(double lastLoss);
+  /// The merged state_dict: the model's, with the forward copies' buffers of split stages.
+  NamedTensors mergedStateDict() const;
+
+  TrainerHooks hooks_;
+  NamedTensors pendingOptimizer_;  // optimizer state for the next engine
+  std::string pendingSource_;       // where it came from, for errors
+  int64_t engineEnd_ = 0;           // the engine was built for steps up to here
+  std::string lastCheckpoint_;
 
   config::Config config_;
   std::shared_ptr<model::Model> model_;
