@@ -5,7 +5,7 @@
 # ITERS iterations with `pipefb_train --plan`, and its predicted peak memory per device
 # and iteration time are set against the measured ones.
 #
-#   experiments/planner_fidelity.sh            # BUILD=build ITERS=8 BUDGETS=140MiB,160MiB,1GiB
+#   experiments/planner_fidelity.sh            # BUILD=build ITERS=8 BUDGETS=165MiB,175MiB,1GiB
 #
 # Writes experiments/results/planner_fidelity/:
 #   profile.yaml   the measured profile (pipefb_profile)
@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 ITERS=${ITERS:-8}
-BUDGETS=${BUDGETS:-140MiB,160MiB,1GiB}
+BUDGETS=${BUDGETS:-165MiB,175MiB,1GiB}
 OUT=$ROOT/experiments/results/planner_fidelity
 WORK=${WORK:-$(mktemp -d /tmp/planner_fidelity.XXXXXX)}
 mkdir -p "$OUT/plans" "$WORK"
