@@ -89,6 +89,13 @@ TEST(ProfilerTest, OptimizerStates) {
     // int64_t member, not a tensor, so exactly 2x (no amsgrad).
     EXPECT_EQ(pa.layers[i].optimizerBytes, 2 * pa.layers[i].paramBytes);
     EXPECT_EQ(pp.layers[i].optimizerBytes, 0);
+    // Note [Step working set]: Adam's step makes temporaries (exp_avg_sq.sqrt() / c and
+    // the update) one parameter at a time: more than nothing, at most ~2x the layer.
+    if (pa.layers[i].paramBytes > 0) {
+      EXPECT_GT(pa.layers[i].stepWorkingBytes, 0) << pa.layers[i].name;
+      EXPECT_LE(pa.layers[i].stepWorkingBytes, 2 * pa.layers[i].paramBytes + 4096)
+          << pa.layers[i].name;
+    }
   }
 }
 
