@@ -2,11 +2,15 @@
 // leaves in the run folder (report.html, charts/*.svg, memory.json, trace.json).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include <zlib.h>
 
 #include "TestUtil.h"
 #include "pipefb/common/Error.h"
@@ -318,6 +322,72 @@ TEST(ReportTest, PlanFileFillsThePredictedColumns) {
   EXPECT_THROW(writeReport(dir, o), UserError);
 }
 
+/// A decoded 8-bit PNG (colour types RGB and RGBA, not interlaced: what Chromium's
+/// --screenshot writes). Returns false for anything else.
+struct Image {
+  int width = 0, height = 0, channels = 0;
+  std::vector<uint8_t> pixels;  // rows of width * channels bytes
+};
+bool decodePng(const std::string& bytes, Image& img) {
+  auto be32 = [&](size_t at) {
+    return (uint32_t(uint8_t(bytes[at])) << 24) | (uint32_t(uint8_t(bytes[at + 1])) << 16) |
+           (uint32_t(uint8_t(bytes[at + 2])) << 8) | uint32_t(uint8_t(bytes[at + 3]));
+  };
+  if (bytes.size() < 33 || bytes.compare(1, 3, "PNG") != 0) return false;
+  std::string idat;
+  for (size_t at = 8; at + 8 <= bytes.size();) {
+    const uint32_t len = be32(at);
+    const std::string type = bytes.substr(at + 4, 4);
+    if (at + 12 + len > bytes.size()) return false;
+    if (type == "IHDR") {
+      img.width = int(be32(at + 8));
+      img.height = int(be32(at + 12));
+      const int depth = uint8_t(bytes[at + 16]), colour = uint8_t(bytes[at + 17]);
+      const int interlace = uint8_t(bytes[at + 20]);
+      if (depth != 8 || (colour != 2 && colour != 6) || interlace != 0) return false;
+      img.channels = colour == 2 ? 3 : 4;
+    } else if (type == "IDAT") {
+      idat.append(bytes, at + 8, len);
+    }
+    at += 12 + len;
+  }
+  const size_t stride = size_t(img.width) * img.channels;
+  std::vector<uint8_t> raw((stride + 1) * img.height);
+  uLongf rawLen = raw.size();
+  if (img.channels == 0 ||
+      uncompress(raw.data(), &rawLen, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) !=
+          Z_OK ||
+      rawLen != raw.size())
+    return false;
+  img.pixels.assign(stride * img.height, 0);
+  const int bpp = img.channels;
+  for (int y = 0; y < img.height; ++y) {
+    const uint8_t filter = raw[y * (stride + 1)];
+    const uint8_t* in = &raw[y * (stride + 1) + 1];
+    uint8_t* out = &img.pixels[y * stride];
+    const uint8_t* up = y > 0 ? &img.pixels[(y - 1) * stride] : nullptr;
+    for (size_t x = 0; x < stride; ++x) {
+      const int a = x >= size_t(bpp) ? out[x - bpp] : 0, b = up ? up[x] : 0;
+      const int c = up && x >= size_t(bpp) ? up[x - bpp] : 0;
+      int pred = 0;
+      switch (filter) {
+        case 0: pred = 0; break;
+        case 1: pred = a; break;
+        case 2: pred = b; break;
+        case 3: pred = (a + b) / 2; break;
+        case 4: {
+          const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
+          pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+          break;
+        }
+        default: return false;
+      }
+      out[x] = uint8_t(in[x] + pred);
+    }
+  }
+  return true;
+}
+
 TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
   if (!fs::exists("/usr/bin/chromium"))
     GTEST_SKIP() << "/usr/bin/chromium is absent (scripts/setup-chromium installs it)";
@@ -333,6 +403,26 @@ TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
   ASSERT_TRUE(fs::exists(png)) << r.out;
   // A blank page compresses to a few KiB; charts with text and fills do not.
   EXPECT_GT(fs::file_size(png), 40u * 1024) << "the screenshot looks blank";
+  // The page shows its charts: text and table borders are grey, the charts' stacked
+  // category fills and curves are coloured. Count clearly coloured pixels (channel spread
+  // > 48) and non-white ones.
+  Image img;
+  ASSERT_TRUE(decodePng(slurp(png), img)) << png << " is not an 8-bit RGB(A) PNG";
+  EXPECT_EQ(img.width, 1200);
+  EXPECT_EQ(img.height, 2000);
+  size_t coloured = 0, inked = 0;
+  const size_t n = size_t(img.width) * img.height;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = &img.pixels[i * img.channels];
+    const int hi = std::max({p[0], p[1], p[2]}), lo = std::min({p[0], p[1], p[2]});
+    if (hi - lo > 48) ++coloured;
+    if (lo < 230) ++inked;
+  }
+  // The first screen holds the tables and two stacked memory charts: their fills cover
+  // several percent of it (5.4% coloured, 13.5% non-white for this run); a blank page
+  // or one whose SVGs failed has none.
+  EXPECT_GT(coloured, n / 50) << coloured << " coloured pixels of " << n;
+  EXPECT_GT(inked, n / 20) << inked << " non-white pixels of " << n;
 }
 
 }  // namespace
