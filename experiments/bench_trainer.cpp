@@ -13,14 +13,14 @@
 // entropy, backward, step. Rounds alternate in ABBA order so that drift in the
 // machine and cache effects hit both alike. Prints the median step time of each and
 // the ratio plain/pipefb (1.0 = no overhead; the goal is >= 0.97).
-#include <CLI/CLI.hpp>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <sys/resource.h>
 
 #include "pipefb/config/Config.h"
 #include "pipefb/train/Optimizer.h"
@@ -63,9 +63,12 @@ int main(int argc, char** argv) {
       "model: {name: " + model + ", width: " + std::to_string(width) +
           ", input_size: " + std::to_string(inputSize) +
           ", channels: 1, num_classes: 10}\n"
-          "data: {name: synthetic, synthetic_train: " + std::to_string(batch * 4) + "}\n"
-          "training: {optimizer: " + optimizer + ", lr: " + std::to_string(lr) +
-          ", threads: " + std::to_string(threads) + ", batch: " + std::to_string(batch) +
+          "data: {name: synthetic, synthetic_train: " +
+          std::to_string(batch * 4) +
+          "}\n"
+          "training: {optimizer: " +
+          optimizer + ", lr: " + std::to_string(lr) + ", threads: " + std::to_string(threads) +
+          ", batch: " + std::to_string(batch) +
           ", iterations: 1000000, eval: false, checkpoint: false}\n"
           "output: {dir: /tmp/pipefb_bench_trainer, progress: false}\n",
       {}, "bench");
@@ -127,10 +130,10 @@ int main(int argc, char** argv) {
   getrusage(RUSAGE_SELF, &ru);
   const double rssMiB = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB
   if (asJson) {
-    nlohmann::json j = {{"model", model},     {"width", width},
-                        {"batch", batch},     {"steps", steps},
+    nlohmann::json j = {{"model", model},         {"width", width},
+                        {"batch", batch},         {"steps", steps},
                         {"optimizer", optimizer}, {"threads", at::get_num_threads()},
-                        {"only", only},       {"peak_rss_mib", rssMiB}};
+                        {"only", only},           {"peak_rss_mib", rssMiB}};
     if (runPipefb)
       j["pipefb"] = {{"step_ms_median", median(tp) * 1e3},
                      {"samples_per_s_median", batch / median(tp)},

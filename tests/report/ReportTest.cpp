@@ -1,6 +1,7 @@
 // Runs build/pipefb_train on tiny configs as a user does, and checks the report it
 // leaves in the run folder (report.html, charts/*.svg, memory.json, trace.json).
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,8 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <zlib.h>
 
 #include "TestUtil.h"
 #include "pipefb/common/Error.h"
@@ -371,16 +370,25 @@ bool decodePng(const std::string& bytes, Image& img) {
       const int c = up && x >= size_t(bpp) ? up[x - bpp] : 0;
       int pred = 0;
       switch (filter) {
-        case 0: pred = 0; break;
-        case 1: pred = a; break;
-        case 2: pred = b; break;
-        case 3: pred = (a + b) / 2; break;
+        case 0:
+          pred = 0;
+          break;
+        case 1:
+          pred = a;
+          break;
+        case 2:
+          pred = b;
+          break;
+        case 3:
+          pred = (a + b) / 2;
+          break;
         case 4: {
           const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
           pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
           break;
         }
-        default: return false;
+        default:
+          return false;
       }
       out[x] = uint8_t(in[x] + pred);
     }
