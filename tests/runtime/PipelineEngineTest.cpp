@@ -503,6 +503,13 @@ void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
   std::string worst;
   double e = maxRelErr(*model, *ref.model, /*grads=*/false, &worst);
   EXPECT_LE(e, 1e-5) << "weights after " << kIters << " iterations: " << worst;
+  // Buffers (BatchNorm statistics) too: every forward updates them, on any version.
+  auto gotState = model->stateDict(), wantState = ref.model->stateDict();
+  ASSERT_EQ(gotState.size(), wantState.size());
+  for (size_t i = 0; i < gotState.size(); ++i)
+    EXPECT_LE(relErr(gotState[i].second.to(torch::kDouble), wantState[i].second.to(torch::kDouble)),
+              1e-5)
+        << gotState[i].first;
 }
 
 }  // namespace
@@ -522,6 +529,9 @@ TEST(PipelineAsync, WeightsFollowTheAsynchronousSemantics) {
                       "adam");
   checkAsyncSemantics({"vgg16", visionOptions("vgg16"), 8}, "pipefb-async", 2, 4, "keep", "adam",
                       12);
+  // BatchNorm: forwards on weight snapshots update the stage's statistics.
+  checkAsyncSemantics({"resnet50", visionOptions("resnet50"), 8}, "pipedream", 3, 2, "keep",
+                      "sgd");
 }
 
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
