@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/NumericalError.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/MemoryScope.h"
@@ -326,6 +327,16 @@ struct StageState {
 
 int64_t tensorBytes(const Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
 
+// "nan", "inf" or "-inf" for the first non-finite element of t, "" when all are finite.
+std::string nonFinite(const Tensor& t) {
+  if (!t.defined() || !t.is_floating_point()) return "";
+  torch::NoGradGuard noGrad;
+  Tensor bad = torch::isfinite(t).logical_not();
+  if (!bad.any().item<bool>()) return "";
+  if (t.isnan().any().item<bool>()) return "nan";
+  return t.masked_select(bad)[0].item<double>() > 0 ? "inf" : "-inf";
+}
+
 }  // namespace
 
 struct PipelineEngine::Impl {
@@ -404,6 +415,15 @@ struct PipelineEngine::Impl {
   ReplicaPtr forwardReplica(StageState& st, int mb);
   ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
 
+  // Note [Numerics check] (pipefb/common/NumericalError.h): checkAll for activations
+  // and gradients, checkLoss for the loss; mb is the run-wide microbatch index.
+  bool checkAll() const { return config.training.check_numerics == "all"; }
+  bool checkLoss() const { return config.training.check_numerics != "off"; }
+  void check(const Tensor& t, const std::string& what, int stage, int mb) const {
+    std::string v = nonFinite(t);
+    if (!v.empty())
+      throw NumericalError(what, v, options.firstStep + mb / M + 1, stage, mb % M, M);
+  }
   void fail(int d, int i, std::exception_ptr e);
   template <class Pred>
   void waitFor(Pred pred, const char* what);
@@ -706,7 +726,8 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
                           : takeFrom(dev.acts, in, "activation");
   ReplicaPtr rep = forwardReplica(st, a.index);
   // Note [Dropout streams]: the recompute in B(s,m) draws the same masks.
-  model::DropoutStream masks(model::dropoutSeed(config.training.seed, a.stage, a.index));
+  model::DropoutStream masks(
+      model::dropoutSeed(config.training.seed, a.stage, options.firstStep * M + a.index));
   auto entry = std::make_shared<StashEntry>();
   const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
   Tensor out;
@@ -751,6 +772,7 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
     out = rep->forward(x);
     if (rep != st.master && !st.split) entry->replica = rep;  // a snapshot (same device)
   }
+  if (checkAll()) check(out, "activation", a.stage, a.index);
   if (st.stashBytesPerMb < 0)
     st.stashBytesPerMb = dev.domain->liveBytes(MemoryCategory::Stash) - stashBefore;
   dev.stashes[{a.stage, a.index}] = entry;
@@ -813,7 +835,8 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
       torch::NoGradGuard noGrad;
       for (const auto& b : rep->buffers) savedBuffers.push_back(b.clone());
     }
-    model::DropoutStream masks(model::dropoutSeed(config.training.seed, a.stage, a.index));
+    model::DropoutStream masks(
+        model::dropoutSeed(config.training.seed, a.stage, options.firstStep * M + a.index));
     output = rep->forward(input);
   }
   e.reset();
@@ -835,6 +858,7 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
     Tensor l = model.loss(o, target) * (static_cast<double>(target.size(0)) / n);
     gradOut = torch::autograd::grad({l}, {o})[0];
     double v = l.item<double>();
+    if (checkLoss() && !std::isfinite(v)) check(l, "loss", a.stage, mb);
     {
       std::lock_guard<std::mutex> lock(mu);
       const int k = mb / M;
@@ -859,6 +883,12 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
   auto g = torch::autograd::grad({output}, wrt, {gradOut}, /*retain_graph=*/false,
                                  /*create_graph=*/false, /*allow_unused=*/true);
   output = Tensor();
+  if (checkAll()) {
+    size_t gi = 0;
+    for (size_t i = 0; i < rep->params.size(); ++i)
+      if (rep->params[i].requires_grad()) check(g[gi++], "weight gradient", a.stage, mb);
+    if (wantInput) check(g.back(), "input gradient", a.stage, mb);
+  }
   torch::NoGradGuard noGrad;
   // The recompute must not count twice in BatchNorm statistics. Restored only now:
   // batch_norm's backward reads the running statistics it saved (version check).
@@ -953,8 +983,9 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
         makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
                     *dev.domain, MemoryCategory::WeightVersions);
   const int64_t iteration = kind == "pipedream" ? a.index / M : a.index;
-  train::setLearningRate(*st.optimizer,
-                         train::learningRate(config.training, iteration, options.totalSteps));
+  train::setLearningRate(*st.optimizer, train::learningRate(config.training,
+                                                            options.firstStep + iteration,
+                                                            options.totalSteps));
   {
     memory::MemoryScope scope(MemoryCategory::OptimizerState);
     st.optimizer->step();
@@ -1182,6 +1213,19 @@ void PipelineEngine::finish() {
 }
 
 int64_t PipelineEngine::iterationsDone() const { return impl_->fed; }
+int PipelineEngine::numStages() const { return impl_->S; }
+torch::optim::Optimizer& PipelineEngine::optimizer(int stage) {
+  return *impl_->stages.at(stage).optimizer;
+}
+std::vector<torch::Tensor> PipelineEngine::stageBuffers(int stage) const {
+  const StageState& st = impl_->stages.at(stage);
+  return st.split && st.fwd ? st.fwd->buffers : st.master->buffers;
+}
+int64_t PipelineEngine::weightVersion(int stage) const {
+  return impl_->stages.at(stage).masterVersion;
+}
+int PipelineEngine::backwardDevice(int stage) const { return impl_->stages.at(stage).bDev; }
+int PipelineEngine::forwardDevice(int stage) const { return impl_->stages.at(stage).fDev; }
 const schedules::Schedule& PipelineEngine::schedule() const { return impl_->plan.schedule; }
 const schedules::MemoryContract& PipelineEngine::contract() const { return impl_->plan.contract; }
 const std::vector<StageRange>& PipelineEngine::partition() const { return impl_->partition; }
