@@ -506,8 +506,10 @@ RunSummary Trainer::run() {
         // Note [Checkpointing asynchronous pipelines]: an async segment ends here.
         if (engine_ && engineEnd_ == s + 1) engine_->finish();
         metrics.flush();
+        const auto c0 = Clock::now();
         writeCheckpointNow(lastLoss);
-        if (config_.output.progress) spdlog::info("checkpoint {}", lastCheckpoint_);
+        if (config_.output.progress)
+          spdlog::info("checkpoint {} ({:.0f} ms)", lastCheckpoint_, 1e3 * secondsSince(c0));
       }
       if (hooks_.afterStep) hooks_.afterStep(s + 1);
     }
