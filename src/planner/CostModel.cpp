@@ -78,6 +78,11 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
   return 1;
 }
 
+int weightCopies(ScheduleKind k, int S, int s, int M) {
+  return k == ScheduleKind::PipeDream ? inFlightStashes(k, S, s, M)
+                                      : weightVersions(k, S, s, M) - 1;
+}
+
 double stepsPerMicrobatch(ScheduleKind k, int M) {
   return k == ScheduleKind::PipeDream ? 1.0 : 1.0 / M;
 }
@@ -276,6 +281,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   e.stashBytes = ckpt ? input : graph;
   e.inFlight = inFlightStashes(shape.kind, S, k, M);
   e.versions = weightVersions(shape.kind, S, k, M);
+  const int copies = weightCopies(shape.kind, S, k, M);
 
   // Times (Note [Planner cost model]).
   const double fspeed = speed(shape, fd), bspeed = speed(shape, bd);
@@ -318,7 +324,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.forwardMemory, MemoryCategory::WorkingSet, ws);
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, W);
-    w(e.backwardMemory, MemoryCategory::WeightVersions, (e.versions - 1) * W);
+    w(e.backwardMemory, MemoryCategory::WeightVersions, copies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
@@ -335,7 +341,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const int resident = off ? std::min(e.inFlight, shape.lookahead + 2) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, W);
-    w(m, MemoryCategory::WeightVersions, (e.versions - 1) * W);
+    w(m, MemoryCategory::WeightVersions, copies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);

@@ -285,11 +285,11 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   const bool split = isSplit(shape.kind);
   const double stepShare = stepsPerMicrobatch(shape.kind, shape.microbatches);
   std::vector<double> invF(S), invB(S);
-  std::vector<std::int64_t> versions(S), limF(S), limB(S);
+  std::vector<std::int64_t> copies(S), limF(S), limB(S);
   for (int k = 0; k < S; ++k) {
     invF[k] = 1.0 / model.speed(shape, shape.forwardDevice(k));
     invB[k] = 1.0 / model.speed(shape, shape.backwardDevice(k));
-    versions[k] = weightVersions(shape.kind, S, k, shape.microbatches);
+    copies[k] = weightCopies(shape.kind, S, k, shape.microbatches);
     limF[k] = limits[shape.forwardDevice(k)];
     limB[k] = limits[shape.backwardDevice(k)];
   }
@@ -309,7 +309,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     const std::int64_t W = model.paramSum(i, j);
     // The backward device's: states, weight versions, working set, one graph (keep and
     // offload keep >= 1 resident stash of it, the checkpoint kinds recompute it in B).
-    return model.staticSum(i, j) + (versions[k] - 1) * W + ws + scaledBytes(model.savedSum(i, j));
+    return model.staticSum(i, j) + copies[k] * W + ws + scaledBytes(model.savedSum(i, j));
   };
   auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
     const std::int64_t mb = memLb(k, i, j, ws);

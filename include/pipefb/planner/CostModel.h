@@ -22,7 +22,8 @@
 //                    D = devices along the chain (S, or 2S for PipeFB),
 //                  = M x tau             for asynchronous ones (pipedream, pipefb-async).
 // Memory of a device, by category (the simulator's categories):
-//   weights W; weight versions (v-1) x W; grads G and optimizer state O on the backward
+//   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1); grads G and
+//   optimizer state O on the backward
 //   device; stash = resident x stash bytes; working set = the largest layer working set,
 //   plus one recomputed graph while a checkpointed B runs.
 //   stash bytes: keep/offload = saved bytes of the stage; checkpoint kinds = its input.
@@ -73,6 +74,11 @@ int weightVersions(ScheduleKind k, int S, int s, int M);
 /// Optimizer steps per microbatch: PipeDream updates after every microbatch (STEP s.m
 /// follows B(s,m) in its generator), every other schedule once per iteration (1/M).
 double stepsPerMicrobatch(ScheduleKind k, int M);
+/// Weight copies held beside the live weights (category WeightVersions). PipeDream's
+/// runtime stashes one copy per in-flight microbatch of stage s (S - s) next to the
+/// master weights (measured: 2 x W of weight_versions on stage 0 of 2 in
+/// experiments/results/planner_fidelity); the others keep versions - 1.
+int weightCopies(ScheduleKind k, int S, int s, int M);
 
 std::vector<StashPolicy> allStashPolicies();
 
