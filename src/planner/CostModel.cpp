@@ -79,8 +79,11 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
 }
 
 int weightCopies(ScheduleKind k, int S, int s, int M) {
-  return k == ScheduleKind::PipeDream ? inFlightStashes(k, S, s, M)
-                                      : weightVersions(k, S, s, M) - 1;
+  if (k == ScheduleKind::PipeDream) {
+    const int n = inFlightStashes(k, S, s, M);
+    return n > 1 ? n : 0;  // with one in flight no update separates F from B
+  }
+  return weightVersions(k, S, s, M) - 1;
 }
 
 double stepsPerMicrobatch(ScheduleKind k, int M) {

@@ -75,9 +75,10 @@ int weightVersions(ScheduleKind k, int S, int s, int M);
 /// follows B(s,m) in its generator), every other schedule once per iteration (1/M).
 double stepsPerMicrobatch(ScheduleKind k, int M);
 /// Weight copies held beside the live weights (category WeightVersions). PipeDream's
-/// runtime stashes one copy per in-flight microbatch of stage s (S - s) next to the
-/// master weights (measured: 2 x W of weight_versions on stage 0 of 2 in
-/// experiments/results/planner_fidelity); the others keep versions - 1.
+/// runtime stashes one copy per in-flight microbatch of stage s (n = S - s) next to the
+/// master weights when n > 1, and none when n = 1 (measured in
+/// experiments/results/planner_fidelity: 2 x W on stage 0 of 2, 0 on stage 1); the others
+/// keep versions - 1.
 int weightCopies(ScheduleKind k, int S, int s, int M);
 
 std::vector<StashPolicy> allStashPolicies();
