@@ -15,7 +15,7 @@ set arrow from 9.08789, graph 0 to 9.08789, graph 1 nohead dashtype 2 linecolor 
 set arrow from 8.99347, graph 0 to 8.99347, graph 1 nohead dashtype 2 linecolor 2
 set arrow from 6.68761, graph 0 to 6.68761, graph 1 nohead dashtype 2 linecolor 3
 set arrow from 6.73449, graph 0 to 6.73449, graph 1 nohead dashtype 2 linecolor 4
-set arrow from 8.34082, graph 0 to 8.34082, graph 1 nohead dashtype 2 linecolor 5
+set arrow from 9.30621, graph 0 to 9.30621, graph 1 nohead dashtype 2 linecolor 5
 set arrow from 11.2599, graph 0 to 11.2599, graph 1 nohead dashtype 2 linecolor 6
 set arrow from 14.8634, graph 0 to 14.8634, graph 1 nohead dashtype 2 linecolor 7
 plot \
@@ -23,6 +23,6 @@ plot \
   'sweep.csv' every ::1 using 3:(strcol(1) eq '1f1b-offload' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 2 pointtype 3 title '1f1b-offload (fits from 8.99 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq '1f1b' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 3 pointtype 4 title '1f1b (fits from 6.69 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq 'gpipe' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 4 pointtype 5 title 'gpipe (fits from 6.73 MiB)', \
-  'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipedream' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 5 pointtype 6 title 'pipedream (fits from 8.34 MiB)', \
+  'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipedream' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 5 pointtype 6 title 'pipedream (fits from 9.31 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipefb-sync' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 6 pointtype 7 title 'pipefb-sync (fits from 11.26 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipefb-async' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 7 pointtype 8 title 'pipefb-async (fits from 14.86 MiB)'

@@ -15,7 +15,7 @@ set arrow from 98.8516, graph 0 to 98.8516, graph 1 nohead dashtype 2 linecolor 
 set arrow from 98.8516, graph 0 to 98.8516, graph 1 nohead dashtype 2 linecolor 2
 set arrow from 98.6367, graph 0 to 98.6367, graph 1 nohead dashtype 2 linecolor 3
 set arrow from 98.6406, graph 0 to 98.6406, graph 1 nohead dashtype 2 linecolor 4
-set arrow from 114.895, graph 0 to 114.895, graph 1 nohead dashtype 2 linecolor 5
+set arrow from 143.442, graph 0 to 143.442, graph 1 nohead dashtype 2 linecolor 5
 set arrow from 114.902, graph 0 to 114.902, graph 1 nohead dashtype 2 linecolor 6
 set arrow from 143.449, graph 0 to 143.449, graph 1 nohead dashtype 2 linecolor 7
 plot \
@@ -23,6 +23,6 @@ plot \
   'sweep.csv' every ::1 using 3:(strcol(1) eq '1f1b-offload' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 2 pointtype 3 title '1f1b-offload (fits from 98.85 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq '1f1b' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 3 pointtype 4 title '1f1b (fits from 98.64 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq 'gpipe' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 4 pointtype 5 title 'gpipe (fits from 98.64 MiB)', \
-  'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipedream' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 5 pointtype 6 title 'pipedream (fits from 114.89 MiB)', \
+  'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipedream' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 5 pointtype 6 title 'pipedream (fits from 143.44 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipefb-sync' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 6 pointtype 7 title 'pipefb-sync (fits from 114.90 MiB)', \
   'sweep.csv' every ::1 using 3:(strcol(1) eq 'pipefb-async' && $4 == 1 ? $11 : 1/0) with linespoints linecolor 7 pointtype 8 title 'pipefb-async (fits from 143.45 MiB)'
