@@ -22,6 +22,18 @@ std::vector<StashPolicy> policiesPerStage(const std::vector<StashPolicy>& polici
   return policies;
 }
 
+std::vector<int> lookaheadPerStage(const std::vector<int>& lookahead, int S) {
+  for (int v : lookahead)
+    if (v < 0)
+      throw UserError("pipeline.lookahead: must be >= 0, got " + std::to_string(v));
+  if (lookahead.empty()) return std::vector<int>(S, 1);
+  if (lookahead.size() == 1) return std::vector<int>(S, lookahead[0]);
+  if (static_cast<int>(lookahead.size()) != S)
+    throw UserError("pipeline.lookahead: got " + std::to_string(lookahead.size()) +
+                    " values for " + std::to_string(S) + " stages; give one, or one per stage");
+  return lookahead;
+}
+
 Schedule addCommunication(const Schedule& in) {
   const Placement& p = in.placement;
   const int S = in.numStages;
@@ -60,8 +72,13 @@ Schedule addCommunication(const Schedule& in) {
 }
 
 Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policiesIn, int lookahead) {
-  if (lookahead < 0) throw UserError("lookahead must be >= 0, got " + std::to_string(lookahead));
+  return addOffload(in, policiesIn, std::vector<int>{lookahead});
+}
+
+Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policiesIn,
+                    const std::vector<int>& lookaheadIn) {
   const int S = in.numStages;
+  const std::vector<int> lookahead = lookaheadPerStage(lookaheadIn, S);
   std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
   for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));
 
@@ -99,7 +116,8 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
       if (b.type != ActionType::Backward || !isOffloaded(policy[b.stage])) continue;
       Action pre = prefetch(b.stage, b.index);
       if (!present.insert(keyOf(pre)).second) continue;
-      int anchor = c >= static_cast<size_t>(lookahead) ? computeIdx[c - lookahead] : 0;
+      const size_t ahead = static_cast<size_t>(lookahead[b.stage]);
+      int anchor = c >= ahead ? computeIdx[c - ahead] : 0;
       // Issue the copy before the device blocks on the receives feeding the anchor.
       while (anchor > 0 && list[anchor - 1].isRecv()) --anchor;
       // Never before this device's own OFF of the same stash.
@@ -126,12 +144,19 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
 
 MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
                                const std::vector<StashPolicy>& policiesIn, int lookahead) {
+  return offloadContract(in, p, policiesIn, std::vector<int>{lookahead});
+}
+
+MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
+                               const std::vector<StashPolicy>& policiesIn,
+                               const std::vector<int>& lookaheadIn) {
   const int S = p.numStages();
+  const std::vector<int> lookahead = lookaheadPerStage(lookaheadIn, S);
   std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
   MemoryContract c = in;
   for (int s = 0; s < S; ++s) {
     if (!isOffloaded(effectivePolicy(policy[s], p.split(s)))) continue;
-    int nearB = std::min(c.inFlight[s], lookahead + 1);
+    int nearB = std::min(c.inFlight[s], lookahead[s] + 1);
     c.residentBackward[s] = nearB;
     c.residentForward[s] = p.split(s) ? 0 : nearB;
   }
@@ -140,6 +165,11 @@ MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
 
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
                    int lookahead) {
+  return lower(plan, policies, std::vector<int>{lookahead});
+}
+
+SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
+                   const std::vector<int>& lookahead) {
   SchedulePlan out;
   out.schedule = addOffload(addCommunication(plan.schedule), policies, lookahead);
   out.contract = offloadContract(plan.contract, plan.schedule.placement, policies, lookahead);

@@ -1,6 +1,9 @@
 #include "pipefb/schedules/Placement.h"
 
 #include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
 
 #include "pipefb/common/Error.h"
 
@@ -48,6 +51,65 @@ std::string Placement::toString() const {
     out += std::to_string(p.forward) + "/" + std::to_string(p.backward);
   }
   return out;
+}
+
+Placement Placement::parse(const std::string& text, const std::string& where) {
+  std::vector<StagePlacement> stages;
+  std::istringstream in(text);
+  std::string tok;
+  auto device = [&](const std::string& tok, const std::string& part) {
+    try {
+      size_t used = 0;
+      const int v = std::stoi(part, &used);
+      if (used == part.size() && v >= 0) return v;
+    } catch (const std::exception&) {
+    }
+    throw UserError(where + ": bad placement entry '" + tok +
+                    "'; expected <forward device>/<backward device> per stage, e.g. 0/3 1/2");
+  };
+  while (in >> tok) {
+    const auto slash = tok.find('/');
+    if (slash == std::string::npos) device(tok, "");
+    stages.push_back({device(tok, tok.substr(0, slash)), device(tok, tok.substr(slash + 1))});
+  }
+  if (stages.empty())
+    throw UserError(where + ": an empty placement; expected <forward>/<backward> per stage, e.g. 0/3 1/2");
+  try {
+    return Placement(std::move(stages));
+  } catch (const UserError& e) {
+    throw UserError(where + ": " + e.what());
+  }
+}
+
+void Placement::checkFor(const std::string& kind, int devices, const std::string& where) const {
+  const bool split = kind.rfind("pipefb", 0) == 0;
+  std::map<int, int> forwardOf, backwardOf;  // device -> stage
+  for (int s = 0; s < numStages(); ++s) {
+    const StagePlacement& p = stages_[s];
+    const std::string entry = "stage " + std::to_string(s) + " (" + std::to_string(p.forward) +
+                              "/" + std::to_string(p.backward) + ")";
+    if (std::max(p.forward, p.backward) >= devices)
+      throw UserError(where + ": " + entry + " uses device " +
+                      std::to_string(std::max(p.forward, p.backward)) + " but devices.count is " +
+                      std::to_string(devices) + " (devices 0.." + std::to_string(devices - 1) + ")");
+    if (split && p.forward == p.backward)
+      throw UserError(where + ": " + entry + " runs F and B on one device; " + kind +
+                      " puts them on two (e.g. " + Placement::pipefb(numStages()).toString() + ")");
+    if (!split && p.forward != p.backward)
+      throw UserError(where + ": " + entry + " runs F and B on two devices; " + kind +
+                      " runs both on one device (use pipefb-sync or pipefb-async to split)");
+    for (auto [map, dev, pass] : {std::tuple{&forwardOf, p.forward, "forward"},
+                                  std::tuple{&backwardOf, p.backward, "backward"}}) {
+      auto [it, fresh] = map->emplace(dev, s);
+      if (!fresh)
+        throw UserError(where + ": device " + std::to_string(dev) + " runs the " + pass +
+                        " of stages " + std::to_string(it->second) + " and " + std::to_string(s) +
+                        "; a device runs at most one stage's " + pass);
+    }
+    if (split && (backwardOf.count(p.forward) || forwardOf.count(p.backward)))
+      throw UserError(where + ": " + entry + " shares a device between a forward and a backward; " +
+                      "pipefb-* keeps forward and backward devices apart (activations flow one way)");
+  }
 }
 
 }  // namespace pipefb::schedules

@@ -76,19 +76,9 @@ Schedule parseSchedule(const std::string& text, const std::string& source) {
       if (key == "microbatches") s.numMicrobatches = v, haveMicrobatches = true;
       if (key == "iterations") s.numIterations = v;
     } else if (key == "placement") {
-      std::vector<StagePlacement> stages;
-      std::string tok;
-      while (ls >> tok) {
-        auto slash = tok.find('/');
-        if (slash == std::string::npos)
-          throw UserError(where + ": bad placement entry '" + tok +
-                          "'; expected <forward device>/<backward device>, e.g. 0/5");
-        StagePlacement p;
-        p.forward = parseCount(where, "placement", tok.substr(0, slash), 0);
-        p.backward = parseCount(where, "placement", tok.substr(slash + 1), 0);
-        stages.push_back(p);
-      }
-      s.placement = Placement(std::move(stages));
+      std::string rest;
+      std::getline(ls, rest);
+      s.placement = Placement::parse(rest, where);
       havePlacement = true;
     } else if (key == "device") {
       std::string dev;

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/Placement.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/common/Suggest.h"
 
@@ -229,6 +231,44 @@ KeySpec intList(std::string key, Field<std::vector<int64_t>> f, int64_t lo) {
           }};
 }
 
+// pipeline.lookahead: one integer, or a list with one per stage.
+KeySpec lookaheadKey() {
+  const std::string key = "pipeline.lookahead";
+  const std::string allowed = "an integer in [0, 1024], or a list of them (one per stage)";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            auto one = [&](const YAML::Node& item) {
+              int64_t v = -1;
+              if (!item.IsScalar()) expected(w, key, allowed, item);
+              try {
+                v = item.as<int64_t>();
+              } catch (const YAML::Exception&) {
+                expected(w, key, allowed, item);
+              }
+              if (v < 0 || v > 1024) expected(w, key, allowed, item);
+              return v;
+            };
+            c.pipeline.stage_lookahead.clear();
+            if (n.IsSequence()) {
+              if (n.size() == 0) expected(w, key, allowed, n);
+              for (const auto& item : n) c.pipeline.stage_lookahead.push_back(one(item));
+              c.pipeline.lookahead = *std::max_element(c.pipeline.stage_lookahead.begin(),
+                                                       c.pipeline.stage_lookahead.end());
+            } else {
+              c.pipeline.lookahead = one(n);
+            }
+          },
+          [](const Config& c, YAML::Emitter& e) {
+            if (c.pipeline.stage_lookahead.empty()) {
+              e << c.pipeline.lookahead;
+              return;
+            }
+            e << YAML::Flow << YAML::BeginSeq;
+            for (auto v : c.pipeline.stage_lookahead) e << v;
+            e << YAML::EndSeq;
+          }};
+}
+
 const double kInf = std::numeric_limits<double>::infinity();
 
 const std::vector<KeySpec>& schema() {
@@ -334,8 +374,8 @@ const std::vector<KeySpec>& schema() {
                         [](Config& c) -> auto& { return c.pipeline.microbatches; }, 1, 1 << 16));
     s.push_back(choice("pipeline.stash", [](Config& c) -> auto& { return c.pipeline.stash; },
                        stashPolicyNames()));
-    s.push_back(integer("pipeline.lookahead",
-                        [](Config& c) -> auto& { return c.pipeline.lookahead; }, 0, 1024));
+    s.push_back(lookaheadKey());
+    s.push_back(text("pipeline.placement", [](Config& c) -> auto& { return c.pipeline.placement; }));
     // output
     s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
     s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));
@@ -450,6 +490,25 @@ void validate(const Config& c) {
                         " stages); drop one of them or make them agree");
       S = fromCuts;
     }
+    if (!c.pipeline.placement.empty()) {
+      const auto placement =
+          schedules::Placement::parse(c.pipeline.placement, src + ": pipeline.placement");
+      const int64_t fromPlacement = placement.numStages();
+      if (S > 0 && S != fromPlacement)
+        throw UserError(src + ": pipeline.placement: " + std::to_string(fromPlacement) +
+                        " entries for " + std::to_string(S) +
+                        " stages; give one <forward>/<backward> per stage");
+      S = fromPlacement;
+      if (c.devices.count == perStage * S)
+        placement.checkFor(c.pipeline.schedule, static_cast<int>(c.devices.count),
+                           src + ": pipeline.placement");
+    }
+    const int64_t stages = S > 0 ? S : c.devices.count / perStage;
+    if (!c.pipeline.stage_lookahead.empty() &&
+        static_cast<int64_t>(c.pipeline.stage_lookahead.size()) != stages)
+      throw UserError(src + ": pipeline.lookahead: " +
+                      std::to_string(c.pipeline.stage_lookahead.size()) + " values for " +
+                      std::to_string(stages) + " stages; give one, or one per stage");
     if (S > 0 && c.devices.count != perStage * S)
       throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) + " but " +
                       c.pipeline.schedule + " with " + std::to_string(S) + " stages needs " +

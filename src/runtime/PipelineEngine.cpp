@@ -512,9 +512,20 @@ void PipelineEngine::Impl::build() {
 
   // Schedule: generate, lower, validate (a deadlock is impossible after this).
   auto placement = schedules::Placement::defaultFor(kind, S);
+  if (!p.placement.empty()) {
+    const std::string where = config.source + ": pipeline.placement";
+    placement = schedules::Placement::parse(p.placement, where);
+    if (placement.numStages() != S)
+      throw UserError(where + ": " + std::to_string(placement.numStages()) + " entries for " +
+                      std::to_string(S) + " stages; give one <forward>/<backward> per stage");
+    placement.checkFor(kind, static_cast<int>(config.devices.count), where);
+  }
+  std::vector<int> lookahead;
+  for (int64_t v : p.stage_lookahead) lookahead.push_back(static_cast<int>(v));
+  if (lookahead.empty()) lookahead.push_back(static_cast<int>(p.lookahead));
   auto raw = schedules::makeSchedule(kind, S, M, placement, static_cast<int>(K));
   plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
-                          static_cast<int>(p.lookahead));
+                          schedules::lookaheadPerStage(lookahead, S));
   schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
   if (options.log)

@@ -841,3 +841,47 @@ TEST(PipelineDropout, RecomputeDrawsTheForwardsMasks) {
   std::string worst;
   EXPECT_GT(maxRelErr(*plain, *gradsOf("1f1b", "keep"), /*grads=*/true, &worst), 1e-3);
 }
+
+// pipeline.placement and a per-stage pipeline.lookahead: the engine runs the placement it
+// is given, each stage keeps at most its own lookahead + 1 stashes near B, and the
+// gradients are still those of single-device training.
+TEST(PipelineOffload, PlacementAndPerStageLookaheadFromTheConfig) {
+  const int S = 3, M = 6;
+  auto cfg = makeConfig(wideMlp(), "pipefb-sync", S, M, "offload", 48);
+  cfg.pipeline.placement = "0/4 1/5 2/3";
+  cfg.pipeline.stage_lookahead = {0, 2, 1};
+  cfg.pipeline.lookahead = 2;
+  Reference ref(cfg);
+  auto model = buildSeeded(cfg.model);
+  runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+  EXPECT_EQ(e.schedule().placement.toString(), "0/4 1/5 2/3");
+  auto batch = makeBatch(*model, 48, 5, 1);
+  ref.step(batch, 1);
+  e.step(batch);
+  e.finish();
+  std::string worst;
+  EXPECT_LE(maxRelErr(*model, *ref.model, /*grads=*/true, &worst), 1e-5) << worst;
+  auto perMb = e.stashBytesPerMicrobatch();
+  auto atEnds = stashAtActionEnds(e);
+  auto tstats = e.transferStats();
+  const int backward[] = {4, 5, 3};
+  for (int s = 0; s < S; ++s) {
+    const int la = static_cast<int>(cfg.pipeline.stage_lookahead[s]);
+    EXPECT_EQ(e.contract().residentBackward[s], std::min(e.contract().inFlight[s], la + 1));
+    ASSERT_GT(tstats[s].offloads, 0);
+    const int64_t unit = std::max(perMb[s], tstats[s].bytesD2H / tstats[s].offloads);
+    EXPECT_LE(atEnds[backward[s]], (la + 1) * unit * 11 / 10) << "stage " << s;
+  }
+  // A bad placement names the key.
+  cfg.pipeline.placement = "0/4 0/5 2/3";
+  auto again = buildSeeded(cfg.model);
+  try {
+    runtime::PipelineEngine bad(*again, cfg, quietOptions(1));
+    FAIL() << "expected a UserError";
+  } catch (const UserError& err) {
+    EXPECT_NE(std::string(err.what()).find("pipeline.placement"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("device 0 runs the forward of stages 0 and 1"),
+              std::string::npos)
+        << err.what();
+  }
+}

@@ -4,6 +4,7 @@
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Schedule.h"
+#include "pipefb/schedules/Validator.h"
 
 using namespace pipefb::schedules;
 
@@ -67,4 +68,45 @@ TEST(ScheduleTextTest, RejectsHugeDevicesAndCounts) {
     EXPECT_THROW(parseSchedule(text), pipefb::UserError) << text;
   // The largest device index is still fine.
   EXPECT_EQ(parseSchedule("stages 1\nmicrobatches 1\nplacement 0/99999\n").numDevices(), 100000);
+}
+
+TEST(Placement, ParsesItsTextAndChecksItFitsTheKind) {
+
+  auto p = Placement::parse(" 0/3  1/2 ", "<t>");
+  EXPECT_EQ(p.toString(), "0/3 1/2");
+  EXPECT_EQ(p, Placement::pipefb(2));
+  p.checkFor("pipefb-sync", 4, "<t>");
+  auto fails = [](auto f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "expected a UserError mentioning " << needle;
+    } catch (const pipefb::UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind("<t>: ", 0), 0u) << e.what();
+    }
+  };
+  fails([] { Placement::parse("0-3 1/2", "<t>"); }, "bad placement entry '0-3'");
+  fails([] { Placement::parse("0/x", "<t>"); }, "bad placement entry '0/x'");
+  fails([] { Placement::parse("0/-1", "<t>"); }, "bad placement entry");
+  fails([] { Placement::parse("  ", "<t>"); }, "empty placement");
+  fails([] { Placement::parse("0/3 1/2", "<t>").checkFor("pipefb-sync", 3, "<t>"); },
+        "devices.count is 3");
+  fails([] { Placement::parse("0/0 1/2", "<t>").checkFor("pipefb-async", 4, "<t>"); },
+        "runs F and B on one device");
+  fails([] { Placement::parse("0/1 1/1", "<t>").checkFor("1f1b", 2, "<t>"); },
+        "runs F and B on two devices");
+  fails([] { Placement::parse("0/0 0/0", "<t>").checkFor("gpipe", 2, "<t>"); },
+        "device 0 runs the forward of stages 0 and 1");
+  fails([] { Placement::parse("0/2 2/3", "<t>").checkFor("pipefb-sync", 4, "<t>"); },
+        "shares a device between a forward and a backward");
+}
+
+TEST(Lowering, PerStageLookahead) {
+
+  auto raw = makeSchedule("1f1b", 3, 6, Placement::sameDevice(3), 1);
+  auto plan = lower(raw, {StashPolicy::Offload}, std::vector<int>{0, 2, 1});
+  EXPECT_EQ(plan.contract.residentBackward, (std::vector<int>{1, 2, 1}));  // min(inFlight, la+1)
+  validate(plan.schedule, &plan.contract);
+  EXPECT_THROW(lower(raw, {StashPolicy::Offload}, std::vector<int>{1, 1}), pipefb::UserError);
+  EXPECT_THROW(lower(raw, {StashPolicy::Offload}, std::vector<int>{-1}), pipefb::UserError);
 }

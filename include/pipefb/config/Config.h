@@ -59,7 +59,12 @@ struct PipelineOptions {
   std::string partition_by = "planner";  // without partition: planner | params
   int64_t microbatches = 1;
   std::string stash = "keep";       // keep | offload | checkpoint | checkpoint-offload
+  /// Prefetch lookahead (pipeline.lookahead: one value, or a list with one per stage; then
+  /// `lookahead` is their largest and `stage_lookahead` holds them).
   int64_t lookahead = 1;
+  std::vector<int64_t> stage_lookahead;
+  /// "" = the schedule's default; else "f/b f/b ...": forward/backward device per stage.
+  std::string placement;
 };
 
 struct OutputOptions {

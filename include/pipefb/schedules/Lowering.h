@@ -31,6 +31,9 @@ Schedule addCommunication(const Schedule& schedule);
 /// (F or B) before B(s,m), in front of the receives that precede that compute action so the
 /// copy is issued before the device blocks (never before its own OFF on the same device).
 /// Checkpoint kinds mark B as recompute (BR).
+/// `lookahead`: one value, or one per stage (pipeline.lookahead).
+Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
+                    const std::vector<int>& lookahead);
 Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
                     int lookahead);
 
@@ -38,11 +41,20 @@ Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& po
 /// that is not the backward device, and at most lookahead+1 resident on the backward
 /// device.
 MemoryContract offloadContract(const MemoryContract& contract, const Placement& placement,
+                               const std::vector<StashPolicy>& policies,
+                               const std::vector<int>& lookahead);
+MemoryContract offloadContract(const MemoryContract& contract, const Placement& placement,
                                const std::vector<StashPolicy>& policies, int lookahead);
 
 /// addCommunication, then addOffload, with the contract updated.
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
+                   const std::vector<int>& lookahead);
+SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
                    int lookahead);
+
+/// Expands one lookahead to one per stage; a vector of the wrong size or a negative entry is
+/// a UserError naming pipeline.lookahead.
+std::vector<int> lookaheadPerStage(const std::vector<int>& lookahead, int S);
 
 /// Expands one policy to one per stage; a vector of the wrong size is a UserError.
 std::vector<StashPolicy> policiesPerStage(const std::vector<StashPolicy>& policies, int S);

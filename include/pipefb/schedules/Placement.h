@@ -39,6 +39,13 @@ class Placement {
 
   /// "0/5 1/4 2/3": forward/backward device per stage.
   std::string toString() const;
+  /// Parses toString()'s form. A bad entry is a UserError that starts with `where`.
+  static Placement parse(const std::string& text, const std::string& where);
+  /// UserError (starting with `where`) unless this placement suits `kind` on `devices`
+  /// devices: every device id below `devices`; same-device kinds (gpipe, 1f1b, pipedream)
+  /// run F and B of a stage on one device, pipefb-* on two; and no device runs more than
+  /// one stage's forward, or more than one stage's backward.
+  void checkFor(const std::string& kind, int devices, const std::string& where) const;
   bool operator==(const Placement& o) const { return stages_ == o.stages_; }
 
  private:
