@@ -100,7 +100,8 @@ TEST(SimulatorTest, WeightVersionsMatchContracts) {
       EXPECT_EQ(sy.peakWeightVersions[s], 1);
     }
     // Extra versions are charged to the backward device.
-    const auto& c = CostTable::uniform(S).stages[0];
+    // A copy: a reference into the temporary CostTable dangled (ASan heap-use-after-free).
+    const StageCosts c = CostTable::uniform(S).stages[0];
     EXPECT_EQ(pd.memory[0].peakByCategory[index(MemoryCategory::WeightVersions)],
               (S - 1) * c.weightVersionBytes);
     EXPECT_EQ(sy.memory[2 * S - 1].peakByCategory[index(MemoryCategory::WeightVersions)], 0);
