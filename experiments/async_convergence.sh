@@ -12,13 +12,15 @@
 #   experiments/async_convergence.sh                      (after scripts/setup; ~10 minutes)
 #   ITERS=937 experiments/async_convergence.sh            (one epoch)
 #   LR=0.0003 OUT=/tmp/ac experiments/async_convergence.sh
+#   SCHEDULES=pipefb-async EXTRA="--set pipeline.async_lag=1" experiments/async_convergence.sh
 source "$(dirname "$0")/lib.sh"
 ITERS=${ITERS:-200}
 LR=${LR:-0.001}
 SCHEDULES=${SCHEDULES:-1f1b pipedream pipefb-sync pipefb-async}
+EXTRA=${EXTRA:-}
 need pipefb_train
 start_results async_convergence
-echo "vgg16 width 0.125 fashion-mnist batch 64 microbatches 4 adam lr $LR cosine, $ITERS iterations" >>"$OUT/machine.txt"
+echo "vgg16 width 0.125 fashion-mnist batch 64 microbatches 4 adam lr $LR cosine, $ITERS iterations $EXTRA" >>"$OUT/machine.txt"
 
 CSV=$OUT/results.csv
 echo "schedule,samples,test_accuracy,test_loss,final_train_loss,samples_per_s,gap_to_1f1b_points" >"$CSV"
@@ -31,7 +33,7 @@ for sched in $SCHEDULES; do
     --set training.lr="$LR" --set training.iterations="$ITERS" --set training.log_every=1000 \
     --set training.checkpoint=false --set output.progress=false \
     --set pipeline.schedule="$sched" --set pipeline.stages=2 --set devices.count=$D \
-    --set pipeline.microbatches=4 --set output.dir="$dir"
+    --set pipeline.microbatches=4 --set output.dir="$dir" $EXTRA
   acc=$(json "$dir/summary.json" "j['test_accuracy']")
   [[ $sched == 1f1b ]] && ref=$acc
   gap=""

@@ -142,30 +142,34 @@ SchedulePlan pipedream(int S, int M, const Placement& p, int K) {
 
 namespace {
 
-// Shared by both PipeFB variants; `staleness` is how many iterations the forward device may
-// run ahead of the weights: 1 = sync (RW s.(k-1) before iteration k), 2 = async
-// (RW s.(k-2) before iteration k).
-SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, int K,
-                    int staleness) {
+// Shared by both PipeFB variants; `lag` is how many forwards of iteration k the forward
+// device runs before it receives RW s.(k-1): 0 = sync (a flush per iteration), M = async
+// (forwards never wait for the previous iteration's backward; one version stale).
+SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, int K, int lag) {
   checkShape(kind, S, M, K, p);
   checkSplit(kind, p);
-  int inFlight = std::min(staleness, K) * M;
-  int versions = (staleness > 1 && K > 1) ? 2 : 1;
+  if (lag < 0 || lag > M)
+    throw UserError(kind + ": pipeline.async_lag must be in [0, microbatches = " +
+                    std::to_string(M) + "], got " + std::to_string(lag));
+  const int inFlight = K > 1 ? M + lag : M;
+  const int versions = (lag > 0 && K > 1) ? 2 : 1;
   SchedulePlan plan{emptySchedule(kind, S, M, K, p), uniformContract(S, inFlight, versions)};
   for (int s = 0; s < S; ++s) {
     int fd = p.forward(s), bd = p.backward(s);
     auto& fwd = plan.schedule.devices[fd];
     auto& bwd = plan.schedule.devices[bd];
-    int received = 0;  // RW actions placed on the forward device so far
     for (int k = 0; k < K; ++k) {
-      for (; received <= k - staleness; ++received) fwd.push_back(recvWeights(s, received, bd));
-      for (int j = 0; j < M; ++j) fwd.push_back(F(s, k * M + j));
+      for (int j = 0; j < M; ++j) {
+        if (k > 0 && j == lag) fwd.push_back(recvWeights(s, k - 1, bd));
+        fwd.push_back(F(s, k * M + j));
+      }
+      if (k > 0 && lag == M) fwd.push_back(recvWeights(s, k - 1, bd));
       for (int j = 0; j < M; ++j) bwd.push_back(B(s, k * M + j));
       bwd.push_back(step(s, k));
       bwd.push_back(syncWeights(s, k, fd));
     }
     // The forward device ends with the newest weights.
-    for (; received < K; ++received) fwd.push_back(recvWeights(s, received, bd));
+    fwd.push_back(recvWeights(s, K - 1, bd));
   }
   return plan;
 }
@@ -173,23 +177,24 @@ SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, i
 }  // namespace
 
 SchedulePlan pipefbSync(int S, int M, const Placement& p, int K) {
-  return pipefb("pipefb-sync", S, M, p, K, 1);
+  return pipefb("pipefb-sync", S, M, p, K, 0);
 }
 
-SchedulePlan pipefbAsync(int S, int M, const Placement& p, int K) {
-  return pipefb("pipefb-async", S, M, p, K, 2);
+SchedulePlan pipefbAsync(int S, int M, const Placement& p, int K, int lag) {
+  return pipefb("pipefb-async", S, M, p, K, lag < 0 ? M : lag);
 }
 
 std::vector<std::string> scheduleKindNames() {
   return {"gpipe", "1f1b", "pipedream", "pipefb-sync", "pipefb-async"};
 }
 
-SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& p, int K) {
+SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& p, int K,
+                          int asyncLag) {
   if (kind == "gpipe") return gpipe(S, M, p, K);
   if (kind == "1f1b") return oneFOneB(S, M, p, K);
   if (kind == "pipedream") return pipedream(S, M, p, K);
   if (kind == "pipefb-sync") return pipefbSync(S, M, p, K);
-  if (kind == "pipefb-async") return pipefbAsync(S, M, p, K);
+  if (kind == "pipefb-async") return pipefbAsync(S, M, p, K, asyncLag);
   throw UserError("unknown schedule '" + kind + "'" + didYouMean(kind, scheduleKindNames()) +
                   "; allowed: " + joinAllowed(scheduleKindNames()));
 }

@@ -376,6 +376,8 @@ const std::vector<KeySpec>& schema() {
                        stashPolicyNames()));
     s.push_back(lookaheadKey());
     s.push_back(text("pipeline.placement", [](Config& c) -> auto& { return c.pipeline.placement; }));
+    s.push_back(integer("pipeline.async_lag",
+                        [](Config& c) -> auto& { return c.pipeline.async_lag; }, -1, 1 << 16));
     // output
     s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
     s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));
@@ -503,6 +505,12 @@ void validate(const Config& c) {
         placement.checkFor(c.pipeline.schedule, static_cast<int>(c.devices.count),
                            src + ": pipeline.placement");
     }
+    if (c.pipeline.async_lag > c.pipeline.microbatches)
+      throw UserError(src + ": pipeline.async_lag: " + std::to_string(c.pipeline.async_lag) +
+                      " is more than pipeline.microbatches (" +
+                      std::to_string(c.pipeline.microbatches) +
+                      "); allowed: -1 (a whole iteration) or 0.." +
+                      std::to_string(c.pipeline.microbatches));
     const int64_t stages = S > 0 ? S : c.devices.count / perStage;
     if (!c.pipeline.stage_lookahead.empty() &&
         static_cast<int64_t>(c.pipeline.stage_lookahead.size()) != stages)

@@ -523,7 +523,8 @@ void PipelineEngine::Impl::build() {
   std::vector<int> lookahead;
   for (int64_t v : p.stage_lookahead) lookahead.push_back(static_cast<int>(v));
   if (lookahead.empty()) lookahead.push_back(static_cast<int>(p.lookahead));
-  auto raw = schedules::makeSchedule(kind, S, M, placement, static_cast<int>(K));
+  auto raw = schedules::makeSchedule(kind, S, M, placement, static_cast<int>(K),
+                                     static_cast<int>(p.async_lag));
   plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
                           schedules::lookaheadPerStage(lookahead, S));
   schedules::validate(plan.schedule, &plan.contract);

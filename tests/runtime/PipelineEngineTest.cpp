@@ -434,7 +434,10 @@ struct AsyncReference {
   int versionOf(int stage, int64_t m) const {
     const int64_t S = config.pipeline.stages, M = config.pipeline.microbatches;
     if (config.pipeline.schedule == "pipedream") return std::max<int64_t>(0, m - (S - stage - 1));
-    return std::max<int64_t>(0, m / M - 1);
+    // pipefb-async: the first `lag` forwards of iteration k (all by default) run before the
+    // weights of iteration k-1 arrive.
+    const int64_t lag = config.pipeline.async_lag < 0 ? M : config.pipeline.async_lag;
+    return m % M < lag ? std::max<int64_t>(0, m / M - 1) : m / M;
   }
   // One iteration; returns the summed loss like PipelineEngine::step.
   double step(const data::Batch& b, int64_t k, int64_t total) {
@@ -481,10 +484,11 @@ struct AsyncReference {
 
 void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
                          const std::string& stash, const std::string& optimizer,
-                         int kIters = 4) {
+                         int kIters = 4, int lag = -1) {
   SCOPED_TRACE(c.name + " " + sched + " " + stash + " " + optimizer + " S=" +
                std::to_string(S) + " M=" + std::to_string(M));
   auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
+  cfg.pipeline.async_lag = lag;
   cfg.training.optimizer = optimizer;
   if (optimizer == "adam") cfg.training.lr = 1e-3;
   auto model = buildSeeded(c.model);
@@ -529,6 +533,10 @@ TEST(PipelineAsync, WeightsFollowTheAsynchronousSemantics) {
                       "adam");
   checkAsyncSemantics({"vgg16", visionOptions("vgg16"), 8}, "pipefb-async", 2, 4, "keep", "adam",
                       12);
+  // pipeline.async_lag: the first microbatch of each iteration one version behind, the
+  // rest current.
+  for (const std::string stash : {"keep", "checkpoint", "checkpoint-offload"})
+    checkAsyncSemantics({"mlp", mlpOptions(), 12}, "pipefb-async", 3, 3, stash, "adam", 5, 1);
   // BatchNorm: forwards on weight snapshots update the stage's statistics.
   checkAsyncSemantics({"resnet50", visionOptions("resnet50"), 8}, "pipedream", 3, 2, "keep",
                       "sgd");

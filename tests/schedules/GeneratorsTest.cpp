@@ -140,9 +140,23 @@ TEST(GeneratorsTest, PipefbAsyncForwardRunsOneVersionStale) {
       EXPECT_EQ(vs[m], k);                   // sync: the newest weights
       EXPECT_EQ(va[m], std::max(0, k - 1));  // async: at most one version stale
     }
+    // pipeline.async_lag: only the first `lag` forwards of an iteration are stale.
+    for (int lag : {0, 1, 3, M}) {
+      SchedulePlan p = makeSchedule("pipefb-async", S, M, sync.schedule.placement, K, lag);
+      SchedulePlan low = lower(p, {StashPolicy::Keep}, 1);
+      validate(low.schedule, &low.contract);
+      std::vector<int> vl = versions(p.schedule);
+      for (int m = 0; m < M * K; ++m)
+        EXPECT_EQ(vl[m], m % M < lag ? std::max(0, m / M - 1) : m / M) << "lag " << lag;
+      EXPECT_EQ(p.contract.inFlight[s], M + lag);
+      EXPECT_EQ(p.contract.weightVersions[s], lag > 0 ? 2 : 1);
+      if (lag == M) EXPECT_EQ(p.schedule, async.schedule);
+      if (lag == 0) EXPECT_EQ(vl, vs);
+    }
   }
   EXPECT_EQ(async.contract.weightVersions, std::vector<int>(S, 2));
   EXPECT_EQ(sync.contract.weightVersions, std::vector<int>(S, 1));
+  EXPECT_THROW(makeSchedule("pipefb-async", S, M, Placement::pipefb(S), K, M + 1), pipefb::UserError);
 }
 
 TEST(GeneratorsTest, UnknownKindListsAllowedNames) {

@@ -65,6 +65,9 @@ struct PipelineOptions {
   std::vector<int64_t> stage_lookahead;
   /// "" = the schedule's default; else "f/b f/b ...": forward/backward device per stage.
   std::string placement;
+  /// pipefb-async: forwards of iteration k that run before the weights of iteration k-1
+  /// arrive; -1 = all of them (microbatches), 0 = synchronous weights.
+  int64_t async_lag = -1;
 };
 
 struct OutputOptions {

@@ -45,7 +45,14 @@ SchedulePlan pipefbSync(int S, int M, const Placement& placement, int iterations
 /// iteration k+2, so forwards use weights at most one version stale and never wait for
 /// the backward of the previous iteration. The backward device keeps the version the
 /// forwards used (2 versions per stage). In flight: up to 2M stashes per stage.
-SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1);
+///
+/// `lag` (pipeline.async_lag) is how many forwards of iteration k run before RW s.(k-1):
+/// -1 or M (the default) = a whole iteration, as above; 0 = pipefb-sync's weights; in
+/// between, the first `lag` microbatches of each iteration use the previous version and
+/// the rest the current one (up to M + lag stashes in flight). Less lag, less staleness,
+/// less overlap (experiments/README.md, async_convergence).
+SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1,
+                         int lag = -1);
 
 /// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async"
 std::vector<std::string> scheduleKindNames();
@@ -53,7 +60,7 @@ std::vector<std::string> scheduleKindNames();
 /// By name. An unknown name, S < 1, M < 1, iterations < 1, or a placement the kind cannot
 /// use is a UserError listing what is allowed.
 SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& placement,
-                          int iterations = 1);
+                          int iterations = 1, int asyncLag = -1);
 /// With the kind's default placement (Placement::defaultFor).
 SchedulePlan makeSchedule(const std::string& kind, int S, int M, int iterations = 1);
 
