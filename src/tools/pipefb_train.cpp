@@ -23,6 +23,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 
 #include "pipefb/common/Program.h"
@@ -41,7 +43,8 @@ namespace {
 // Note [Planner partition in pipefb_train]: the runtime would balance parameter bytes,
 // which puts VGG's conv layers (little weight, most of the time and activations) in one
 // stage. The planner's DP balances the cost model's stage time under devices.memory.
-void usePlannerPartition(pipefb::config::Config& config) {
+// Returns the plan as pipefb_plan writes it (for RUN_DIR/plan.yaml).
+std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath) {
   using namespace pipefb::planner;
   const int stages = pipefb::runtime::stagesFor(config);
   SetupOptions setup;
@@ -58,6 +61,9 @@ void usePlannerPartition(pipefb::config::Config& config) {
       planning.profileText, rangesText(p.plan),
       pipefb::planner::formatSeconds(p.plan.iterationTime), pipefb::formatBytes(p.plan.peakMemory),
       p.withinLimits ? "" : "; nothing fits devices.memory, planned without it");
+  PlanContext ctx{configPath, planning.model->profile().model, planning.profileText,
+                  planning.model->cluster().name};
+  return planToYaml(*planning.model, p.plan, ctx);
 }
 
 // PIPEFB_TEST_FAULT=kind:step (see the top of this file).
@@ -127,8 +133,11 @@ int main(int argc, char** argv) {
     }
     pipefb::config::Config config = pipefb::config::loadConfig(configPath, overrides);
     if (!resumeDir.empty()) config.output.dir = resumeDir;
+    std::string planYaml;
     if (!planPath.empty()) {
       const auto spec = pipefb::planner::readPlanFile(planPath);
+      std::ifstream planFile(planPath);
+      planYaml.assign(std::istreambuf_iterator<char>(planFile), std::istreambuf_iterator<char>());
       pipefb::planner::applyPlan(config, spec, planPath);
       spdlog::info("plan {}: {} x {} stages, {} microbatches, stash {}, partition {}", planPath,
                    config.pipeline.schedule, config.pipeline.stages, config.pipeline.microbatches,
@@ -137,9 +146,10 @@ int main(int argc, char** argv) {
                        config.pipeline.partition, spec.numLayers)));
     } else if (config.pipeline.schedule != "none" && config.pipeline.partition.empty() &&
                config.pipeline.partition_by == "planner") {
-      usePlannerPartition(config);
+      planYaml = usePlannerPartition(config, configPath);
     }
     pipefb::train::Trainer trainer(std::move(config), faultHooks());
+    trainer.setPlanYaml(std::move(planYaml));
     if (!checkpoint.empty()) trainer.resume(checkpoint);
     auto summary = trainer.run();
     if (summary.test_accuracy >= 0) std::cout << "test_accuracy " << summary.test_accuracy << "\n";

@@ -441,6 +441,7 @@ RunSummary Trainer::run() {
   summary.run_dir = config_.output.dir;
   fs::create_directories(config_.output.dir);
   writeFileAtomically(config_.output.dir + "/config.yaml", config::toYaml(config_));
+  if (!planYaml_.empty()) writeFileAtomically(config_.output.dir + "/plan.yaml", planYaml_);
   const std::string metricsPath = config_.output.dir + "/metrics.csv";
   const int64_t firstStep = stepsDone_;
   if (firstStep > 0 && fs::exists(metricsPath)) trimMetrics(metricsPath, firstStep);

@@ -168,6 +168,12 @@ TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
     if (e["ph"] == "X") cats.insert(e["cat"].get<std::string>());
   EXPECT_GE(cats.size(), 2u);
   EXPECT_EQ(trace["otherData"]["stages"], 2);
+  // pipefb_train chose the partition with the planner: its plan is in the run folder and
+  // the report compares its predictions with the run.
+  ASSERT_TRUE(fs::exists(fs::path(dir) / "plan.yaml"));
+  EXPECT_NE(slurp(fs::path(dir) / "plan.yaml").find("iteration_time:"), std::string::npos);
+  const json memory = json::parse(slurp(fs::path(dir) / "memory.json"));
+  EXPECT_TRUE(memory["iteration_seconds"]["predicted"].is_number()) << memory["iteration_seconds"];
 }
 
 TEST(ReportTest, OffloadRunShowsTrafficAndTheHostPoolTimeline) {

@@ -68,6 +68,10 @@ class Trainer {
   /// summary. A NaN/Inf (training.check_numerics) throws pipefb::NumericalError naming
   /// the stage, microbatch and step, and the last good checkpoint stays as it was.
   RunSummary run();
+  /// The run's plan (pipefb_plan's YAML: --plan's file, or the planner partition
+  /// pipefb_train chose). run() writes it to RUN_DIR/plan.yaml next to config.yaml, where
+  /// the report finds its predictions.
+  void setPlanYaml(std::string yaml) { planYaml_ = std::move(yaml); }
 
   /// Continues from a checkpoint folder (readCheckpoint): weights (re-partitioned by
   /// name for this config's plan), optimizer state, loader position, RNG and step.
@@ -107,6 +111,7 @@ class Trainer {
   NamedTensors mergedStateDict() const;
 
   TrainerHooks hooks_;
+  std::string planYaml_;
   NamedTensors pendingOptimizer_;  // optimizer state for the next engine
   std::string pendingSource_;       // where it came from, for errors
   int64_t engineEnd_ = 0;           // the engine was built for steps up to here
