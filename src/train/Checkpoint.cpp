@@ -62,6 +62,7 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
 
 namespace {
 std::string pickled(const NamedTensors& tensors);
+NamedTensors unpickled(const std::string& bytes, const std::string& path);
 }
 
 void saveStateDict(const std::string& path, const NamedTensors& tensors) {
@@ -71,22 +72,8 @@ void saveStateDict(const std::string& path, const NamedTensors& tensors) {
 NamedTensors loadStateDict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path + ": cannot open checkpoint (does it exist?)");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    throw UserError(path + ": not a readable checkpoint (" +
-                    std::string(e.what()).substr(0, 120) + ")");
-  }
-  if (!value.isGenericDict()) throw UserError(path + ": checkpoint is not a dict of tensors");
-  NamedTensors out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString() || !item.value().isTensor())
-      throw UserError(path + ": checkpoint entry is not a (name, tensor) pair");
-    out.emplace_back(item.key().toStringRef(), item.value().toTensor());
-  }
-  return out;
+  return unpickled(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+                   path);
 }
 
 namespace {
