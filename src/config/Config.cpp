@@ -32,7 +32,8 @@ const std::vector<std::string>& stashPolicyNames() {
 namespace {
 
 const std::vector<std::string> kSections = {"model",   "data",     "training",
-                                            "devices", "pipeline", "output"};
+                                            "devices", "pipeline", "distributed",
+                                            "output"};
 
 /// Where a value came from, for error messages: "configs/x.yaml:12" or
 /// "--set training.lr=abc".
@@ -378,6 +379,9 @@ const std::vector<KeySpec>& schema() {
     s.push_back(text("pipeline.placement", [](Config& c) -> auto& { return c.pipeline.placement; }));
     s.push_back(integer("pipeline.async_lag",
                         [](Config& c) -> auto& { return c.pipeline.async_lag; }, -1, 1 << 16));
+    // distributed
+    s.push_back(number("distributed.timeout",
+                       [](Config& c) -> auto& { return c.distributed.timeout; }, 0, 86400, true));
     // output
     s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
     s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));

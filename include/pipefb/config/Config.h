@@ -70,6 +70,12 @@ struct PipelineOptions {
   int64_t async_lag = -1;
 };
 
+/// One process per device (issue 8; pipefb/dist/ProcessGroup.h): the rendezvous and
+/// every c10d transfer give up after `timeout` seconds (a dead or silent rank).
+struct DistributedOptions {
+  double timeout = 30.0;  // seconds
+};
+
 struct OutputOptions {
   std::string dir = "runs/latest";
   bool progress = true;
@@ -81,6 +87,7 @@ struct Config {
   TrainingOptions training;
   DevicesOptions devices;
   PipelineOptions pipeline;
+  DistributedOptions distributed;
   OutputOptions output;
   /// Where the config came from (file path, or "<string>").
   std::string source;

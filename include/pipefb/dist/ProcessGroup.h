@@ -1,0 +1,89 @@
+#pragma once
+// One process per device (DESIGN.md, "Distributed"; issue 8).
+//
+// A ProcessGroup is the narrow face of a c10d process group that the pipeline runtime
+// needs: tagged point-to-point sends and receives of tensor lists (Send*/Recv*, the
+// stash of a stage whose F and B run in different processes, SyncWeights), a sum
+// all-reduce and a barrier. The engine is c10d itself: makeGlooGroup() rendezvouses
+// through c10d::TCPStore and runs on c10d::ProcessGroupGloo (CPU). A
+// ProcessGroupNCCL variant implements the same interface where LibTorch has CUDA
+// (PIPEFB_WITH_NCCL; this Debian LibTorch 1.13 has none, so it is not compiled here).
+//
+// Messages carry their own shapes: send() writes a small header (dtype, shapes) and
+// then the tensors' data as one flat buffer, so the receiver needs no shape
+// knowledge (Note [Message tags] in ProcessGroup.cpp).
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pipefb::dist {
+
+/// torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+struct DistEnv {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+};
+
+/// The environment of this process; nullopt when WORLD_SIZE is unset (one process).
+/// Bad values are a UserError naming the variable.
+std::optional<DistEnv> envFromTorchrun();
+
+/// A peer died, or did not answer within the timeout. what() names the peer rank.
+class PeerError : public std::runtime_error {
+ public:
+  PeerError(const std::string& message, int peer) : std::runtime_error(message), peer_(peer) {}
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
+};
+
+/// A receive was woken by abort() (the pipeline is stopping for another reason).
+class Aborted : public std::runtime_error {
+ public:
+  Aborted() : std::runtime_error("c10d receive aborted") {}
+};
+
+struct GroupOptions {
+  /// Rendezvous, and any single send or receive, give up after this (distributed.timeout).
+  double timeoutSeconds = 30.0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  /// Posts the send of `tensors` (one dtype) to rank `dst` under `tag` and returns at
+  /// once; the group holds them until the receiver took them. A send that fails later
+  /// is re-raised (PeerError) by the next send(), recv() or flush().
+  virtual void send(std::vector<at::Tensor> tensors, int dst, int64_t tag) = 0;
+  /// Receives the tensors rank `src` sent under `tag`, allocated on the calling thread
+  /// (its memory scope). Blocks up to the timeout: PeerError when `src` died or stayed
+  /// silent, Aborted after abort().
+  virtual std::vector<at::Tensor> recv(int src, int64_t tag) = 0;
+  /// Sum over all ranks, in place.
+  virtual void allreduce(std::vector<at::Tensor>& tensors) = 0;
+  virtual void barrier() = 0;
+  /// Waits until every posted send was delivered (PeerError if one failed).
+  virtual void flush() = 0;
+  /// Wakes every blocked recv() with Aborted; later ones throw Aborted at once.
+  virtual void abort() = 0;
+};
+
+/// Rendezvous through c10d::TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and a
+/// c10d::ProcessGroupGloo over it. A bad rendezvous (port taken or unreachable, ranks
+/// that disagree on WORLD_SIZE, a rank missing past the timeout) is a UserError.
+std::shared_ptr<ProcessGroup> makeGlooGroup(const DistEnv& env, const GroupOptions& options);
+
+}  // namespace pipefb::dist

@@ -1,0 +1,348 @@
+#include "pipefb/dist/ProcessGroup.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "pipefb/common/Error.h"
+
+namespace pipefb::dist {
+
+namespace {
+
+int envInt(const char* name, int lo, int hi, const char* hint) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0)
+    throw UserError(std::string(name) + " is not set; " + hint);
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != 0 || x < lo || x > hi)
+    throw UserError(std::string(name) + "=" + v + ": allowed: an integer in [" + std::to_string(lo) +
+                    ", " + std::to_string(hi) + "]; " + hint);
+  return static_cast<int>(x);
+}
+
+std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Note [Message tags]
+// A message is two gloo sends under slots 2*tag (the header: dtype, tensor count and
+// shapes, kHeader int64s) and 2*tag+1 (the data of all tensors, flattened into one
+// buffer). The runtime derives `tag` from (channel kind, stage, microbatch) (the
+// microbatch index is run-wide, so it carries the iteration); c10d's int tag bounds it
+// to [0, 2^30).
+constexpr int64_t kHeader = 1024;
+constexpr int64_t kMagic = 0x70666231;  // "pfb1"
+
+class GlooGroup final : public ProcessGroup {
+ public:
+  GlooGroup(const DistEnv& env, const GroupOptions& options)
+      : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)) {
+    rendezvous(options);
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (env.masterAddr == "127.0.0.1" || env.masterAddr == "localhost")
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    try {
+      // Two groups: point-to-point slots are our tags, collectives use gloo's own.
+      p2p_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("p2p", store_), env.rank, env.worldSize, opts);
+      coll_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("coll", store_), env.rank, env.worldSize, opts);
+    } catch (const std::exception& e) {
+      throw UserError("rendezvous: rank " + std::to_string(env.rank) +
+                      " could not connect the c10d::ProcessGroupGloo mesh within distributed.timeout " +
+                      std::to_string(options.timeoutSeconds) + " s: " + firstLine(e.what()));
+    }
+    reaper_ = std::thread([this] { reap(); });
+    spdlog::info("distributed: rank {} of {} (local rank {}), c10d gloo, store {}:{}", env.rank,
+                 env.worldSize, env.localRank, env.masterAddr, env.masterPort);
+  }
+
+  ~GlooGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (reaper_.joinable()) reaper_.join();
+  }
+
+  int rank() const override { return env_.rank; }
+  int size() const override { return env_.worldSize; }
+  std::string backend() const override { return "gloo"; }
+
+  void send(std::vector<at::Tensor> tensors, int dst, int64_t tag) override {
+    PIPEFB_ASSERT(!tensors.empty(), "c10d send of no tensors");
+    PIPEFB_ASSERT(tag >= 0 && tag < (int64_t(1) << 30), "c10d tag " << tag << " out of range");
+    raiseSendError();
+    auto header = torch::zeros({kHeader}, torch::kInt64);
+    auto* h = header.data_ptr<int64_t>();
+    int64_t pos = 0;
+    h[pos++] = kMagic;
+    h[pos++] = static_cast<int64_t>(tensors[0].scalar_type());
+    h[pos++] = static_cast<int64_t>(tensors.size());
+    std::vector<at::Tensor> flat;
+    for (const auto& t : tensors) {
+      PIPEFB_ASSERT(t.scalar_type() == tensors[0].scalar_type(), "c10d message mixes dtypes");
+      PIPEFB_ASSERT(pos + 1 + t.dim() < kHeader, "c10d message header overflows");
+      h[pos++] = t.dim();
+      for (int64_t d : t.sizes()) h[pos++] = d;
+      flat.push_back(t.detach().reshape({-1}));
+    }
+    auto data = torch::cat(flat);
+    std::vector<at::Tensor> hv{header}, dv{data};
+    auto w1 = p2p_->send(hv, dst, static_cast<int>(2 * tag));
+    auto w2 = p2p_->send(dv, dst, static_cast<int>(2 * tag + 1));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sends_.push_back({w1, header, dst, tag});
+      sends_.push_back({w2, data, dst, tag});
+    }
+    cv_.notify_all();
+  }
+
+  std::vector<at::Tensor> recv(int src, int64_t tag) override {
+    raiseSendError();
+    auto header = torch::empty({kHeader}, torch::kInt64);
+    receive(header, src, 2 * tag);
+    const auto* h = header.data_ptr<int64_t>();
+    PIPEFB_ASSERT(h[0] == kMagic, "c10d message from rank " << src << " tag " << tag
+                                                             << " has no pipefb header");
+    const auto dtype = static_cast<c10::ScalarType>(h[1]);
+    const int64_t n = h[2];
+    std::vector<std::vector<int64_t>> shapes;
+    int64_t pos = 3, total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int64_t> shape(h + pos + 1, h + pos + 1 + h[pos]);
+      pos += 1 + h[pos];
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      total += numel;
+      shapes.push_back(std::move(shape));
+    }
+    auto data = torch::empty({total}, torch::TensorOptions().dtype(dtype));
+    receive(data, src, 2 * tag + 1);
+    std::vector<at::Tensor> out;
+    int64_t off = 0;
+    for (const auto& shape : shapes) {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      out.push_back(data.narrow(0, off, numel).view(shape));
+      off += numel;
+    }
+    return out;
+  }
+
+  void allreduce(std::vector<at::Tensor>& tensors) override {
+    try {
+      coll_->allreduce(tensors)->wait();
+    } catch (const std::exception& e) {
+      throw PeerError("c10d all-reduce failed (a rank died or timed out after " +
+                          std::to_string(timeout_.count() / 1000.0) + " s): " + firstLine(e.what()),
+                      -1);
+    }
+  }
+
+  void barrier() override {
+    try {
+      coll_->barrier()->wait();
+    } catch (const std::exception& e) {
+      throw PeerError("c10d barrier failed: " + firstLine(e.what()), -1);
+    }
+  }
+
+  void flush() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return (sends_.empty() && !busy_) || sendError_; });
+    lock.unlock();
+    raiseSendError();
+  }
+
+  void abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    for (const auto& w : recvs_) w->abort();
+  }
+
+ private:
+  struct PendingSend {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor tensor;
+    int dst;
+    int64_t tag;
+  };
+
+  void receive(at::Tensor& into, int src, int64_t slot) {
+    std::vector<at::Tensor> v{into};
+    c10::intrusive_ptr<c10d::Work> w;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) throw Aborted();
+      w = p2p_->recv(v, src, static_cast<int>(slot));
+      recvs_.insert(w);
+    }
+    bool done = false;
+    std::string error;
+    try {
+      done = w->wait(timeout_);
+    } catch (const std::exception& e) {
+      error = firstLine(e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recvs_.erase(w);
+      if (aborted_ && error.empty() && !done) throw Aborted();
+    }
+    if (!error.empty()) throw PeerError(peerText(src, error), src);
+    if (!done) throw Aborted();
+  }
+
+  std::string peerText(int peer, const std::string& gloo) const {
+    const bool timedOut = gloo.find("imed out") != std::string::npos ||
+                          gloo.find("imeout") != std::string::npos;
+    return "rank " + std::to_string(peer) +
+           (timedOut ? " did not answer within distributed.timeout " +
+                           std::to_string(timeout_.count() / 1000.0) + " s"
+                     : " is gone (its process died or closed the connection)") +
+           " [gloo: " + gloo + "]";
+  }
+
+  void raiseSendError() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sendError_) std::rethrow_exception(sendError_);
+  }
+
+  // Waits for posted sends in order and releases their buffers.
+  void reap() {
+    for (;;) {
+      PendingSend s;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !sends_.empty(); });
+        if (sends_.empty()) return;
+        if (stopping_ && (aborted_ || sendError_)) return;  // nobody will take them
+        s = sends_.front();
+        sends_.pop_front();
+        busy_ = true;
+      }
+      std::exception_ptr error;
+      try {
+        s.work->wait(timeout_);
+      } catch (const std::exception& e) {
+        error = std::make_exception_ptr(PeerError(peerText(s.dst, firstLine(e.what())), s.dst));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+        if (error && !sendError_) sendError_ = error;
+        if (error) sends_.clear();
+      }
+      cv_.notify_all();
+    }
+  }
+
+  void rendezvous(const GroupOptions& options) {
+    const std::string at = env_.masterAddr + ":" + std::to_string(env_.masterPort);
+    const std::string secs = std::to_string(options.timeoutSeconds) + " s";
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(env_.masterPort);
+    so.isServer = env_.rank == 0;
+    so.waitWorkers = false;
+    so.timeout = timeout_;
+    try {
+      store_ = c10::make_intrusive<c10d::TCPStore>(env_.masterAddr, so);
+    } catch (const std::exception& e) {
+      if (env_.rank == 0)
+        throw UserError("MASTER_PORT=" + std::to_string(env_.masterPort) +
+                        ": rank 0 cannot host the c10d::TCPStore at " + at + " (" +
+                        firstLine(e.what()) + "); pick a free port (pipefb_launch --port)");
+      throw UserError("MASTER_ADDR/MASTER_PORT=" + at + ": rank " + std::to_string(env_.rank) +
+                      " could not reach rank 0's c10d::TCPStore within distributed.timeout " +
+                      secs + " (" + firstLine(e.what()) + "); is rank 0 running with this port?");
+    }
+    try {
+      const std::string ws = std::to_string(env_.worldSize);
+      if (env_.rank == 0) store_->set("pipefb/world_size", std::vector<uint8_t>(ws.begin(), ws.end()));
+      if (store_->add("pipefb/rank/" + std::to_string(env_.rank), 1) != 1)
+        throw UserError("RANK=" + std::to_string(env_.rank) +
+                        ": two processes claim this rank; each rank in [0, WORLD_SIZE) exactly once");
+      auto got = store_->get("pipefb/world_size");
+      const std::string theirs(got.begin(), got.end());
+      if (theirs != ws)
+        throw UserError("WORLD_SIZE=" + ws + " on rank " + std::to_string(env_.rank) +
+                        " but rank 0 has WORLD_SIZE=" + theirs +
+                        "; every rank must be started with the same WORLD_SIZE");
+      store_->add("pipefb/arrived", 1);
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      for (;;) {
+        const int64_t n = store_->add("pipefb/arrived", 0);
+        if (n == env_.worldSize) break;
+        if (n > env_.worldSize)
+          throw UserError("WORLD_SIZE=" + ws + ": " + std::to_string(n) +
+                          " processes joined the rendezvous at " + at);
+        if (std::chrono::steady_clock::now() > deadline)
+          throw UserError("rendezvous at " + at + ": only " + std::to_string(n) + " of WORLD_SIZE=" +
+                          ws + " ranks arrived within distributed.timeout " + secs +
+                          "; start every rank (pipefb_launch -n " + ws + ") with the same MASTER_PORT");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw UserError("rendezvous at " + at + " failed within distributed.timeout " + secs + ": " +
+                      firstLine(e.what()));
+    }
+  }
+
+  DistEnv env_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> p2p_, coll_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<PendingSend> sends_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  bool aborted_ = false;
+  std::exception_ptr sendError_;
+  std::set<c10::intrusive_ptr<c10d::Work>> recvs_;
+  std::thread reaper_;
+};
+
+}  // namespace
+
+std::optional<DistEnv> envFromTorchrun() {
+  const char* ws = std::getenv("WORLD_SIZE");
+  if (ws == nullptr || *ws == 0) return std::nullopt;
+  const char* hint = "torchrun's variables (pipefb_launch sets them)";
+  DistEnv env;
+  env.worldSize = envInt("WORLD_SIZE", 1, 1 << 16, hint);
+  env.rank = envInt("RANK", 0, env.worldSize - 1, "RANK must be below WORLD_SIZE");
+  const char* lr = std::getenv("LOCAL_RANK");
+  env.localRank = lr && *lr ? envInt("LOCAL_RANK", 0, 1 << 16, hint) : env.rank;
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == 0) throw UserError(std::string("MASTER_ADDR is not set; ") + hint);
+  env.masterAddr = addr;
+  env.masterPort = envInt("MASTER_PORT", 1, 65535, hint);
+  return env;
+}
+
+std::shared_ptr<ProcessGroup> makeGlooGroup(const DistEnv& env, const GroupOptions& options) {
+  return std::make_shared<GlooGroup>(env, options);
+}
+
+}  // namespace pipefb::dist
