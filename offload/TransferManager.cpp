@@ -63,7 +63,7 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
     int64_t bytes = 0;
     std::exception_ptr error;
     try {
-      for (const auto& t : *job) {
+      for (auto& t : *job) {
         if (!t.defined()) {
           host.emplace_back();
           continue;
@@ -72,12 +72,13 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
         h.copy_(t);
         bytes += static_cast<int64_t>(t.numel()) * t.element_size();
         host.push_back(std::move(h));
+        t = at::Tensor();  // Note [Release as copied]
       }
     } catch (...) {
       error = std::current_exception();
       host.clear();
     }
-    job->clear();  // the device copies go only now that the copy is done
+    job->clear();  // what the loop did not reach (an error)
     const int64_t end = memory::nowNs();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -234,6 +235,11 @@ TransferCounters TransferManager::counters(int device) const {
 HostPoolStats TransferManager::hostPoolStats() const { return pool_.stats(); }
 HostMemoryKind TransferManager::hostMemoryKind() const { return pool_.kind(); }
 int TransferManager::numDevices() const { return static_cast<int>(engines_.size()); }
+
+void TransferManager::runOnCopyEngine(int device, std::function<void()> job) {
+  PIPEFB_ASSERT(device >= 0 && device < numDevices(), "copy engine of unknown device " << device);
+  engines_[device]->submit(std::move(job));
+}
 
 size_t TransferManager::pending() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/offload/HostPool.h"
 #include "pipefb/offload/SavedTensorHooks.h"
@@ -111,6 +112,41 @@ TEST(TransferManager, OffloadReleasesTheDeviceCopyOnlyAfterTheCopyAndPrefetchBri
   EXPECT_EQ(c1.prefetches, 1);
   EXPECT_EQ(c0.intervals.size(), 1u);
   EXPECT_GE(mgr.hostPoolStats().peakBytes, 64 * 128 * 4);
+}
+
+// Note [Release as copied]: within one offload job, a tensor's device copy goes as soon
+// as its own D2H copy is done, before the next tensor's host block is even taken.
+TEST(TransferManager, OffloadReleasesEachTensorAsSoonAsItIsCopied) {
+  auto& dev = freshDomain("test-dev-rac");
+  auto& host = freshDomain("test-host-rac");
+  offload::TransferManager mgr(host, {1, false});
+  const int64_t aBytes = 3 << 20, bBytes = 5 << 20;  // distinct sizes, to tell them apart
+  std::vector<torch::Tensor> job;
+  {
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    job.push_back(torch::ones({aBytes / 4}));
+    job.push_back(torch::full({bBytes / 4}, 2.0f));
+  }
+  ASSERT_EQ(dev.liveBytes(MemoryCategory::Stash), aBytes + bBytes);
+  memory::drainEvents();
+  memory::setRecording(true);
+  mgr.offload(0, {0, 0, 0}, std::move(job));  // the manager holds the only references
+  mgr.synchronize();
+  memory::setRecording(false);
+  int64_t freeA = -1, hostAllocB = -1;
+  for (const auto& e : memory::drainEvents()) {
+    if (e.domain == dev.id() && e.kind == memory::MemoryEventKind::Free && e.bytes == aBytes)
+      freeA = e.time_ns;
+    if (e.domain == host.id() && e.kind == memory::MemoryEventKind::Alloc && e.bytes == bBytes)
+      hostAllocB = e.time_ns;
+  }
+  ASSERT_GE(freeA, 0) << "the first tensor's device copy was never freed";
+  ASSERT_GE(hostAllocB, 0) << "the second tensor never reached the host pool";
+  EXPECT_LE(freeA, hostAllocB) << "the first tensor lived until the second one's copy";
+  EXPECT_EQ(dev.liveBytes(), 0);
+  auto got = mgr.acquire(0, {0, 0, 0}, dev);
+  EXPECT_EQ(got[0].sum().item<double>(), aBytes / 4);
+  EXPECT_EQ(got[1].sum().item<double>(), 2.0 * (bBytes / 4));
 }
 
 TEST(TransferManager, PrefetchIssuedBeforeTheOffloadWaitsOnTheCopyEngine) {

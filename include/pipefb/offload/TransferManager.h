@@ -2,9 +2,9 @@
 // The data-transfer manager (DESIGN.md, "offload/"): a host pool plus one copy engine
 // per device.
 //
-//   offload(d, key, tensors)   device -> host on d's copy engine; the device tensors
-//                              are released (their last reference dropped) only once
-//                              their copy has finished.
+//   offload(d, key, tensors)   device -> host on d's copy engine; each device tensor
+//                              is released (its last reference dropped) only once its
+//                              own copy has finished (Note [Release as copied]).
 //   prefetch(d, key, domain)   host -> device on d's copy engine, into `domain`
 //                              (the consuming device). It may be issued before the
 //                              offload of `key` (another device's OFF that has not
@@ -19,6 +19,14 @@
 // backward device holds at most lookahead + 1 prefetched ones (issued `lookahead`
 // compute actions ahead, plus the one B consumes). This is what the planner's cost
 // model assumes (Note [Planner cost model], CostModel.h).
+//
+// Note [Release as copied]
+// An offload job copies its tensors one after the other and drops each device tensor as
+// soon as its own copy is done, not all of them at the end of the job: the device's
+// stash shrinks while the copy runs. The copy usually overlaps the device's next F,
+// whose stash grows meanwhile; releasing as copied lowers that overlap's peak (measured
+// in experiments/offload_memory.sh; before/after in experiments/README.md). A tensor
+// that shares its storage with a later one is freed with the last of them.
 //
 // Counters per device: bytes each way, copy time, copy intervals (for overlap with
 // compute), stall time. All members are thread-safe.
@@ -117,6 +125,10 @@ class TransferManager {
   HostPoolStats hostPoolStats() const;
   HostMemoryKind hostMemoryKind() const;
   int numDevices() const;
+  /// Runs `job` on `device`'s copy-engine thread after the copies queued before it (the
+  /// runtime binds that thread to its device's core with it; Note [Device binding]).
+  /// `job` must not throw.
+  void runOnCopyEngine(int device, std::function<void()> job);
   /// Keys offloaded or prefetched and not yet acquired or dropped.
   size_t pending() const;
 
