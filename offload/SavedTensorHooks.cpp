@@ -16,6 +16,10 @@ std::atomic<bool> installed{false};
 
 struct Hooks final : torch::autograd::SavedVariableHooks {
   explicit Hooks(std::shared_ptr<SavedTensorGroup> g) : group(std::move(g)) {}
+  // Autograd destroys the hooks when their SavedVariable is reset (its node ran) or dies.
+  ~Hooks() override {
+    if (index >= 0) group->release(index);
+  }
   void call_pack_hook(const at::Tensor& t) override {
     if (group->isSkipped(t))
       direct = t;
@@ -63,9 +67,12 @@ int SavedTensorGroup::add(const at::Tensor& t) {
     for (size_t i = 0; i < slots_.size(); ++i) {
       const Slot& o = slots_[i];
       if (o.data == s.data && o.offset == s.offset && o.sizes == s.sizes &&
-          o.strides == s.strides && o.dtype == s.dtype)
+          o.strides == s.strides && o.dtype == s.dtype && tensors_[i].defined()) {
+        ++slots_[i].users;
         return static_cast<int>(i);
+      }
     }
+  s.users = 1;
   slots_.push_back(std::move(s));
   tensors_.push_back(t.detach());
   return static_cast<int>(tensors_.size()) - 1;
@@ -83,6 +90,9 @@ void SavedTensorGroup::restore(std::vector<at::Tensor> tensors) {
   std::lock_guard<std::mutex> lock(mu_);
   PIPEFB_ASSERT(taken_ && tensors.size() == slots_.size(),
                 "restore of " << tensors.size() << " tensors into a stash of " << slots_.size());
+  // Users that went while the stash was away (a dropped graph) need nothing back.
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].users == 0) tensors[i] = at::Tensor();
   tensors_ = std::move(tensors);
   restored_ = true;
 }
@@ -95,8 +105,21 @@ size_t SavedTensorGroup::size() const {
 int64_t SavedTensorGroup::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t b = 0;
-  for (const auto& t : tensors_) b += static_cast<int64_t>(t.numel()) * t.element_size();
+  for (const auto& t : tensors_)
+    if (t.defined()) b += static_cast<int64_t>(t.numel()) * t.element_size();
   return b;
+}
+
+void SavedTensorGroup::release(int index) {
+  at::Tensor last;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  // Called from ~Hooks: must not throw. Every Hooks with an index counted one user.
+  if (index < 0 || static_cast<size_t>(index) >= slots_.size()) return;
+  auto& slot = slots_[static_cast<size_t>(index)];
+  if (slot.users <= 0 || --slot.users > 0) return;
+  // Note [Saved tensors go as they are used]. Between take() and restore() the group
+  // holds nothing (tensors_ is empty); restore() then leaves this slot undefined.
+  if (static_cast<size_t>(index) < tensors_.size()) last = std::move(tensors_[index]);
 }
 
 at::Tensor SavedTensorGroup::get(int index) const {
@@ -104,7 +127,9 @@ at::Tensor SavedTensorGroup::get(int index) const {
   PIPEFB_ASSERT(
       !taken_ || restored_,
       "autograd used an offloaded stash before it was acquired (saved tensor " << index << ")");
-  return tensors_.at(static_cast<size_t>(index));
+  const at::Tensor& t = tensors_.at(static_cast<size_t>(index));
+  PIPEFB_ASSERT(t.defined(), "saved tensor " << index << " was unpacked after its last user went");
+  return t;
 }
 
 StashScope::StashScope(std::shared_ptr<SavedTensorGroup> group) : previous_(std::move(tlsGroup)) {

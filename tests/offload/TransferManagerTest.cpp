@@ -236,10 +236,30 @@ TEST(SavedTensorHooks, OffloadedSavedTensorsGiveTheSameGradients) {
   mgr.offload(0, {0, 0, 0}, group->take());
   mgr.synchronize();
   EXPECT_EQ(host.liveBytes(), saved);
+  const int64_t base = dev.liveBytes(MemoryCategory::Stash);  // the loss itself, 4 B
   group->restore(mgr.acquire(0, {0, 0, 0}, dev));
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), base + saved);
   auto grads = torch::autograd::grad({loss}, {l1->weight, xi});
   EXPECT_TRUE(torch::allclose(grads[0], g1));
   EXPECT_TRUE(torch::allclose(grads[1], gx));
+  // Note [Saved tensors go as they are used]: every node ran, so the restored stash is
+  // gone although the graph (loss's grad_fn) and the group are still alive.
+  EXPECT_EQ(group->bytes(), 0);
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), base);
+  // A saved tensor whose graph is gone before the offload is not copied at all.
+  auto g3 = std::make_shared<offload::SavedTensorGroup>();
+  torch::Tensor kept;
+  {
+    offload::StashScope scope(g3);
+    auto a = torch::randn({100}).requires_grad_(true);
+    kept = (a * a).sum();                         // saves a (twice: one slot, two users)
+    (a.exp() * 3).sum();                          // exp saves its result; graph dropped here
+  }
+  ASSERT_EQ(g3->size(), 2u);
+  auto taken = g3->take();
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_TRUE(taken[0].defined());
+  EXPECT_FALSE(taken[1].defined()) << "exp's result was collected though nothing can use it";
   // Outside a StashScope nothing is caught.
   auto g2 = std::make_shared<offload::SavedTensorGroup>();
   f(x.clone().requires_grad_(true)).backward();

@@ -14,6 +14,15 @@
 //           transfer manager (take()) the device memory goes when the copy is done.
 //   unpack: returns the copy given back by restore() (the prefetched tensors).
 // Using the graph between take() and restore() is a bug (InternalError).
+//
+// Note [Saved tensors go as they are used]
+// Each collected tensor counts the hooks (SavedVariables) that may unpack it. Autograd
+// destroys a SavedVariable's hooks once its node has run (release_variables(), unless
+// retain_graph) or when the node dies. When the last one of a tensor goes, the group
+// drops the tensor: during B the restored stash drains node by node, as the graph of
+// `keep` does, instead of staying whole until the graph is gone; and a tensor whose
+// users all went before take() (a graph branch freed during F) is not copied at all
+// (take() hands an undefined tensor in its place).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -28,17 +37,21 @@ class SavedTensorGroup {
  public:
   /// Tensors sharing `t`'s data pointer are kept by reference, not collected.
   void skip(const at::Tensor& t);
-  /// The collected tensors, in collection order; the group forgets them.
+  /// The collected tensors, in collection order; the group forgets them. A tensor that
+  /// nothing can unpack any more is undefined (Note [Saved tensors go as they are used]).
   std::vector<at::Tensor> take();
   /// Gives back the copies of what take() returned (same order, same count).
   void restore(std::vector<at::Tensor> tensors);
   size_t size() const;
-  int64_t bytes() const;  // of the collected tensors
+  int64_t bytes() const;  // of the tensors the group holds now (collected or restored)
 
   // For the hooks.
   bool isSkipped(const at::Tensor& t) const;
+  /// Collects `t` (or finds it) and counts one more user of it.
   int add(const at::Tensor& t);
   at::Tensor get(int index) const;
+  /// One user of `index` is gone; the last one drops the tensor.
+  void release(int index);
 
  private:
   mutable std::mutex mu_;
@@ -48,6 +61,7 @@ class SavedTensorGroup {
     int64_t offset;
     std::vector<int64_t> sizes, strides;
     int dtype;
+    int users = 0;  // hooks that may still unpack it
   };
   std::vector<Slot> slots_;
   std::vector<at::Tensor> tensors_;
