@@ -1,5 +1,6 @@
 #include "pipefb/dist/ProcessGroup.h"
 
+#include <glog/logging.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -34,6 +35,19 @@ int envInt(const char* name, int lo, int hi, const char* hint) {
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+std::string seconds(double s) { return fmt::format("{:g} s", s); }
+
+// c10d logs its connection retries and timeouts through glog on stderr; during the
+// rendezvous they would double our one-line error (README, "Programs").
+class QuietGlog {
+ public:
+  QuietGlog() : old_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
+  ~QuietGlog() { FLAGS_minloglevel = old_; }
+
+ private:
+  int old_;
+};
+
 // Note [Message tags]
 // A message is two gloo sends under slots 2*tag (the header: dtype, tensor count and
 // shapes, kHeader int64s) and 2*tag+1 (the data of all tensors, flattened into one
@@ -47,6 +61,7 @@ class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(const DistEnv& env, const GroupOptions& options)
       : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)) {
+    QuietGlog quiet;
     rendezvous(options);
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
@@ -65,7 +80,7 @@ class GlooGroup final : public ProcessGroup {
     } catch (const std::exception& e) {
       throw UserError("rendezvous: rank " + std::to_string(env.rank) +
                       " could not connect the c10d::ProcessGroupGloo mesh within distributed.timeout " +
-                      std::to_string(options.timeoutSeconds) + " s: " + firstLine(e.what()));
+                      seconds(options.timeoutSeconds) + ": " + firstLine(e.what()));
     }
     reaper_ = std::thread([this] { reap(); });
     spdlog::info("distributed: rank {} of {} (local rank {}), c10d gloo, store {}:{}", env.rank,
@@ -152,7 +167,7 @@ class GlooGroup final : public ProcessGroup {
       coll_->allreduce(tensors)->wait();
     } catch (const std::exception& e) {
       throw PeerError("c10d all-reduce failed (a rank died or timed out after " +
-                          std::to_string(timeout_.count() / 1000.0) + " s): " + firstLine(e.what()),
+                          seconds(timeout_.count() / 1000.0) + "): " + firstLine(e.what()),
                       -1);
     }
   }
@@ -216,7 +231,7 @@ class GlooGroup final : public ProcessGroup {
                           gloo.find("imeout") != std::string::npos;
     return "rank " + std::to_string(peer) +
            (timedOut ? " did not answer within distributed.timeout " +
-                           std::to_string(timeout_.count() / 1000.0) + " s"
+                           seconds(timeout_.count() / 1000.0)
                      : " is gone (its process died or closed the connection)") +
            " [gloo: " + gloo + "]";
   }
@@ -257,7 +272,7 @@ class GlooGroup final : public ProcessGroup {
 
   void rendezvous(const GroupOptions& options) {
     const std::string at = env_.masterAddr + ":" + std::to_string(env_.masterPort);
-    const std::string secs = std::to_string(options.timeoutSeconds) + " s";
+    const std::string secs = seconds(options.timeoutSeconds);
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(env_.masterPort);
     so.isServer = env_.rank == 0;

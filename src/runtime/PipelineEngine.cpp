@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
+#include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/MemoryScope.h"
@@ -284,6 +286,14 @@ class Channels {
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
 
+// Note [Message tags] in ProcessGroup.cpp: c10d tags stay below 2^29. The microbatch
+// index (run-wide, so it carries the iteration) wraps at 2^17, far more than are ever in
+// flight between two ranks; stages < 256.
+int64_t tagOf(const ChanKey& k) {
+  return ((static_cast<int64_t>(k.index) & ((1 << 17) - 1)) * 256 + (k.stage & 255)) * 8 +
+         static_cast<int>(k.kind);
+}
+
 template <class V>
 V takeFrom(std::map<Key, V>& m, Key k, const char* what) {
   auto it = m.find(k);
@@ -301,6 +311,8 @@ struct DeviceState {
   std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
+  // Stage inputs coming from another process (Note [Channels across processes]).
+  std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
   std::vector<ActionRecord> records;  // guarded by Impl::mu_
   double busy = 0;                    // guarded by Impl::mu_
 };
@@ -356,6 +368,21 @@ struct PipelineEngine::Impl {
   std::shared_ptr<ShellPool> pool;
   Channels channels;
   int64_t t0 = 0;
+
+  // Note [Channels across processes]
+  // With EngineOptions::group (one process per device, issue 8) this process runs the
+  // worker of device group->rank() only. A message to or from a device of another
+  // process is a c10d send/recv (pipefb/dist/ProcessGroup.h) under tagOf(its ChanKey);
+  // between devices of this process it stays a mailbox. Sends never block (the group
+  // holds the buffer until delivered), receives block until the peer sent, died, or
+  // distributed.timeout passed (PeerError: the failure names the action and the rank).
+  // The stash of a stage whose F and B run in different processes can only be its stage
+  // input (checkpoint kinds, checked in build()): OFF sends it from host memory, PRE posts
+  // its receive on a helper thread, and B waits for it. The loss is all-reduced in
+  // step(), so every rank returns it.
+  bool isLocal(int d) const;
+  void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
+  std::vector<Tensor> receive(int peer, const ChanKey& k);
 
   // Progress, failure and losses: guarded by mu_.
   std::mutex mu;
@@ -529,6 +556,22 @@ void PipelineEngine::Impl::build() {
                           schedules::lookaheadPerStage(lookahead, S));
   schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
+  if (options.group) {  // Note [Channels across processes]
+    if (D != options.group->size())
+      throw UserError(config.source + ": devices.count: the schedule runs on " +
+                      std::to_string(D) + " devices but WORLD_SIZE=" +
+                      std::to_string(options.group->size()) +
+                      "; one process per device: launch " + std::to_string(D) +
+                      " ranks (pipefb_launch -n " + std::to_string(D) + ")");
+    for (int s = 0; s < S; ++s)
+      if (placement.forward(s) != placement.backward(s) && !schedules::isCheckpoint(policy))
+        throw UserError(config.source + ": pipeline.stash: " + p.stash + " cannot cross processes: stage " +
+                        std::to_string(s) + " runs F on rank " +
+                        std::to_string(placement.forward(s)) + " and B on rank " +
+                        std::to_string(placement.backward(s)) +
+                        " and an autograd graph cannot move between processes; allowed: "
+                        "checkpoint, checkpoint-offload");
+  }
   if (options.log)
     spdlog::info(
         "pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
@@ -598,6 +641,10 @@ void PipelineEngine::Impl::build() {
     }
     int run = 0;
     for (int64_t k = 0; k < K; ++k) need[d][k] = run = std::max(run, last[k]);
+    if (!isLocal(d)) {  // another process runs it
+      need[d].assign(K, 0);
+      done[d] = static_cast<int>(list.size());
+    }
   }
   loss.assign(K, 0.0);
   lossCount.assign(K, 0);
@@ -605,7 +652,8 @@ void PipelineEngine::Impl::build() {
   for (auto& c : current) c = 0;
 
   t0 = memory::nowNs();
-  for (int d = 0; d < D; ++d) workers.emplace_back([this, d] { workerMain(d); });
+  for (int d = 0; d < D; ++d)
+    if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });
 }
 
 // ------------------------------------------------------------------------ workers
@@ -658,6 +706,7 @@ void PipelineEngine::Impl::fail(int d, int i, std::exception_ptr e) {
   aborted = true;
   channels.close();
   if (transfers) transfers->close();
+  if (options.group) options.group->abort();  // wakes this process's c10d receives
   cv.notify_all();
 }
 
@@ -798,6 +847,22 @@ StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
     dev.stashes.erase(it);
     return e;
   }
+  if (!isLocal(stages[stage].fDev)) {  // Note [Channels across processes]
+    std::vector<Tensor> t;
+    auto f = dev.remoteStash.find({stage, mb});
+    if (f != dev.remoteStash.end()) {
+      t = f->second.get();
+      dev.remoteStash.erase(f);
+    } else {
+      memory::MemoryScope scope(MemoryCategory::Stash);
+      t = options.group->recv(stages[stage].fDev, tagOf({Chan::Stash, stage, mb, dev.id}));
+    }
+    auto e = std::make_shared<StashEntry>();
+    e->input = t.at(0);
+    e->stage = stage;
+    e->index = mb;
+    return e;
+  }
   // Offloaded and not prefetched yet (its OFF ran after our PRE): fetch it now.
   StashPtr e = channels.take({Chan::Stash, stage, mb, -1}).stash;
   bringToDevice(dev, *e);
@@ -928,31 +993,59 @@ Tensor copyInto(const Tensor& t, memory::MemoryDomain& domain, MemoryCategory ca
 }
 }  // namespace
 
+bool PipelineEngine::Impl::isLocal(int d) const {
+  return !options.group || d == options.group->rank();
+}
+
+// Note [Channels across processes]
+void PipelineEngine::Impl::post(int peer, const ChanKey& k, std::vector<Tensor> tensors) {
+  if (isLocal(peer)) {
+    Message m;
+    for (const auto& t : tensors)
+      m.tensors.push_back(copyInto(t, *devices[peer].domain, MemoryCategory::CommBuffers));
+    channels.put(k, std::move(m));
+    return;
+  }
+  memory::MemoryScope scope(MemoryCategory::CommBuffers);  // the send buffer until delivered
+  options.group->send(std::move(tensors), peer, tagOf(k));
+}
+
+std::vector<Tensor> PipelineEngine::Impl::receive(int peer, const ChanKey& k) {
+  if (isLocal(peer)) return channels.take(k).tensors;
+  memory::MemoryScope scope(MemoryCategory::CommBuffers);
+  return options.group->recv(peer, tagOf(k));
+}
+
 void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.acts, {a.stage, a.index}, "activation");
-  channels.put({Chan::Act, a.stage, a.index, a.peer},
-               {{copyInto(t, *devices[a.peer].domain, MemoryCategory::CommBuffers)}, nullptr});
+  post(a.peer, {Chan::Act, a.stage, a.index, a.peer}, {t});
 }
 
 void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
-  dev.acts[{a.stage, a.index}] = channels.take({Chan::Act, a.stage, a.index, dev.id}).tensors.at(0);
+  dev.acts[{a.stage, a.index}] = receive(a.peer, {Chan::Act, a.stage, a.index, dev.id}).at(0);
 }
 
 void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.grads, {a.stage, a.index}, "gradient");
-  channels.put({Chan::Grad, a.stage, a.index, a.peer},
-               {{copyInto(t, *devices[a.peer].domain, MemoryCategory::CommBuffers)}, nullptr});
+  post(a.peer, {Chan::Grad, a.stage, a.index, a.peer}, {t});
 }
 
 void PipelineEngine::Impl::execRecvGrad(DeviceState& dev, const Action& a) {
-  dev.grads[{a.stage, a.index}] =
-      channels.take({Chan::Grad, a.stage, a.index, dev.id}).tensors.at(0);
+  dev.grads[{a.stage, a.index}] = receive(a.peer, {Chan::Grad, a.stage, a.index, dev.id}).at(0);
 }
 
 void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights)
     throw UserError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
                     ": weight-version offload is not supported by this runtime yet");
+  if (!isLocal(stages[a.stage].bDev)) {  // Note [Channels across processes]
+    StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
+    PIPEFB_ASSERT(!e->graph, "a graph stash cannot cross processes");
+    memory::MemoryScope scope(*host, MemoryCategory::CommBuffers);  // held until delivered
+    const int to = stages[a.stage].bDev;
+    options.group->send({e->input}, to, tagOf({Chan::Stash, a.stage, a.index, to}));
+    return;
+  }
   // Note [Asynchronous host copies]
   StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
   e->stage = a.stage;
@@ -973,6 +1066,17 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights)
     throw UserError("PREW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
                     ": weight-version prefetch is not supported by this runtime yet");
+  if (!isLocal(stages[a.stage].fDev)) {  // Note [Channels across processes]
+    auto group = options.group;
+    memory::MemoryDomain* domain = dev.domain;
+    const int from = stages[a.stage].fDev;
+    const int64_t tag = tagOf({Chan::Stash, a.stage, a.index, dev.id});
+    dev.remoteStash[{a.stage, a.index}] = std::async(std::launch::async, [group, domain, from, tag] {
+      memory::MemoryScope scope(*domain, MemoryCategory::Stash);
+      return group->recv(from, tag);
+    });
+    return;
+  }
   // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
   // offloaded (keep handed over on a split stage without saved tensors) has no copy.
   if (stages[a.stage].recompute || stages[a.stage].offloadSaved)
@@ -1008,15 +1112,12 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
 
 void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  Message m;
-  for (const auto& p : st.master->params)
-    m.tensors.push_back(copyInto(p, *devices[a.peer].domain, MemoryCategory::CommBuffers));
-  channels.put({Chan::Weights, a.stage, a.index, a.peer}, std::move(m));
+  post(a.peer, {Chan::Weights, a.stage, a.index, a.peer}, st.master->params);
 }
 
 void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  Message m = channels.take({Chan::Weights, a.stage, a.index, dev.id});
+  Message m{receive(a.peer, {Chan::Weights, a.stage, a.index, dev.id}), nullptr};
   if (st.fwd.use_count() == 1) {
     torch::NoGradGuard noGrad;
     for (size_t i = 0; i < m.tensors.size(); ++i) st.fwd->params[i].copy_(m.tensors[i]);
@@ -1037,6 +1138,15 @@ void PipelineEngine::Impl::execAllReduce(DeviceState& dev, const Action& a) {
 
 void PipelineEngine::Impl::stopWorkers() {
   if (joined) return;
+  if (options.group) {  // wake this process's c10d receives unless all is done
+    bool pending = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (int d = 0; d < D; ++d)
+        pending = pending || done[d] < static_cast<int>(plan.schedule.devices[d].size());
+    }
+    if (pending) options.group->abort();
+  }
   aborted = true;
   channels.close();
   if (transfers) transfers->close();
@@ -1051,6 +1161,7 @@ void PipelineEngine::Impl::stopWorkers() {
     d.inputs.clear();
     d.targets.clear();
     d.stashes.clear();
+    d.remoteStash.clear();
   }
 }
 
@@ -1174,20 +1285,25 @@ double PipelineEngine::step(const data::Batch& batch) {
   // allocations never race with this thread's (an OOM here is the caller's, not a
   // worker's, and which one it is must not depend on thread timing).
   std::vector<torch::Tensor> onFirst, onLast;
+  // With one process per device, each rank feeds only its own device.
+  const bool feedFirst = I.isLocal(first), feedLast = I.isLocal(last);
   for (int j = 0; j < I.M; ++j) {
-    onFirst.push_back(copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers));
-    onLast.push_back(copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers));
+    if (feedFirst)
+      onFirst.push_back(copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers));
+    if (feedLast)
+      onLast.push_back(copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers));
   }
   for (int j = 0; j < I.M; ++j) {
     const int mb = static_cast<int>(k) * I.M + j;
-    I.channels.put({Chan::Input, 0, mb, first}, {{std::move(onFirst[j])}, nullptr});
-    I.channels.put({Chan::Target, I.S - 1, mb, last}, {{std::move(onLast[j])}, nullptr});
+    if (feedFirst) I.channels.put({Chan::Input, 0, mb, first}, {{std::move(onFirst[j])}, nullptr});
+    if (feedLast)
+      I.channels.put({Chan::Target, I.S - 1, mb, last}, {{std::move(onLast[j])}, nullptr});
   }
   ++I.fed;
   const bool lastIteration = k + 1 == I.K;
   I.waitFor(
       [&] {
-        if (I.async && !lastIteration) return I.lossCount[k] == I.M;
+        if (I.async && !lastIteration && feedLast) return I.lossCount[k] == I.M;
         for (int d = 0; d < I.D; ++d)
           if (I.done[d] < I.need[d][k]) return false;
         return true;
@@ -1197,6 +1313,18 @@ double PipelineEngine::step(const data::Batch& batch) {
     I.drainEvents();
     memory::setRecording(false);
     I.recording = false;
+  }
+  if (I.options.group) {  // Note [Channels across processes]: only the last rank has it
+    double v = 0;
+    {
+      std::lock_guard<std::mutex> lock(I.mu);
+      if (feedLast) v = I.loss[k];
+    }
+    std::vector<torch::Tensor> t{torch::tensor({v}, torch::kFloat64)};
+    I.options.group->allreduce(t);
+    if (lastIteration) I.options.group->flush();
+    std::lock_guard<std::mutex> lock(I.mu);
+    I.loss[k] = t[0].item<double>();
   }
   std::lock_guard<std::mutex> lock(I.mu);
   return I.loss[k];
@@ -1215,6 +1343,7 @@ void PipelineEngine::finish() {
           return true;
         },
         "finishing");
+  if (I.options.group) I.options.group->flush();
   // The forward copies ran every forward of split stages: their buffers (BatchNorm
   // running statistics) are the model's.
   torch::NoGradGuard noGrad;

@@ -32,6 +32,10 @@
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Schedule.h"
 
+namespace pipefb::dist {
+class ProcessGroup;
+}
+
 namespace pipefb::runtime {
 
 /// Options of the engine itself (the schedule comes from the config).
@@ -57,6 +61,10 @@ struct EngineOptions {
   /// Fault injection for tests: called on the device's worker thread before each of its
   /// actions (device, index into schedule().devices[device]). May throw or sleep.
   std::function<void(int, int)> beforeAction;
+  /// One process per device (issue 8): this process runs device group->rank() only and
+  /// exchanges messages with the other ranks' devices through c10d (Note [Channels
+  /// across processes] in PipelineEngine.cpp). Null: every device is a thread here.
+  std::shared_ptr<dist::ProcessGroup> group;
 };
 
 /// Measured memory of one device (or the host pool) since the engine was built.

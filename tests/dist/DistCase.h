@@ -1,0 +1,66 @@
+#pragma once
+// What the multi-process tests (DistTest.cpp) and their worker (dist_worker.cpp) share:
+// the model, config and batch of a case, so that the worker's ranks and the test's
+// single-process reference see the same weights and microbatches.
+#include <torch/torch.h>
+
+#include <string>
+
+#include "pipefb/config/Config.h"
+#include "pipefb/data/Dataset.h"
+#include "pipefb/model/Model.h"
+
+namespace pipefb::test {
+
+inline model::ModelOptions distModel(const std::string& name) {
+  model::ModelOptions o;
+  o.name = name;
+  if (name == "mlp") {
+    o.input_size = 6;
+    o.channels = 1;
+    o.num_classes = 5;
+    o.hidden = {24, 20, 16};  // 4 layers
+  } else {  // vgg16 at width 1/16 on 32x32
+    o.width = 0.0625;
+    o.input_size = 32;
+    o.channels = 3;
+    o.num_classes = 10;
+  }
+  return o;
+}
+
+inline config::Config distConfig(const std::string& model, const std::string& schedule, int S,
+                                 int M, const std::string& stash, int64_t batch) {
+  config::Config c;
+  c.source = "<dist test>";
+  c.model = distModel(model);
+  c.training.optimizer = "sgd";
+  c.training.lr = 0.05;
+  c.training.momentum = 0.9;
+  c.training.batch = batch;
+  c.pipeline.schedule = schedule;
+  c.pipeline.stages = S;
+  c.pipeline.microbatches = M;
+  c.pipeline.stash = stash;
+  c.devices.count = schedule.rfind("pipefb", 0) == 0 ? 2 * S : S;
+  return c;
+}
+
+inline std::shared_ptr<model::Model> distBuildSeeded(const model::ModelOptions& o) {
+  torch::manual_seed(7);
+  auto m = model::buildModel(o);
+  m->train(true);
+  return m;
+}
+
+inline data::Batch distBatch(const model::Model& m, int64_t n, int64_t classes, uint64_t seed) {
+  torch::manual_seed(seed);
+  data::Batch b;
+  std::vector<int64_t> shape = {n};
+  for (auto s : m.sampleShape()) shape.push_back(s);
+  b.input = torch::randn(shape);
+  b.target = torch::randint(classes, {n}, torch::kLong);
+  return b;
+}
+
+}  // namespace pipefb::test

@@ -1,0 +1,251 @@
+// One process per device on c10d (issue 8): gradients across processes against the
+// single-process reference, a dead or silent rank, and bad rendezvous. Every rank is a
+// dist_worker process (dist_worker.cpp) on loopback, started by pipefb_launch or, where
+// a test needs each rank's own exit, by a shell.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "DistCase.h"
+#include "TestUtil.h"
+#include "pipefb/train/Optimizer.h"
+
+using namespace pipefb;
+namespace fs = std::filesystem;
+
+namespace {
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+fs::path workDir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("pipefb_dist_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Processes whose command line mentions `marker` (our work folder): none may outlive a test.
+std::vector<std::string> survivors(const std::string& marker) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (auto& c : cmd)
+      if (c == 0) c = ' ';
+    if (cmd.find(marker) != std::string::npos && cmd.find("dist_worker") != std::string::npos)
+      out.push_back(pid + ": " + cmd);
+  }
+  return out;
+}
+
+struct DistCase {
+  std::string model, schedule, stash;
+  int S, M, ranks;
+};
+
+// The single-process reference: gradient accumulation over the same microbatches.
+std::map<std::string, torch::Tensor> referenceGrads(const config::Config& c, double* loss) {
+  auto model = test::distBuildSeeded(c.model);
+  auto b = test::distBatch(*model, c.training.batch, c.model.num_classes, 100);
+  auto xs = b.input.chunk(c.pipeline.microbatches, 0);
+  auto ts = b.target.chunk(c.pipeline.microbatches, 0);
+  *loss = 0;
+  for (size_t m = 0; m < xs.size(); ++m) {
+    auto l = model->loss(model->forward(xs[m]), ts[m]) *
+             (static_cast<double>(xs[m].size(0)) / static_cast<double>(b.input.size(0)));
+    l.backward();
+    *loss += l.item<double>();
+  }
+  std::map<std::string, torch::Tensor> g;
+  for (auto& [name, p] : model->namedParameters()) g[name] = p.grad().clone();
+  return g;
+}
+
+void checkAcrossProcesses(const DistCase& c) {
+  SCOPED_TRACE(c.model + " " + c.schedule + " " + c.stash + " S=" + std::to_string(c.S) +
+               " on " + std::to_string(c.ranks) + " processes");
+  auto cfg = test::distConfig(c.model, c.schedule, c.S, c.M, c.stash, 8);
+  ASSERT_EQ(cfg.devices.count, c.ranks);
+  const fs::path dir = workDir(c.schedule + std::to_string(c.ranks));
+  auto r = test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n " +
+                            std::to_string(c.ranks) + " -- " + DIST_WORKER + " --model " +
+                            c.model + " --schedule " + c.schedule + " --stages " +
+                            std::to_string(c.S) + " --microbatches " + std::to_string(c.M) +
+                            " --stash " + c.stash + " --timeout 20 --out " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int k = 0; k < c.ranks; ++k)
+    EXPECT_NE(r.out.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " done"),
+              std::string::npos)
+        << r.out;
+  double wantLoss = 0;
+  auto want = referenceGrads(cfg, &wantLoss);
+  std::map<std::string, torch::Tensor> got;
+  for (int k = 0; k < c.ranks; ++k) {
+    torch::serialize::InputArchive a;
+    a.load_from((dir / ("rank" + std::to_string(k) + ".pt")).string());
+    torch::Tensor losses;
+    a.read("__losses__", losses);
+    EXPECT_NEAR(losses[0].item<double>(), wantLoss, 1e-5 * std::max(1.0, std::abs(wantLoss)))
+        << "rank " << k << "'s loss (all-reduced from the last stage's rank)";
+    for (const auto& key : a.keys()) {
+      if (key == "__losses__") continue;
+      EXPECT_FALSE(got.count(key)) << key << " came from two ranks";
+      torch::Tensor t;
+      a.read(key, t);
+      got[key] = t;
+    }
+  }
+  ASSERT_EQ(got.size(), want.size()) << "every parameter's gradient comes from exactly one rank";
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const double scale = w.abs().max().item<double>();
+    const double err = (got[name] - w).abs().max().item<double>() / std::max(scale, 1e-30);
+    EXPECT_LE(err, 1e-5) << "gradient of " << name;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST(Dist, GradientsAcrossTwoProcessesMatchTheReference) {
+  checkAcrossProcesses({"mlp", "1f1b", "checkpoint-offload", 2, 4, 2});
+  checkAcrossProcesses({"mlp", "pipefb-sync", "checkpoint-offload", 1, 4, 2});
+  checkAcrossProcesses({"vgg16", "1f1b", "checkpoint-offload", 2, 2, 2});
+  checkAcrossProcesses({"vgg16", "pipefb-sync", "checkpoint-offload", 1, 2, 2});
+}
+
+TEST(Dist, GradientsAcrossFourProcessesMatchTheReference) {
+  checkAcrossProcesses({"mlp", "1f1b", "checkpoint-offload", 4, 4, 4});
+  checkAcrossProcesses({"mlp", "pipefb-sync", "checkpoint-offload", 2, 4, 4});
+}
+
+TEST(Dist, KeepStashAcrossProcessesIsRejected) {
+  // 1f1b's F and B of a stage share a device: keep works across processes.
+  checkAcrossProcesses({"mlp", "1f1b", "keep", 2, 4, 2});
+  auto r = test::runCommand(std::string("timeout 60 ") + PIPEFB_LAUNCH + " -n 2 -- " +
+                            DIST_WORKER + " --schedule pipefb-sync --stages 1 --stash keep");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("pipeline.stash: keep cannot cross processes: stage 0 runs F on rank 0 and "
+                       "B on rank 1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("allowed: checkpoint, checkpoint-offload"), std::string::npos) << r.out;
+}
+
+TEST(Dist, DeviceCountMustMatchWorldSize) {
+  auto r = test::runCommand(std::string("timeout 60 ") + PIPEFB_LAUNCH + " -n 3 -- " +
+                            DIST_WORKER + " --schedule 1f1b --stages 2 --devices 2 --timeout 10");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("devices.count: the schedule runs on 2 devices but WORLD_SIZE=3"),
+            std::string::npos)
+      << r.out;
+}
+
+// Each rank started by the shell, so that each exits on its own (no launcher kills it).
+std::string shellRanks(int port, const std::vector<std::string>& ranks) {
+  std::string s = "export MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + "; ";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += "( " + ranks[i] + " > r" + std::to_string(i) + ".log 2>&1; echo \"exit " +
+         std::to_string(i) + " $?\" ) & ";
+  return s + "wait; cat r*.log";
+}
+
+TEST(Dist, BadRendezvousIsAOneLineError) {
+  const fs::path dir = workDir("rendezvous");
+  const std::string w = std::string(DIST_WORKER) + " --timeout 2 --out " + dir.string();
+  // Ranks that disagree on WORLD_SIZE.
+  auto r = test::runCommand("cd " + dir.string() + " && timeout 60 sh -c '" +
+                            shellRanks(freePort(), {"RANK=0 WORLD_SIZE=2 " + w,
+                                                    "RANK=1 WORLD_SIZE=3 " + w}) +
+                            "'");
+  EXPECT_NE(r.out.find("exit 1 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dist_worker: error: WORLD_SIZE=3 on rank 1 but rank 0 has WORLD_SIZE=2"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("exit 0 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("only 1 of WORLD_SIZE=2 ranks arrived within distributed.timeout"),
+            std::string::npos)
+      << r.out;
+  // A rank pointed at a port where no rank 0 listens.
+  const auto t0 = std::chrono::steady_clock::now();
+  r = test::runCommand("cd " + dir.string() + " && RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+                       "MASTER_PORT=" + std::to_string(freePort()) + " timeout 60 " + w);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(test::countLines(r.out), 1u) << r.out;
+  EXPECT_NE(r.out.find("could not reach rank 0's c10d::TCPStore within distributed.timeout"),
+            std::string::npos)
+      << r.out;
+  EXPECT_LT(secs, 20) << r.out;
+  // A bad variable.
+  r = test::runCommand("RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 " + w);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("RANK=2: allowed: an integer in [0, 1]"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+// Issue 8, "Failure": SIGKILL one rank mid-iteration; the others exit non-zero on their
+// own within distributed.timeout, naming the dead rank and the action they waited on.
+TEST(Dist, KilledRankIsNamedByTheOthers) {
+  const fs::path dir = workDir("kill");
+  const double timeout = 10;
+  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 2 --microbatches 4 "
+                        "--iterations 3 --timeout 10 --fault-rank 1 --kill-at 7 --out " +
+                        dir.string();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::runCommand("cd " + dir.string() + " && timeout 60 sh -c '" +
+                            shellRanks(freePort(), {"RANK=0 WORLD_SIZE=2 " + w,
+                                                    "RANK=1 WORLD_SIZE=2 " + w}) +
+                            "'");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.out.find("exit 1 137"), std::string::npos) << r.out;  // SIGKILL
+  EXPECT_NE(r.out.find("exit 0 1"), std::string::npos) << r.out;
+  EXPECT_LT(secs, timeout) << r.out;
+  // e.g. "pipeline 1f1b failed on device 0 (cpu:0) at action RG1.0 (step 5): rank 1 is gone"
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("failed on device 0 \\(cpu:0\\) at action "
+                                                  "R[AG][0-9.]+<1 \\(step [0-9]+\\): rank 1 is gone")))
+      << r.out;
+  EXPECT_TRUE(survivors(dir.string()).empty());
+  fs::remove_all(dir);
+}
+
+// A rank that stops answering (SIGSTOP): the others give up after distributed.timeout,
+// and pipefb_launch kills the stopped one and exits with the first failure's code.
+TEST(Dist, SilentRankTimesOutAndTheLauncherLeavesNoProcess) {
+  const fs::path dir = workDir("stop");
+  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 2 --microbatches 4 "
+                        "--iterations 3 --timeout 3 --fault-rank 1 --stop-at 7 --out " +
+                        dir.string();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::runCommand(std::string("timeout 60 ") + PIPEFB_LAUNCH + " -n 2 --grace 1 -- " + w);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] dist_worker: failed: pipeline 1f1b failed on device 0 (cpu:0) at "
+                       "action"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("rank 1 did not answer within distributed.timeout 3"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("pipefb_launch: rank 0 exited with code 1"), std::string::npos) << r.out;
+  EXPECT_LT(secs, 20) << r.out;
+  EXPECT_TRUE(survivors(dir.string()).empty());
+  fs::remove_all(dir);
+}

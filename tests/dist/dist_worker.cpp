@@ -1,0 +1,83 @@
+// dist_worker: one rank of a multi-process pipeline test (DistTest.cpp), started by
+// pipefb_launch. Rendezvous from torchrun's env vars (pipefb/dist/ProcessGroup.h), runs
+// `--iterations` iterations of a DistCase.h case with this rank's device only, and
+// writes OUT/rank<r>.pt: the gradients after the first iteration of the parameters
+// whose stage has its backward device here, and the losses.
+//   --kill-at N  SIGKILLs rank --fault-rank (1) before its action N (the failure test)
+//   --stop-at N  SIGSTOPs it there instead (a rank that stops answering)
+// Exit codes as pipefb_train's (pipefb/common/Program.h).
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+
+#include "DistCase.h"
+#include "pipefb/common/Program.h"
+#include "pipefb/dist/ProcessGroup.h"
+#include "pipefb/runtime/PipelineEngine.h"
+
+int main(int argc, char** argv) {
+  using namespace pipefb;
+  CLI::App app{"dist_worker: one rank of a multi-process pipeline test"};
+  std::string modelName = "mlp", schedule = "1f1b", stash = "checkpoint-offload", out;
+  int S = 2, M = 4, iterations = 1, killAt = -1, stopAt = -1, faultRank = 1, devices = 0;
+  int64_t batch = 8;
+  double timeout = 30;
+  app.add_option("--model", modelName)->check(CLI::IsMember({"mlp", "vgg16"}));
+  app.add_option("--schedule", schedule);
+  app.add_option("--stages", S);
+  app.add_option("--microbatches", M);
+  app.add_option("--stash", stash);
+  app.add_option("--batch", batch);
+  app.add_option("--iterations", iterations);
+  app.add_option("--devices", devices, "devices.count (default: the schedule's)");
+  app.add_option("--timeout", timeout, "distributed.timeout");
+  app.add_option("--kill-at", killAt);
+  app.add_option("--stop-at", stopAt);
+  app.add_option("--fault-rank", faultRank, "the rank --kill-at/--stop-at apply to");
+  app.add_option("--out", out);
+  return runProgram("dist_worker", app, argc, argv, [&] {
+    auto env = dist::envFromTorchrun();
+    if (!env) throw UserError("dist_worker runs under pipefb_launch (WORLD_SIZE is not set)");
+    auto cfg = test::distConfig(modelName, schedule, S, M, stash, batch);
+    cfg.distributed.timeout = timeout;
+    if (devices > 0) cfg.devices.count = devices;
+    config::validate(cfg);
+    auto group = dist::makeGlooGroup(*env, {cfg.distributed.timeout});
+    auto model = test::distBuildSeeded(cfg.model);
+    runtime::EngineOptions eo;
+    eo.iterations = iterations;
+    eo.log = env->rank == 0;
+    eo.recordMemoryEvents = false;
+    eo.group = group;
+    eo.stallTimeoutSeconds = 4 * timeout;  // the c10d timeout must fire first
+    if (env->rank == faultRank)
+      eo.beforeAction = [&](int, int i) {
+        if (i == killAt) std::raise(SIGKILL);
+        if (i == stopAt) std::raise(SIGSTOP);
+      };
+    runtime::PipelineEngine engine(*model, cfg, eo);
+    torch::serialize::OutputArchive archive;
+    std::vector<double> losses;
+    for (int k = 0; k < iterations; ++k) {
+      auto b = test::distBatch(*model, batch, cfg.model.num_classes, 100 + k);
+      losses.push_back(engine.step(b));
+      if (k > 0) continue;
+      // Parameters of the stages whose master (and .grad) lives on this rank.
+      auto named = model->namedParameters();
+      for (int s = 0; s < engine.numStages(); ++s) {
+        if (engine.backwardDevice(s) != env->rank) continue;
+        const auto& r = engine.partition()[s];
+        for (int64_t i = r.first; i < r.last; ++i)
+          for (const auto& p : model->layer(static_cast<size_t>(i))->parameters())
+            for (const auto& [name, q] : named)
+              if (q.is_same(p)) archive.write(name, p.grad().clone());
+      }
+    }
+    engine.finish();
+    archive.write("__losses__", torch::tensor(losses, torch::kFloat64));
+    if (!out.empty()) archive.save_to(out + "/rank" + std::to_string(env->rank) + ".pt");
+    std::printf("rank %d done, loss %.6f\n", env->rank, losses[0]);
+    return 0;
+  });
+}
