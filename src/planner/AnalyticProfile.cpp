@@ -273,6 +273,10 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.optimizerBytes = c.paramBytes * statesPerParam;
     // Read weights, grads and states, write weights and states.
     c.step = double(c.paramBytes) * (3 + 2 * statesPerParam) / (d.hbmBandwidth * d.efficiency);
+    // A weight snapshot (Note [Weight snapshots] in CostModel.h) reads and writes the
+    // weights once. backwardAfterStep stays 0 (= backward): a GPU caching allocator keeps
+    // its blocks, so the first B after a step does not touch fresh pages.
+    c.snapshot = 2.0 * double(c.paramBytes) / (d.hbmBandwidth * d.efficiency);
     c.outputBytes = w.outputBytes * microbatch;
     c.savedBytes = w.savedBytes * microbatch;
     c.workingBytes = w.workingBytes * microbatch;

@@ -165,35 +165,48 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   if (profile_.microbatch < 1) throw UserError("profile microbatch must be >= 1");
   const size_t L = profile_.layers.size();
   F_.assign(L + 1, 0);
-  B_ = R_ = step_ = F_;
+  B_ = R_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
   param_ = grad_ = opt_ = states_ = saved_;
+  std::vector<std::int64_t> stepWs(L), fws(L);
   for (size_t l = 0; l < L; ++l) {
     const LayerCost& c = profile_.layers[l];
     F_[l + 1] = F_[l] + c.forward;
     B_[l + 1] = B_[l] + c.backward;
     R_[l + 1] = R_[l] + c.recompute;
     step_[l + 1] = step_[l] + c.step;
+    // Note [Backward after a step]: the excess only (0 when not measured).
+    afterStep_[l + 1] =
+        afterStep_[l] + (c.backwardAfterStep > 0 ? std::max(0.0, c.backwardAfterStep - c.backward) : 0.0);
+    snapshot_[l + 1] = snapshot_[l] + c.snapshot;
     saved_[l + 1] = saved_[l] + c.savedBytes;
     param_[l + 1] = param_[l] + c.paramBytes;
     grad_[l + 1] = grad_[l] + c.gradBytes;
     opt_[l + 1] = opt_[l] + c.optimizerBytes;
     states_[l + 1] = states_[l] + c.paramBytes + c.gradBytes + c.optimizerBytes;
+    stepWs[l] = c.stepWorkingBytes;
+    fws[l] = c.forwardWorkingBytes >= 0 ? c.forwardWorkingBytes : c.workingBytes;
   }
-  stepWorkingMax_.emplace_back(L);
-  for (size_t l = 0; l < L; ++l) stepWorkingMax_[0][l] = profile_.layers[l].stepWorkingBytes;
-  for (size_t p = 1; (size_t(1) << p) <= L; ++p) {
-    stepWorkingMax_.emplace_back(L - (size_t(1) << p) + 1);
-    for (size_t l = 0; l + (size_t(1) << p) <= L; ++l)
-      stepWorkingMax_[p][l] =
-          std::max(stepWorkingMax_[p - 1][l], stepWorkingMax_[p - 1][l + (size_t(1) << (p - 1))]);
-  }
+  stepWorkingMax_ = buildMax(std::move(stepWs));
+  forwardWorkingMax_ = buildMax(std::move(fws));
 }
 
-std::int64_t CostModel::stepWorking(int first, int last) const {
+CostModel::SparseMax CostModel::buildMax(std::vector<std::int64_t> values) {
+  const size_t L = values.size();
+  SparseMax t;
+  t.push_back(std::move(values));
+  for (size_t p = 1; (size_t(1) << p) <= L; ++p) {
+    t.emplace_back(L - (size_t(1) << p) + 1);
+    for (size_t l = 0; l + (size_t(1) << p) <= L; ++l)
+      t[p][l] = std::max(t[p - 1][l], t[p - 1][l + (size_t(1) << (p - 1))]);
+  }
+  return t;
+}
+
+std::int64_t CostModel::rangeMax(const SparseMax& t, int first, int last) {
   int p = 0;
   while ((2 << p) <= last - first) ++p;
-  return std::max(stepWorkingMax_[p][first], stepWorkingMax_[p][last - (1 << p)]);
+  return std::max(t[p][first], t[p][last - (1 << p)]);
 }
 
 std::int64_t CostModel::inputBytes(int layer) const {
@@ -209,6 +222,28 @@ std::int64_t scaled(std::int64_t bytes, double f) {
   return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * f));
 }
 }  // namespace
+
+std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int first,
+                                        int last) const {
+  const double f = scale(shape);
+  const SparseMax* table = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(gather_->mu);
+    auto it = gather_->tables.find(shape.microbatchSize);
+    if (it == gather_->tables.end()) {
+      // key(l) = scaled ws(l) - G(0 .. l+1): max over [first, last) plus G(0 .. last) is
+      // max over l of ws(l) + G(l+1 .. last).
+      std::vector<std::int64_t> key(profile_.layers.size());
+      for (size_t l = 0; l < key.size(); ++l)
+        key[l] = scaled(profile_.layers[l].workingBytes, f) - grad_[l + 1];
+      it = gather_->tables.emplace(shape.microbatchSize, buildMax(std::move(key))).first;
+    }
+    table = &it->second;  // std::map nodes are stable
+  }
+  const std::int64_t during = grad_[last] + rangeMax(*table, first, last);
+  const std::int64_t atEnd = range(grad_, first, last) + (k > 0 ? scaled(inputBytes(first), f) : 0);
+  return std::max(during, atEnd);
+}
 
 std::int64_t CostModel::limit(int device, std::int64_t budget) const {
   std::int64_t cap = cluster_.devices.at(device).capacity;
@@ -280,7 +315,6 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const std::int64_t O = range(opt_, first, last);
   const std::int64_t graph = scaled(range(saved_, first, last), f);
   const std::int64_t input = scaled(inputBytes(first), f);
-  const std::int64_t ws = scaled(maxWorking, f);
   e.stashBytes = ckpt ? input : graph;
   e.inFlight = inFlightStashes(shape.kind, S, k, M);
   e.versions = weightVersions(shape.kind, S, k, M);
@@ -291,12 +325,20 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   e.forwardTime = range(F_, first, last) * f / fspeed;
   e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f / bspeed;
   e.stepTime = range(step_, first, last) / bspeed;
-  const double stepPerMb = e.stepTime * stepsPerMicrobatch(shape.kind, M);
+  e.afterStepTime = range(afterStep_, first, last) / bspeed;  // not scaled: parameter-sized
+  const double stepPerMb = (e.stepTime + e.afterStepTime) * stepsPerMicrobatch(shape.kind, M);
+  // Note [Weight snapshots]: one per F when PipeDream keeps copies (a STEP after every B).
+  if (shape.kind == ScheduleKind::PipeDream && copies > 0)
+    e.snapshotTime = range(snapshot_, first, last) / fspeed;
   e.linkIn = linkTime(shape, k, first);
   if (split && k == S - 1)
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
+  // Note [Gathered weight gradients]: B's working set (plus the recomputed graph).
+  // (It is at least the largest layer working set, maxWorking, that the caller passes.)
+  const std::int64_t wsB =
+      std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) + (ckpt ? graph : 0);
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = stepWorking(first, last);
   const bool flushing = isFlushing(shape.kind);
@@ -304,7 +346,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
   };
   if (split) {
-    e.forwardCompute = e.forwardTime;
+    e.forwardCompute = e.forwardTime + e.snapshotTime;
     e.backwardCompute = e.backwardTime + stepPerMb;
     e.forwardCopy = off ? fdev.host.time(e.stashBytes) : 0;
     e.backwardCopy = off ? bdev.host.time(e.stashBytes) : 0;
@@ -321,20 +363,30 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     for (auto& x : rs)
       if (x.t > e.time) e.time = x.t, e.binding = x.r;
     if (timesOnly) return e;
-    // Forward device: weights, the stash until its offload copy is done, working set.
+    // Forward device (Note [Forward device memory]): weights, the stash until its offload
+    // copy is done, F's working set; RecvWeights' message beside the copy. pipefb-async
+    // with a graph stash keeps the old copy beside the new one (not on the backward device).
+    const bool oldCopyOnForward = shape.kind == ScheduleKind::PipeFbAsync && !ckpt;
+    const std::int64_t fstash = std::min(e.inFlight, 1) * e.stashBytes;
+    const std::int64_t fws = scaled(forwardWorking(first, last), f);
+    const std::int64_t received = oldCopyOnForward ? 2 * W : W;  // message (+ new copy)
     w(e.forwardMemory, MemoryCategory::Weights, W);
-    w(e.forwardMemory, MemoryCategory::Stash, std::min(e.inFlight, 1) * e.stashBytes);
-    w(e.forwardMemory, MemoryCategory::WorkingSet, ws);
+    w(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? W : 0);
+    w(e.forwardMemory, MemoryCategory::Stash, fstash);
+    w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
+    w(e.forwardMemory, MemoryCategory::CommBuffers,
+      std::max<std::int64_t>(0, received - (oldCopyOnForward ? W : 0) - fstash - fws));
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, W);
-    w(e.backwardMemory, MemoryCategory::WeightVersions, copies * W);
+    w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : copies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
     w(e.backwardMemory, MemoryCategory::WorkingSet,
-      ws + (ckpt ? graph : 0) + stepExcess(resident * e.stashBytes, ws + (ckpt ? graph : 0)));
+      wsB + stepExcess(resident * e.stashBytes, wsB));
   } else {
-    e.forwardCompute = e.backwardCompute = e.forwardTime + e.backwardTime + stepPerMb;
+    e.forwardCompute = e.backwardCompute =
+        e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;
     e.forwardCopy = e.backwardCopy = off ? 2 * fdev.host.time(e.stashBytes) : 0;
     e.time = e.forwardCompute;
     e.binding = Resource::Compute;
@@ -348,8 +400,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
-    w(m, MemoryCategory::WorkingSet,
-      ws + (ckpt ? graph : 0) + stepExcess(resident * e.stashBytes, ws + (ckpt ? graph : 0)));
+    w(m, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB));
     e.forwardMemory = m;
   }
   e.hostBytes = off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0;

@@ -33,7 +33,9 @@ std::string profileToYaml(const Profile& p) {
       << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
       << ", working_bytes: " << l.workingBytes << ", param_bytes: " << l.paramBytes
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
-      << ", step_working_bytes: " << l.stepWorkingBytes << "}\n";
+      << ", step_working_bytes: " << l.stepWorkingBytes
+      << ", backward_after_step: " << l.backwardAfterStep << ", snapshot: " << l.snapshot
+      << ", forward_working_bytes: " << l.forwardWorkingBytes << "}\n";
   }
   return o.str();
 }
@@ -61,6 +63,10 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.gradBytes = l["grad_bytes"] ? l["grad_bytes"].as<std::int64_t>() : c.paramBytes;
       c.optimizerBytes = l["optimizer_bytes"] ? l["optimizer_bytes"].as<std::int64_t>() : 0;
       c.stepWorkingBytes = l["step_working_bytes"] ? l["step_working_bytes"].as<std::int64_t>() : 0;
+      c.backwardAfterStep = l["backward_after_step"] ? l["backward_after_step"].as<double>() : 0;
+      c.snapshot = l["snapshot"] ? l["snapshot"].as<double>() : 0;
+      c.forwardWorkingBytes =
+          l["forward_working_bytes"] ? l["forward_working_bytes"].as<std::int64_t>() : -1;
       p.layers.push_back(c);
     }
   } catch (const YAML::Exception& e) {

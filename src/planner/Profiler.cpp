@@ -183,7 +183,23 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       dom.resetPeak();
       torch::autograd::backward({y}, {g});
       const std::int64_t peakB = dom.peakBytes();
+      c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
       c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+    }
+
+    // A weight snapshot (Note [Weight snapshots] in CostModel.h): the runtime clones every
+    // parameter of the stage into fresh tensors; the median of `repeats` clones.
+    if (!params.empty()) {
+      std::vector<double> ts;
+      for (int r = 0; r < runs; ++r) {
+        std::vector<torch::Tensor> copies;
+        torch::NoGradGuard noGrad;
+        auto t0 = Clock::now();
+        for (const auto& p : params) copies.push_back(p.detach().clone());
+        auto t1 = Clock::now();
+        if (r >= o.warmup) ts.push_back(seconds(t0, t1));
+      }
+      c.snapshot = median(ts);
     }
 
     // Optimizer: state bytes = live bytes the first step leaves; step time = median.
@@ -211,6 +227,35 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
         if (r >= o.warmup) ts.push_back(seconds(t0, Clock::now()));
       }
       c.step = median(ts);
+
+      // Note [Backward after a step] in CostModel.h: B of the first microbatch after a
+      // step, as the runtime's execBackward runs it (stale gradients zeroed, gradients
+      // from autograd::grad into fresh tensors, added to .grad).
+      std::vector<torch::Tensor> wrt;
+      for (const auto& p : params)
+        if (p.requires_grad()) wrt.push_back(p);
+      std::vector<double> tas;
+      for (int r = 0; r < runs && !wrt.empty(); ++r) {
+        optimizer->step();
+        torch::Tensor x = input.detach();
+        if (inputGrad) x.requires_grad_(true);
+        torch::Tensor y = layer.forward(x);
+        std::vector<torch::Tensor> in = wrt;
+        if (inputGrad) in.push_back(x);
+        auto t0 = Clock::now();
+        auto g = torch::autograd::grad({y}, in, {gy}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+        {
+          torch::NoGradGuard noGrad;
+          zeroGrads(params);
+          for (size_t j = 0; j < wrt.size(); ++j)
+            if (g[j].defined()) wrt[j].mutable_grad().add_(g[j]);
+        }
+        g.clear();
+        auto t1 = Clock::now();
+        if (r >= o.warmup) tas.push_back(seconds(t0, t1));
+      }
+      c.backwardAfterStep = tas.empty() ? c.backward : median(tas);
     }
 
     {

@@ -289,7 +289,11 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   for (int k = 0; k < S; ++k) {
     invF[k] = 1.0 / model.speed(shape, shape.forwardDevice(k));
     invB[k] = 1.0 / model.speed(shape, shape.backwardDevice(k));
-    copies[k] = weightCopies(shape.kind, S, k, shape.microbatches);
+    // pipefb-async keeps the old copy on the forward device for the graph kinds (Note
+    // [Forward device memory]): the backward device's bound cannot count it.
+    copies[k] = shape.kind == ScheduleKind::PipeFbAsync
+                    ? 0
+                    : weightCopies(shape.kind, S, k, shape.microbatches);
     limF[k] = limits[shape.forwardDevice(k)];
     limB[k] = limits[shape.backwardDevice(k)];
   }
@@ -315,8 +319,8 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     const std::int64_t mb = memLb(k, i, j, ws);
     if (limB[k] >= 0 && mb > limB[k]) return false;
     if (memCap >= 0 && mb > memCap) return false;
-    if (split) {  // the forward device holds the weights and the working set
-      const std::int64_t mf = model.paramSum(i, j) + ws;
+    if (split) {  // the forward device holds the weights and RecvWeights' message, at least
+      const std::int64_t mf = 2 * model.paramSum(i, j);
       if (limF[k] >= 0 && mf > limF[k]) return false;
     }
     return true;
@@ -768,7 +772,7 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     policies.push_back(st.policy);
     const StageEstimate& e = st.estimate;
     sim::StageCosts c;
-    c.forward = e.forwardTime;
+    c.forward = e.forwardTime + e.snapshotTime;  // Note [Weight snapshots]
     const double sb = model.speed(sh, st.backwardDevice);
     double b = 0, r = 0;
     for (int l = st.first; l < st.last; ++l) {
@@ -777,17 +781,19 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     }
     c.backward = b * f / sb;
     c.recompute = r * f / sb;
-    c.step = e.stepTime;
+    // Note [Backward after a step]: the first B after a STEP pays the excess; charged to
+    // the STEP, on the same device and once per step.
+    c.step = e.stepTime + e.afterStepTime;
     c.activationBytes = std::llround(model.profile().layers[st.last - 1].outputBytes * f);
     c.gradientBytes = std::llround(model.inputBytes(st.first) * f);
-    std::int64_t saved = 0, W = 0, G = 0, O = 0, ws = 0;
+    std::int64_t saved = 0, W = 0, G = 0, O = 0, stepWs = 0;
     for (int l = st.first; l < st.last; ++l) {
       const auto& lc = model.profile().layers[l];
       saved += lc.savedBytes;
       W += lc.paramBytes;
       G += lc.gradBytes;
       O += lc.optimizerBytes;
-      ws = std::max(ws, lc.workingBytes);
+      stepWs = std::max(stepWs, lc.stepWorkingBytes);
     }
     c.stashBytes = std::llround(saved * f);
     c.checkpointBytes = c.gradientBytes;
@@ -795,7 +801,9 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     c.weightsBytes = W;
     c.gradsBytes = G;
     c.optimizerStateBytes = O;
-    c.workingSetBytes = std::llround(ws * f);
+    // B's (Note [Gathered weight gradients]); the simulator holds it while F or B runs.
+    c.workingSetBytes = model.backwardWorking(sh, k, st.first, st.last);
+    c.stepWorkingBytes = stepWs;  // Note [Step working set]
     ct.stages.push_back(c);
   }
   std::set<int> used;

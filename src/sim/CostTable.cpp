@@ -102,7 +102,8 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
                                                 "weights_bytes",
                                                 "grads_bytes",
                                                 "optimizer_state_bytes",
-                                                "working_set_bytes"};
+                                                "working_set_bytes",
+                                                "step_working_bytes"};
   checkKeys(obj, keys, where);
   auto time = [&](const char* k, double& out) {
     if (obj.contains(k)) out = readTime(obj[k], where + "." + k);
@@ -124,6 +125,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   bytes("grads_bytes", sc.gradsBytes);
   bytes("optimizer_state_bytes", sc.optimizerStateBytes);
   bytes("working_set_bytes", sc.workingSetBytes);
+  bytes("step_working_bytes", sc.stepWorkingBytes);
 }
 
 void readLink(const json& obj, LinkCost& l, const std::string& where,

@@ -343,6 +343,9 @@ class Simulation {
       }
       case ActionType::Step: {
         compute(d, step, t, cost(st).step);
+        // The optimizer's temporaries (Note [Step working set] in planner/CostModel.h).
+        mem(t, d, MemoryCategory::OptimizerState, cost(st).stepWorkingBytes);
+        mem(threadTime_[d], d, MemoryCategory::OptimizerState, -cost(st).stepWorkingBytes);
         curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
         updateVersions(threadTime_[d], st);
         return true;

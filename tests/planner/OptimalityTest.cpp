@@ -47,6 +47,10 @@ Instance randomInstance(std::mt19937& rng, int id) {
     c.gradBytes = c.paramBytes;
     c.optimizerBytes = c.paramBytes * pick(0, 2);
     c.stepWorkingBytes = pick(0, 2) == 0 ? pick(0, 2 * int(c.paramBytes)) : 0;
+    // Note [Backward after a step], [Weight snapshots], [Forward device memory].
+    c.backwardAfterStep = pick(0, 1) == 0 ? c.backward + uni(0, 1) : 0;
+    c.snapshot = uni(0, 0.3);
+    c.forwardWorkingBytes = pick(0, 1) == 0 ? pick(0, int(c.workingBytes)) : -1;
     p.layers.push_back(c);
   }
   Cluster& cl = in.cluster;

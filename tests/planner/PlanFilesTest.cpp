@@ -145,7 +145,9 @@ TEST(PlanFiles, SolvedPlansRoundTrip) {
     mixed += isMixed;
     ++checked;
   }
-  EXPECT_GE(checked, 25);
+  // 24 of the 40 are feasible (a split stage's forward device holds 2 W since the cost
+  // model charges RecvWeights' message, Note [Forward device memory]).
+  EXPECT_GE(checked, 20);
   EXPECT_GE(mixed, 1);
 }
 

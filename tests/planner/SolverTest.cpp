@@ -138,13 +138,90 @@ TEST(SolverLiteral, MemoryCategoriesOfOneStage) {
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Grads)], 100);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::OptimizerState)], 200);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Stash)], 2 * 20);
-  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::WorkingSet)], 14);
-  EXPECT_EQ(e.peakMemory(), 454);
+  // Working set: the layer's 2 x 7 while B runs, but at the end of B the stage's whole
+  // gradient (G = 100, fresh tensors from autograd::grad) is held before it is added to
+  // .grad (Note [Gathered weight gradients]): max(14, 100).
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::WorkingSet)], 100);
+  EXPECT_EQ(e.peakMemory(), 540);
   // Checkpoint: the stash is the stage input (profile inputBytes = 0 here) and one
   // recomputed graph (20 bytes) joins the working set while B runs.
   StageEstimate c = m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint);
   EXPECT_EQ(c.backwardMemory[index(MemoryCategory::Stash)], 0);
-  EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 14 + 20);
+  EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 100 + 20);
+}
+
+TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
+  // Note [Gathered weight gradients]: three layers with G = 10, 20, 30 and (profiled, at
+  // microbatch 1) working sets 50, 5, 5; microbatch 2. While B runs through layer 0 the
+  // gradients of layers 1 and 2 are held: 2 x 50 + 20 + 30 = 150. At the end: G = 60 plus
+  // the input gradient for a stage after the first (input 8 x 2 = 16).
+  Profile p = timesProfile({1, 1, 1});
+  const std::int64_t G[] = {10, 20, 30}, ws[] = {50, 5, 5};
+  for (int l = 0; l < 3; ++l) {
+    p.layers[l].paramBytes = p.layers[l].gradBytes = G[l];
+    p.layers[l].workingBytes = ws[l];
+    p.layers[l].outputBytes = 8;
+  }
+  CostModel m(p, freeCluster(2));
+  PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
+  EXPECT_EQ(m.backwardWorking(sh, 0, 0, 3), 150);
+  // Stage [1, 3) as the second stage: max(2 x 5 + 30, 2 x 5, 50 + 16) = 66.
+  EXPECT_EQ(m.backwardWorking(sh, 1, 1, 3), 66);
+  using pipefb::MemoryCategory;
+  using pipefb::index;
+  EXPECT_EQ(m.stage(sh, 0, 0, 3, StashPolicy::Keep).backwardMemory[index(MemoryCategory::WorkingSet)],
+            150);
+}
+
+TEST(SolverLiteral, ForwardDeviceHoldsReceivedWeights) {
+  // Note [Forward device memory]: pipefb-sync, one stage of W = 100 with a forward working
+  // set of 3 (F alone) and 40 (F or B); the forward device holds max(W + stash + 2 x 3,
+  // 2 W) = 200: RecvWeights' message (CommBuffers) beside the forward copy.
+  Profile p = timesProfile({1});
+  p.layers[0].paramBytes = p.layers[0].gradBytes = 100;
+  p.layers[0].savedBytes = 10;
+  p.layers[0].workingBytes = 40;
+  p.layers[0].forwardWorkingBytes = 3;
+  CostModel m(p, freeCluster(2));
+  PipelineShape sh = shapeOf(ScheduleKind::PipeFbSync, 1, 4, {0, 1}, 2);
+  StageEstimate e = m.stage(sh, 0, 0, 1, StashPolicy::Offload);
+  using pipefb::MemoryCategory;
+  using pipefb::index;
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::WorkingSet)], 6);
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 20);
+  EXPECT_EQ(total(e.forwardMemory), 200);
+  // A stage whose F-phase exceeds 2 W is charged its F-phase: no message excess.
+  p.layers[0].forwardWorkingBytes = 60;
+  CostModel m2(p, freeCluster(2));
+  StageEstimate e2 = m2.stage(sh, 0, 0, 1, StashPolicy::Offload);
+  EXPECT_EQ(e2.forwardMemory[index(MemoryCategory::CommBuffers)], 0);
+  EXPECT_EQ(total(e2.forwardMemory), 100 + 20 + 120);
+}
+
+TEST(SolverLiteral, SnapshotAndBackwardAfterStepTimes) {
+  // Note [Weight snapshots] and [Backward after a step]: per-layer F = 1, B = 2, step 3,
+  // B after a step 2.5 (excess 0.5, parameter-sized: not scaled by the microbatch of 2),
+  // snapshot 0.25. PipeDream S=2: stage 0 (two in flight) snapshots every F and pays step
+  // and excess every microbatch; the last stage makes no snapshot. 1F1B pays step and
+  // excess once per iteration (M = 4).
+  Profile p = timesProfile({1});
+  p.layers[0].forward = 1;
+  p.layers[0].backward = 2;
+  p.layers[0].step = 3;
+  p.layers[0].backwardAfterStep = 2.5;
+  p.layers[0].snapshot = 0.25;
+  p.layers.push_back(p.layers[0]);
+  CostModel m(p, freeCluster(2));
+  PipelineShape pd = shapeOf(ScheduleKind::PipeDream, 2, 4, {0, 1}, 2);
+  StageEstimate s0 = m.stage(pd, 0, 0, 1, StashPolicy::Keep);
+  EXPECT_DOUBLE_EQ(s0.snapshotTime, 0.25);
+  EXPECT_DOUBLE_EQ(s0.afterStepTime, 0.5);
+  EXPECT_DOUBLE_EQ(s0.time, 2 * 1 + 2 * 2 + 0.25 + 3 + 0.5);
+  StageEstimate s1 = m.stage(pd, 1, 1, 2, StashPolicy::Keep);
+  EXPECT_DOUBLE_EQ(s1.snapshotTime, 0);
+  EXPECT_DOUBLE_EQ(s1.time, 2 * 1 + 2 * 2 + 3 + 0.5);
+  PipelineShape fb = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
+  EXPECT_DOUBLE_EQ(m.stage(fb, 0, 0, 1, StashPolicy::Keep).time, 2 * 1 + 2 * 2 + (3 + 0.5) / 4);
 }
 
 TEST(SolverLiteral, OffloadWinsWhenKeepDoesNotFitAndCopiesHide) {

@@ -42,8 +42,48 @@
 //   asynchronous ones step between microbatches with stashes in flight, so the transient
 //   is charged on top of the stash: stash + max(working set, step transient).
 // The excess over what the stash and working set already reserve is in WorkingSet.
+//
+// Note [Gathered weight gradients]
+// The runtime's B does not accumulate into .grad layer by layer: it asks autograd for the
+// gradients of all the stage's parameters at once (torch::autograd::grad, Note [Weights,
+// versions and replicas] in PipelineEngine.cpp) and adds them to the master's .grad after
+// the whole backward. While B runs through layer l (last to first), the gradients of the
+// layers after l are therefore held as fresh tensors beside l's own working set (the
+// profiled working set, which includes l's own gradient). B's working set on the
+// backward device is
+//   max over l in [first, last) of  ws(l) x scale + G(l+1 .. last),
+//   and at the end  G(first .. last) + the input gradient (stages after the first).
+// (Measured: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set is 3.0.)
+//
+// Note [Forward device memory]
+// A split stage's forward device runs only F: its working set is the largest forward
+// working set (LayerCost::forwardWorkingBytes). RecvWeights brings the new weights as a
+// message (CommBuffers, W bytes) that is copied into the forward copy; the device then
+// holds 2 W (measured: exactly 2 W is pipefb-sync's forward-device peak). pipefb-async with
+// a graph stash still has stashes referring to the old copy, so RecvWeights builds a new
+// copy (3 W while it copies; the old copy stays until its stashes are consumed, so F runs
+// beside 2 W). The async case follows the code path, it was not measured.
+//
+// Note [Backward after a step]
+// The first B after an optimizer step costs more than the others: the runtime zeroes the
+// stale gradients, and the fresh gradient tensors land on memory the allocator returned
+// to the system while the step's temporaries were freed (page faults; on this machine
+// about 0.5 ms per MB). The profiler measures B in that position
+// (LayerCost::backwardAfterStep); the excess over B is parameter-sized, so it is not
+// scaled by the microbatch. It is paid once per step: every microbatch for PipeDream,
+// once per iteration otherwise (stepsPerMicrobatch()).
+//
+// Note [Weight snapshots]
+// PipeDream runs F(s,m) on a snapshot of the current weights when a STEP comes before
+// B(s,m) (stages with more than one microbatch in flight); a STEP follows every B, so
+// every F makes one: a clone of every parameter of the stage (buffers are shared). The
+// profiler measures each layer's clone (LayerCost::snapshot); it is charged to the
+// forward device's compute per microbatch.
 #include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -129,6 +169,8 @@ struct StageEstimate {
   double forwardTime = 0;   // seconds per microbatch on its forward device
   double backwardTime = 0;  // incl. recompute
   double stepTime = 0;      // per iteration
+  double afterStepTime = 0; // extra of the first B after a step, per step (Note [Backward after a step])
+  double snapshotTime = 0;  // weight snapshot per microbatch (Note [Weight snapshots])
   double forwardCompute = 0, backwardCompute = 0;  // busy time per microbatch per device
   double forwardCopy = 0, backwardCopy = 0;         // copy-engine time per microbatch
   double linkIn = 0;   // boundary with the previous stage (0 for stage 0)
@@ -196,6 +238,13 @@ class CostModel {
 
   std::int64_t inputBytes(int layer) const;  // unscaled; layer 0: the model input
   std::int64_t workingBytes(int layer) const { return profile_.layers[layer].workingBytes; }
+  /// Largest forward working set of [first, last), unscaled (Note [Forward device memory]).
+  std::int64_t forwardWorking(int first, int last) const {
+    return rangeMax(forwardWorkingMax_, first, last);
+  }
+  /// B's working set of stage k = [first, last) at the shape's microbatch, with the
+  /// gathered weight gradients (Note [Gathered weight gradients]).
+  std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last) const;
   double scale(const PipelineShape& shape) const;
 
  private:
@@ -203,12 +252,23 @@ class CostModel {
   static T range(const std::vector<T>& prefix, int a, int b) {
     return prefix[b] - prefix[a];
   }
+  using SparseMax = std::vector<std::vector<std::int64_t>>;  // sparse table of range maxima
+  static SparseMax buildMax(std::vector<std::int64_t> values);
+  static std::int64_t rangeMax(const SparseMax& t, int first, int last);
   Profile profile_;
   Cluster cluster_;
-  std::vector<double> F_, B_, R_, step_;
+  std::vector<double> F_, B_, R_, step_, afterStep_, snapshot_;
   std::vector<std::int64_t> saved_, param_, grad_, opt_, states_;
-  std::vector<std::vector<std::int64_t>> stepWorkingMax_;  // sparse table of range maxima
-  std::int64_t stepWorking(int first, int last) const;
+  SparseMax stepWorkingMax_, forwardWorkingMax_;
+  std::int64_t stepWorking(int first, int last) const { return rangeMax(stepWorkingMax_, first, last); }
+  // Note [Gathered weight gradients]: per microbatch size, the range maxima of
+  // scaled(ws(l)) - gradPrefix(l + 1), built on first use (the planner is single-threaded
+  // today; the mutex keeps a shared model safe anyway).
+  struct GatherCache {
+    std::mutex mu;
+    std::map<std::int64_t, SparseMax> tables;
+  };
+  std::shared_ptr<GatherCache> gather_ = std::make_shared<GatherCache>();
 };
 
 }  // namespace pipefb::planner

@@ -16,9 +16,19 @@ struct LayerCost {
   double backward = 0;   // B without recompute
   double recompute = 0;  // extra time of re-running F inside a checkpointed B
   double step = 0;       // optimizer step of this layer's parameters, per iteration
+  /// B of the first microbatch after an optimizer step, the way the runtime runs it:
+  /// zero the stale gradients, autograd::grad into fresh tensors, add them to .grad.
+  /// Note [Backward after a step] in CostModel.h. 0 = not measured: use `backward`.
+  double backwardAfterStep = 0;
+  /// Copying the layer's parameters into fresh tensors (a PipeDream weight snapshot,
+  /// Note [Weight snapshots] in CostModel.h).
+  double snapshot = 0;
   std::int64_t outputBytes = 0;  // the activation this layer hands to the next
   std::int64_t savedBytes = 0;   // what autograd keeps for B (the graph stash)
   std::int64_t workingBytes = 0; // transient peak while F or B runs, beyond the stash
+  /// Transient peak while F alone runs (a split stage's forward device runs no B); -1 = not
+  /// measured: use workingBytes.
+  std::int64_t forwardWorkingBytes = -1;
   /// Transient peak of this layer's optimizer step beyond its state (Adam's temporaries,
   /// e.g. exp_avg_sq.sqrt() / c, about 2x the largest parameter tensor); per iteration,
   /// not scaled by the microbatch. Note [Step working set] in CostModel.h.

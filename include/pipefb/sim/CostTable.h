@@ -25,6 +25,7 @@ struct StageCosts {
   std::int64_t gradsBytes = 8 << 20;            // resident grads on B(s)
   std::int64_t optimizerStateBytes = 16 << 20;  // resident optimizer state on B(s)
   std::int64_t workingSetBytes = 2 << 20;       // transient, while F/B runs
+  std::int64_t stepWorkingBytes = 0;            // transient of STEP (optimizer_state), while it runs
 };
 
 /// A one-way link. time(bytes) = latency + bytes / bandwidth; bandwidth 0 = unlimited.
