@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/topology/Binding.h"
 
 namespace pipefb::offload {
 
@@ -96,6 +97,9 @@ at::Tensor HostPool::allocate(const at::Tensor& like, MemoryCategory category) {
         s.domain->release(category, nbytes);
         throw std::bad_alloc();
       }
+      // Note [Host pool NUMA placement] (pipefb/topology/Binding.h): before mlock touches
+      // the pages; a no-op on one NUMA node.
+      topology::bindMemoryNearThisThread(block, static_cast<size_t>(size));
       bool ok = s.lockPages && mlock(block, static_cast<size_t>(size)) == 0;
       if (!ok) s.anyPlain = true;
       s.locked[block] = ok;

@@ -361,6 +361,8 @@ const std::vector<KeySpec>& schema() {
     s.push_back(size("devices.memory", [](Config& c) -> auto& { return c.devices.memory; }));
     s.push_back(size("devices.host_memory",
                      [](Config& c) -> auto& { return c.devices.host_memory; }));
+    s.push_back(choice("devices.bind", [](Config& c) -> auto& { return c.devices.bind; },
+                       {"none", "cores"}));
     // pipeline
     s.push_back(choice("pipeline.schedule",
                        [](Config& c) -> auto& { return c.pipeline.schedule; }, scheduleNames()));

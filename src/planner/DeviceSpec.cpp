@@ -176,6 +176,7 @@ Cluster ClusterSpec::toCluster(const std::vector<double>& speeds) const {
   }
   c.links = links;
   c.hostPool = hostPool;
+  c.cores = cores;
   return c;
 }
 
@@ -200,7 +201,7 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
   if (!n.IsMap()) throw UserError(source + ": a cluster spec is a map of keys");
   checkKeys(n,
             {"name", "description", "devices", "host_pool", "link_kinds", "default_link", "matrix",
-             "groups", "group_link"},
+             "groups", "group_link", "cores"},
             source, "");
   ClusterSpec c;
   c.name = n["name"] ? n["name"].as<std::string>() : fs::path(source).stem().string();
@@ -225,6 +226,19 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
                         ": host_pool must be a size such as 64GiB or unlimited, got '" + t + "'");
       c.hostPool = *v;
     }
+  }
+  if (n["cores"]) {
+    int cores = -1;
+    try {
+      cores = n["cores"].as<int>();
+    } catch (const YAML::Exception&) {
+    }
+    if (cores < 0)
+      throw UserError(where(source, n["cores"]) +
+                      ": cores must be an integer >= 0 (the cores the devices share; 0 = "
+                      "each device has its own), got '" +
+                      n["cores"].Scalar() + "'");
+    c.cores = cores;
   }
   std::map<std::string, Link> kinds;
   if (n["link_kinds"]) {
@@ -370,6 +384,7 @@ std::string clusterSpecToYaml(const ClusterSpec& c) {
   out << YAML::EndSeq;
   out << YAML::Key << "host_pool" << YAML::Value
       << (c.hostPool < 0 ? std::string("unlimited") : std::to_string(c.hostPool));
+  if (c.cores > 0) out << YAML::Key << "cores" << YAML::Value << c.cores;
   if (!kinds.empty()) {
     out << YAML::Key << "link_kinds" << YAML::Value << YAML::BeginMap;
     for (const auto& [k, l] : kinds)

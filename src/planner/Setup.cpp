@@ -3,11 +3,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <thread>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/AnalyticProfile.h"
+#include "pipefb/planner/DetectedCluster.h"
 #include "pipefb/planner/ProfileFile.h"
+#include "pipefb/topology/Topology.h"
 
 namespace pipefb::planner {
 
@@ -41,9 +42,19 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
       spec.memory = *cfg.devices.memory;
     else if (spec.name == "cpu")
       spec.memory = std::int64_t(1) << 50;  // unlimited domain
-    pl.clusterSpec = uniformClusterSpec(spec, static_cast<int>(cfg.devices.count),
-                                        Link{spec.pcieBandwidth, spec.hostLatency},
-                                        cfg.devices.host_memory ? *cfg.devices.host_memory : -1);
+    const std::int64_t hostPool = cfg.devices.host_memory ? *cfg.devices.host_memory : -1;
+    if (spec.name == "cpu") {
+      // Virtual CPU devices on this machine: the detected cluster (Note [Detected cluster]);
+      // NUMA-aware links only when devices.bind ties each device to a core.
+      DetectedClusterOptions d;
+      d.devices = static_cast<int>(cfg.devices.count);
+      d.hostPool = hostPool;
+      d.numaLinks = cfg.devices.bind == "cores";
+      pl.clusterSpec = detectedClusterSpec(topology::machine(), spec, d);
+    } else {
+      pl.clusterSpec = uniformClusterSpec(spec, static_cast<int>(cfg.devices.count),
+                                          Link{spec.pcieBandwidth, spec.hostLatency}, hostPool);
+    }
   }
   const ModelWork work = modelWork(cfg.model);
   const std::int64_t mb = opt.profileMicrobatch > 0 ? opt.profileMicrobatch : 1;
@@ -67,11 +78,10 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   }
   auto speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
   Cluster cluster = pl.clusterSpec.toCluster(speeds);
-  // Virtual CPU devices share this machine's cores (Note [Shared cores] in CostModel.h).
-  if (opt.cluster.empty() && pl.clusterSpec.devices.front().name == "cpu")
-    cluster.cores = opt.cores >= 0
-                        ? opt.cores
-                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Virtual CPU devices share this machine's cores (Note [Shared cores] in CostModel.h): the
+  // detected ones (hwloc cores this process may use), or --cores.
+  if (opt.cluster.empty() && pl.clusterSpec.devices.front().name == "cpu" && opt.cores >= 0)
+    cluster.cores = opt.cores;
   pl.model = std::make_unique<CostModel>(profile, std::move(cluster));
   pl.solver.batch = cfg.training.batch;
   pl.solver.lookahead = static_cast<int>(cfg.pipeline.lookahead);

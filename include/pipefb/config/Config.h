@@ -49,6 +49,9 @@ struct DevicesOptions {
   std::string kind = "cpu";       // cpu (virtual devices) | cuda
   std::optional<int64_t> memory;  // per-device capacity in bytes; nullopt = unlimited
   std::optional<int64_t> host_memory;  // host-pool capacity; nullopt = unlimited
+  /// none | cores: pin each device's worker and copy-engine threads to a core
+  /// (Note [Device binding], pipefb/topology/Binding.h).
+  std::string bind = "none";
 };
 
 struct PipelineOptions {

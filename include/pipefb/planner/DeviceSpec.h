@@ -39,6 +39,9 @@ struct ClusterSpec {
   std::vector<std::vector<Link>> links;
   std::vector<std::vector<std::string>> linkKinds;  // names, for reports
   std::int64_t hostPool = -1;
+  /// `cores: N` (Note [Shared cores]): the devices' compute threads share N cores of one
+  /// machine (pipefb_topology writes it for virtual CPU devices); 0 = each has its own.
+  int cores = 0;
 
   /// The solver's view: the given speeds (analyticSpeeds(), or 1 for a measured profile
   /// on one kind of device), capacities from the specs, host links from PCIe.

@@ -1,7 +1,8 @@
 #pragma once
 // From a run config and the planner flags to a cost model: the profile (a profile file,
 // or analytic from the device spec), the cluster (a cluster spec, or devices.count x a
-// device spec with devices.memory as capacity) and the solver options. Shared by
+// device spec with devices.memory as capacity; for the cpu spec, the detected cluster of
+// Note [Detected cluster]) and the solver options. Shared by
 // pipefb_plan and pipefb_sweep. Torch-free.
 #include <cstdint>
 #include <memory>
@@ -21,7 +22,7 @@ struct SetupOptions {
   std::string configsDir;      // holds devices/ and clusters/ (default: next to the config)
   std::int64_t profileMicrobatch = 0;  // analytic profile microbatch; 0 = 1
   /// Cores the virtual CPU devices of a config-derived `cpu` cluster share (Note [Shared
-  /// cores]): -1 = this machine's (std::thread::hardware_concurrency), 0 = not shared.
+  /// cores]): -1 = the detected ones (Note [Detected cluster]), 0 = not shared.
   int cores = -1;
 };
 

@@ -16,7 +16,8 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
                  "profile file from pipefb_profile (default: analytic)");
   app.add_option("--cores", setup.cores,
                  "cores the virtual cpu devices share; compute slows by cores/devices when "
-                 "more devices run (default: this machine's; 0: each device has its own)")
+                 "more devices run (default: this machine's cores, detected by hwloc; 0: each device "
+                 "has its own)")
       ->check(CLI::Range(-1, 1 << 20));
 }
 
