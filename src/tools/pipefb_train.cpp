@@ -30,6 +30,7 @@
 #include "pipefb/common/Program.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/config/Config.h"
+#include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/planner/Explain.h"
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Profiler.h"
@@ -148,8 +149,30 @@ int main(int argc, char** argv) {
                config.pipeline.partition_by == "planner") {
       planYaml = usePlannerPartition(config, configPath);
     }
+    // One process per device (issue 8), under pipefb_launch or torchrun.
+    std::shared_ptr<pipefb::dist::ProcessGroup> group;
+    if (auto env = pipefb::dist::envFromTorchrun(); env && env->worldSize > 1) {
+      const std::string ws = "WORLD_SIZE=" + std::to_string(env->worldSize);
+      if (config.pipeline.schedule == "none")
+        throw pipefb::UserError(ws + ": pipeline.schedule: none runs in one process; allowed "
+                                "with one process per device: gpipe, 1f1b, pipedream, "
+                                "pipefb-sync, pipefb-async");
+      if (config.training.checkpoint_every > 0 || !resumeDir.empty())
+        throw pipefb::UserError(ws + ": training.checkpoint_every: " +
+                                std::to_string(config.training.checkpoint_every) +
+                                " (and --resume) are not supported with one process per device "
+                                "yet; allowed: 0");
+      config.output.dir += "/rank" + std::to_string(env->rank);
+      if (config.training.eval || config.training.checkpoint)
+        spdlog::info("distributed: a rank holds only its own stages' weights, so no test-set "
+                     "evaluation and no model.pt (training.eval and training.checkpoint off)");
+      config.training.eval = false;
+      config.training.checkpoint = false;
+      group = pipefb::dist::makeGlooGroup(*env, {config.distributed.timeout});
+    }
     pipefb::train::Trainer trainer(std::move(config), faultHooks());
     trainer.setPlanYaml(std::move(planYaml));
+    trainer.setProcessGroup(group);
     if (!checkpoint.empty()) trainer.resume(checkpoint);
     auto summary = trainer.run();
     if (summary.test_accuracy >= 0) std::cout << "test_accuracy " << summary.test_accuracy << "\n";

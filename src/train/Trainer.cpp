@@ -131,6 +131,7 @@ void Trainer::ensureEngine() {
   eo.totalSteps = totalSteps_;
   eo.firstStep = stepsDone_;
   eo.log = engineEnd_ == 0;  // the first engine of this process; segments repeat it
+  eo.group = group_;
   engine_ = std::make_unique<runtime::PipelineEngine>(*model_, config_, eo);
   engineEnd_ = end;
   if (!pendingOptimizer_.empty()) {

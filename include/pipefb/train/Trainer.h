@@ -22,6 +22,9 @@ class MemoryDomain;
 namespace pipefb::runtime {
 class PipelineEngine;
 }
+namespace pipefb::dist {
+class ProcessGroup;
+}
 
 namespace pipefb::train {
 
@@ -72,6 +75,9 @@ class Trainer {
   /// pipefb_train chose). run() writes it to RUN_DIR/plan.yaml next to config.yaml, where
   /// the report finds its predictions.
   void setPlanYaml(std::string yaml) { planYaml_ = std::move(yaml); }
+  /// One process per device (issue 8): the pipeline runs this rank's device only
+  /// (EngineOptions::group). Call before run().
+  void setProcessGroup(std::shared_ptr<dist::ProcessGroup> group) { group_ = std::move(group); }
 
   /// Continues from a checkpoint folder (readCheckpoint): weights (re-partitioned by
   /// name for this config's plan), optimizer state, loader position, RNG and step.
@@ -112,6 +118,7 @@ class Trainer {
 
   TrainerHooks hooks_;
   std::string planYaml_;
+  std::shared_ptr<dist::ProcessGroup> group_;
   NamedTensors pendingOptimizer_;  // optimizer state for the next engine
   std::string pendingSource_;       // where it came from, for errors
   int64_t engineEnd_ = 0;           // the engine was built for steps up to here
