@@ -175,9 +175,9 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     B_[l + 1] = B_[l] + c.backward;
     R_[l + 1] = R_[l] + c.recompute;
     step_[l + 1] = step_[l] + c.step;
-    // Note [Backward after a step]: the excess only (0 when not measured).
-    afterStep_[l + 1] =
-        afterStep_[l] + (c.backwardAfterStep > 0 ? std::max(0.0, c.backwardAfterStep - c.backward) : 0.0);
+    // Note [Backward after a step]: B after a step (B when not measured). The excess is
+    // taken over a whole stage, so that the noise of small layers cancels.
+    afterStep_[l + 1] = afterStep_[l] + (c.backwardAfterStep > 0 ? c.backwardAfterStep : c.backward);
     snapshot_[l + 1] = snapshot_[l] + c.snapshot;
     saved_[l + 1] = saved_[l] + c.savedBytes;
     param_[l + 1] = param_[l] + c.paramBytes;
@@ -325,7 +325,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   e.forwardTime = range(F_, first, last) * f / fspeed;
   e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f / bspeed;
   e.stepTime = range(step_, first, last) / bspeed;
-  e.afterStepTime = range(afterStep_, first, last) / bspeed;  // not scaled: parameter-sized
+  // Not scaled by the microbatch: the excess is parameter-sized.
+  e.afterStepTime = std::max(0.0, range(afterStep_, first, last) - range(B_, first, last)) / bspeed;
   const double stepPerMb = (e.stepTime + e.afterStepTime) * stepsPerMicrobatch(shape.kind, M);
   // Note [Weight snapshots]: one per F when PipeDream keeps copies (a STEP after every B).
   if (shape.kind == ScheduleKind::PipeDream && copies > 0)

@@ -69,8 +69,8 @@
 // stale gradients, and the fresh gradient tensors land on memory the allocator returned
 // to the system while the step's temporaries were freed (page faults; on this machine
 // about 0.5 ms per MB). The profiler measures B in that position
-// (LayerCost::backwardAfterStep); the excess over B is parameter-sized, so it is not
-// scaled by the microbatch. It is paid once per step: every microbatch for PipeDream,
+// (LayerCost::backwardAfterStep); the stage's excess, max(0, sum of that - sum of B), is
+// parameter-sized, so it is not scaled by the microbatch. It is paid once per step: every microbatch for PipeDream,
 // once per iteration otherwise (stepsPerMicrobatch()).
 //
 // Note [Weight snapshots]
