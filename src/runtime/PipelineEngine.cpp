@@ -1,4 +1,5 @@
 #include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/runtime/DeviceBinding.h"
 
 #include <spdlog/spdlog.h>
 
@@ -661,6 +662,7 @@ void PipelineEngine::Impl::build() {
 void PipelineEngine::Impl::workerMain(int d) {
   // Note [Intra-op threads] in MemoryScope.h: one intra-op thread per device worker.
   at::set_num_threads(1);
+  bindDeviceThreads(config.devices.bind, d, transfers.get());  // Note [Device binding]
   DeviceState& dev = devices[d];
   memory::MemoryScope scope(*dev.domain, MemoryCategory::WorkingSet);
   const auto& list = plan.schedule.devices[d];
