@@ -5,8 +5,9 @@
 // prefixes every line they print with "[rank r] " (stdout to stdout, stderr to stderr),
 // and forwards SIGINT/SIGTERM to them. When one exits non-zero (or dies from a signal:
 // 128 + signal), the others get SIGTERM and, --grace seconds later, SIGKILL; the launcher
-// exits with that first failure's code. Children die with the launcher (PR_SET_PDEATHSIG),
-// so no rank outlives it.
+// exits with that first failure's code. Each rank runs in its own process group, which
+// is killed when the rank exits (nothing it started outlives it), and ranks die with the
+// launcher (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -98,6 +99,7 @@ int run(int n, int port, const std::string& addr, double grace,
     pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
+      setpgid(0, 0);  // its own process group: signals reach what the rank started too
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(1);
       sigset_t none;
@@ -121,6 +123,7 @@ int run(int n, int port, const std::string& addr, double grace,
       std::fprintf(stderr, "pipefb_launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
       _exit(127);
     }
+    setpgid(pid, pid);
     close(out[1]);
     close(err[1]);
     children[r] = {pid, true, 0};
@@ -136,7 +139,7 @@ int run(int n, int port, const std::string& addr, double grace,
   Clock::time_point killAt{};
   auto signalAll = [&](int sig) {
     for (auto& c : children)
-      if (c.running) kill(c.pid, sig);
+      if (c.running) kill(-c.pid, sig);
   };
   auto stopAll = [&](int sig) {
     if (!stopping) {
@@ -189,6 +192,7 @@ int run(int n, int port, const std::string& addr, double grace,
       if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.running = false;
       --running;
+      kill(-c.pid, SIGKILL);  // whatever the rank left in its process group goes with it
       c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (c.code != 0 && exitCode == 0) {
         exitCode = c.code;

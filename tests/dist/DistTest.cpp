@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "DistCase.h"
 #include "TestUtil.h"
@@ -247,5 +248,52 @@ TEST(Dist, SilentRankTimesOutAndTheLauncherLeavesNoProcess) {
   EXPECT_NE(r.out.find("pipefb_launch: rank 0 exited with code 1"), std::string::npos) << r.out;
   EXPECT_LT(secs, 20) << r.out;
   EXPECT_TRUE(survivors(dir.string()).empty());
+  fs::remove_all(dir);
+}
+
+// pipefb_train under pipefb_launch: each rank writes OUT/rank<r>, and the run's losses are
+// those of the same pipeline on threads (synchronous schedules are exact).
+TEST(Dist, PipefbTrainUnderTheLauncherMatchesTheThreadedRun) {
+  const fs::path dir = workDir("train");
+  const std::string args = std::string(" --config ") + PIPEFB_SOURCE_DIR +
+                           "/configs/mlp-tiny.yaml --set pipeline.schedule=pipefb-sync "
+                           "--set pipeline.stages=1 --set devices.count=2 --set "
+                           "pipeline.microbatches=4 --set training.iterations=6 --set "
+                           "pipeline.stash=checkpoint-offload --set training.eval=false "
+                           "--set output.progress=false --set output.dir=";
+  auto one = test::runCommand(std::string(PIPEFB_BINARY_DIR) + "/pipefb_train" + args +
+                              (dir / "threads").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two = test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n 2 -- " +
+                              PIPEFB_BINARY_DIR + "/pipefb_train" + args +
+                              (dir / "procs").string());
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto column = [](const fs::path& csv) {  // metrics.csv's loss column, per step
+    std::ifstream in(csv);
+    std::string header, line;
+    std::getline(in, header);
+    std::vector<std::string> names;
+    std::stringstream hs(header);
+    for (std::string c; std::getline(hs, c, ',');) names.push_back(c);
+    const size_t at = std::find(names.begin(), names.end(), "loss") - names.begin();
+    std::vector<double> out;
+    while (std::getline(in, line)) {
+      std::stringstream ls(line);
+      std::string c;
+      for (size_t i = 0; i <= at && std::getline(ls, c, ','); ++i) {
+      }
+      out.push_back(std::stod(c));
+    }
+    return out;
+  };
+  auto want = column(dir / "threads" / "metrics.csv");
+  ASSERT_EQ(want.size(), 6u);
+  for (int k = 0; k < 2; ++k) {
+    auto got = column(dir / "procs" / ("rank" + std::to_string(k)) / "metrics.csv");
+    ASSERT_EQ(got.size(), want.size()) << "rank " << k;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+          << "rank " << k << " step " << i + 1;
+  }
   fs::remove_all(dir);
 }
