@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 PY=${PY:-/usr/bin/python3}
-NICE=${NICE:-nice -n 10}
+NICE=${NICE-nice -n 10}  # NICE= (empty): normal priority
 
 need() {  # need PROGRAM...: the build's programs must exist
   for p in "$@"; do
