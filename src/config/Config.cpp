@@ -381,6 +381,8 @@ const std::vector<KeySpec>& schema() {
     s.push_back(text("pipeline.placement", [](Config& c) -> auto& { return c.pipeline.placement; }));
     s.push_back(integer("pipeline.async_lag",
                         [](Config& c) -> auto& { return c.pipeline.async_lag; }, -1, 1 << 16));
+    s.push_back(integer("pipeline.replicas",
+                        [](Config& c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
     // distributed
     s.push_back(number("distributed.timeout",
                        [](Config& c) -> auto& { return c.distributed.timeout; }, 0, 86400, true));

@@ -63,28 +63,28 @@ class GlooGroup final : public ProcessGroup {
       : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)) {
     QuietGlog quiet;
     rendezvous(options);
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    else if (env.masterAddr == "127.0.0.1" || env.masterAddr == "localhost")
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    opts->threads = 1;
-    try {
-      // Two groups: point-to-point slots are our tags, collectives use gloo's own.
-      p2p_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("p2p", store_), env.rank, env.worldSize, opts);
-      coll_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("coll", store_), env.rank, env.worldSize, opts);
-    } catch (const std::exception& e) {
-      throw UserError("rendezvous: rank " + std::to_string(env.rank) +
-                      " could not connect the c10d::ProcessGroupGloo mesh within distributed.timeout " +
-                      seconds(options.timeoutSeconds) + ": " + firstLine(e.what()));
-    }
-    reaper_ = std::thread([this] { reap(); });
+    connect("");
     spdlog::info("distributed: rank {} of {} (local rank {}), c10d gloo, store {}:{}", env.rank,
                  env.worldSize, env.localRank, env.masterAddr, env.masterPort);
+  }
+
+  // A subgroup over the parent's store: `env` holds the rank and size within it.
+  GlooGroup(const DistEnv& env, std::chrono::milliseconds timeout,
+            c10::intrusive_ptr<c10d::Store> store, const std::string& prefix)
+      : env_(env), timeout_(timeout), store_(std::move(store)) {
+    QuietGlog quiet;
+    connect(prefix);
+  }
+
+  std::shared_ptr<ProcessGroup> subgroup(const std::string& name,
+                                         const std::vector<int>& ranks) override {
+    DistEnv sub = env_;
+    sub.rank = -1;
+    sub.worldSize = static_cast<int>(ranks.size());
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (ranks[i] == env_.rank) sub.rank = static_cast<int>(i);
+    PIPEFB_ASSERT(sub.rank >= 0, "rank " << env_.rank << " is not in subgroup " << name);
+    return std::make_shared<GlooGroup>(sub, timeout_, store_, name + "/");
   }
 
   ~GlooGroup() override {
@@ -268,6 +268,33 @@ class GlooGroup final : public ProcessGroup {
       }
       cv_.notify_all();
     }
+  }
+
+  // The process groups over store_: two, since point-to-point slots are our tags and
+  // collectives use gloo's own.
+  void connect(const std::string& prefix) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (env_.masterAddr == "127.0.0.1" || env_.masterAddr == "localhost")
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    try {
+      p2p_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>(prefix + "p2p", store_), env_.rank,
+          env_.worldSize, opts);
+      coll_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_), env_.rank,
+          env_.worldSize, opts);
+    } catch (const std::exception& e) {
+      throw UserError("rendezvous: rank " + std::to_string(env_.rank) + " of group '" + prefix +
+                      "' could not connect the c10d::ProcessGroupGloo mesh within "
+                      "distributed.timeout " +
+                      seconds(timeout_.count() / 1000.0) + ": " + firstLine(e.what()));
+    }
+    reaper_ = std::thread([this] { reap(); });
   }
 
   void rendezvous(const GroupOptions& options) {

@@ -27,6 +27,7 @@
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
 #include "pipefb/report/ChromeTrace.h"
+#include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/StashPolicy.h"
@@ -372,7 +373,7 @@ struct PipelineEngine::Impl {
 
   // Note [Channels across processes]
   // With EngineOptions::group (one process per device, issue 8) this process runs the
-  // worker of device group->rank() only. A message to or from a device of another
+  // worker of device group->rank() mod D only. A message to or from a device of another
   // process is a c10d send/recv (pipefb/dist/ProcessGroup.h) under tagOf(its ChanKey);
   // between devices of this process it stays a mailbox. Sends never block (the group
   // holds the buffer until delivered), receives block until the peer sent, died, or
@@ -382,6 +383,11 @@ struct PipelineEngine::Impl {
   // its receive on a helper thread, and B waits for it. The loss is all-reduced in
   // step(), so every rank returns it.
   bool isLocal(int d) const;
+  // Hybrid data + pipeline parallelism (pipeline.replicas = R): rank = replica x D + device;
+  // AR(s) all-reduces stage s's gradients over replicaGroup, the ranks of this device.
+  int R = 1, myDevice = -1, myReplica = 0;
+  std::shared_ptr<dist::ProcessGroup> replicaGroup;
+  int rankOf(int d) const { return myReplica * D + d; }
   void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
   std::vector<Tensor> receive(int peer, const ChanKey& k);
 
@@ -555,15 +561,30 @@ void PipelineEngine::Impl::build() {
                                      static_cast<int>(p.async_lag));
   plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
                           schedules::lookaheadPerStage(lookahead, S));
+  if (p.replicas > 1) plan.schedule = schedules::addAllReduce(plan.schedule);
   schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
+  R = static_cast<int>(p.replicas);
+  if (R > 1 && !options.group)
+    throw UserError(config.source + ": pipeline.replicas: " + std::to_string(R) +
+                    " replicas need one process per device; launch devices.count x replicas = " +
+                    std::to_string(D * R) + " ranks (pipefb_launch -n " + std::to_string(D * R) +
+                    "), or set pipeline.replicas: 1");
   if (options.group) {  // Note [Channels across processes]
-    if (D != options.group->size())
+    if (D * R != options.group->size())
       throw UserError(config.source + ": devices.count: the schedule runs on " +
-                      std::to_string(D) + " devices but WORLD_SIZE=" +
-                      std::to_string(options.group->size()) +
-                      "; one process per device: launch " + std::to_string(D) +
-                      " ranks (pipefb_launch -n " + std::to_string(D) + ")");
+                      std::to_string(D) + " devices" +
+                      (R > 1 ? " x " + std::to_string(R) + " replicas" : std::string()) +
+                      " but WORLD_SIZE=" + std::to_string(options.group->size()) +
+                      "; one process per device: launch " + std::to_string(D * R) +
+                      " ranks (pipefb_launch -n " + std::to_string(D * R) + ")");
+    myDevice = options.group->rank() % D;
+    myReplica = options.group->rank() / D;
+    if (R > 1) {
+      std::vector<int> ranks;
+      for (int r = 0; r < R; ++r) ranks.push_back(r * D + myDevice);
+      replicaGroup = options.group->subgroup("replicas-of-cpu" + std::to_string(myDevice), ranks);
+    }
     for (int s = 0; s < S; ++s)
       if (placement.forward(s) != placement.backward(s) && !schedules::isCheckpoint(policy))
         throw UserError(config.source + ": pipeline.stash: " + p.stash + " cannot cross processes: stage " +
@@ -857,7 +878,7 @@ StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
       dev.remoteStash.erase(f);
     } else {
       memory::MemoryScope scope(MemoryCategory::Stash);
-      t = options.group->recv(stages[stage].fDev, tagOf({Chan::Stash, stage, mb, dev.id}));
+      t = options.group->recv(rankOf(stages[stage].fDev), tagOf({Chan::Stash, stage, mb, dev.id}));
     }
     auto e = std::make_shared<StashEntry>();
     e->input = t.at(0);
@@ -996,7 +1017,7 @@ Tensor copyInto(const Tensor& t, memory::MemoryDomain& domain, MemoryCategory ca
 }  // namespace
 
 bool PipelineEngine::Impl::isLocal(int d) const {
-  return !options.group || d == options.group->rank();
+  return !options.group || d == myDevice;
 }
 
 // Note [Channels across processes]
@@ -1009,13 +1030,13 @@ void PipelineEngine::Impl::post(int peer, const ChanKey& k, std::vector<Tensor> 
     return;
   }
   memory::MemoryScope scope(MemoryCategory::CommBuffers);  // the send buffer until delivered
-  options.group->send(std::move(tensors), peer, tagOf(k));
+  options.group->send(std::move(tensors), rankOf(peer), tagOf(k));
 }
 
 std::vector<Tensor> PipelineEngine::Impl::receive(int peer, const ChanKey& k) {
   if (isLocal(peer)) return channels.take(k).tensors;
   memory::MemoryScope scope(MemoryCategory::CommBuffers);
-  return options.group->recv(peer, tagOf(k));
+  return options.group->recv(rankOf(peer), tagOf(k));
 }
 
 void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
@@ -1045,7 +1066,7 @@ void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
     PIPEFB_ASSERT(!e->graph, "a graph stash cannot cross processes");
     memory::MemoryScope scope(*host, MemoryCategory::CommBuffers);  // held until delivered
     const int to = stages[a.stage].bDev;
-    options.group->send({e->input}, to, tagOf({Chan::Stash, a.stage, a.index, to}));
+    options.group->send({e->input}, rankOf(to), tagOf({Chan::Stash, a.stage, a.index, to}));
     return;
   }
   // Note [Asynchronous host copies]
@@ -1071,7 +1092,7 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
   if (!isLocal(stages[a.stage].fDev)) {  // Note [Channels across processes]
     auto group = options.group;
     memory::MemoryDomain* domain = dev.domain;
-    const int from = stages[a.stage].fDev;
+    const int from = rankOf(stages[a.stage].fDev);
     const int64_t tag = tagOf({Chan::Stash, a.stage, a.index, dev.id});
     dev.remoteStash[{a.stage, a.index}] = std::async(std::launch::async, [group, domain, from, tag] {
       memory::MemoryScope scope(*domain, MemoryCategory::Stash);
@@ -1132,6 +1153,26 @@ void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
 }
 
 void PipelineEngine::Impl::execAllReduce(DeviceState& dev, const Action& a) {
+  if (replicaGroup) {  // pipeline.replicas: the mean of the replicas' stage gradients
+    StageState& st = stages[a.stage];
+    std::vector<Tensor> flat;
+    for (const auto& p : st.master->params) flat.push_back(p.grad().reshape({-1}));
+    std::vector<Tensor> bucket;
+    {
+      memory::MemoryScope scope(MemoryCategory::CommBuffers);
+      bucket.push_back(torch::cat(flat));
+    }
+    replicaGroup->allreduce(bucket);
+    torch::NoGradGuard noGrad;
+    bucket[0].div_(R);
+    int64_t off = 0;
+    for (auto& p : st.master->params) {
+      Tensor g = p.mutable_grad();
+      g.copy_(bucket[0].narrow(0, off, g.numel()).view_as(g));
+      off += g.numel();
+    }
+    return;
+  }
   throw UserError("AR" + std::to_string(a.stage) + "." + std::to_string(a.index) +
                   ": data-parallel all-reduce is not supported by the virtual-device runtime");
 }
@@ -1276,8 +1317,18 @@ double PipelineEngine::step(const data::Batch& batch) {
     memory::setRecording(true);
     I.recording = true;
   }
-  auto inputs = batch.input.chunk(I.M, 0);
-  auto targets = batch.target.chunk(I.M, 0);
+  // pipeline.replicas: each replica runs its share of the batch.
+  torch::Tensor input = batch.input, target = batch.target;
+  if (I.R > 1) {
+    if (batch.input.size(0) % I.R != 0)
+      throw UserError("pipeline.replicas: " + std::to_string(I.R) + " replicas do not divide a " +
+                      "batch of " + std::to_string(batch.input.size(0)) +
+                      " samples; training.batch must be a multiple of replicas x microbatches");
+    input = batch.input.chunk(I.R, 0)[I.myReplica];
+    target = batch.target.chunk(I.R, 0)[I.myReplica];
+  }
+  auto inputs = input.chunk(I.M, 0);
+  auto targets = target.chunk(I.M, 0);
   if (static_cast<int>(inputs.size()) != I.M)
     throw UserError("pipeline.microbatches: " + std::to_string(I.M) +
                     " microbatches from a batch of " + std::to_string(batch.input.size(0)) +
@@ -1326,7 +1377,7 @@ double PipelineEngine::step(const data::Batch& batch) {
     I.options.group->allreduce(t);
     if (lastIteration) I.options.group->flush();
     std::lock_guard<std::mutex> lock(I.mu);
-    I.loss[k] = t[0].item<double>();
+    I.loss[k] = t[0].item<double>() / I.R;  // each replica's last rank added its mean
   }
   std::lock_guard<std::mutex> lock(I.mu);
   return I.loss[k];

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   using namespace pipefb;
   CLI::App app{"dist_worker: one rank of a multi-process pipeline test"};
   std::string modelName = "mlp", schedule = "1f1b", stash = "checkpoint-offload", out;
-  int S = 2, M = 4, iterations = 1, killAt = -1, stopAt = -1, faultRank = 1, devices = 0;
+  int S = 2, M = 4, replicas = 1, iterations = 1, killAt = -1, stopAt = -1, faultRank = 1, devices = 0;
   int64_t batch = 8;
   double timeout = 30;
   app.add_option("--model", modelName)->check(CLI::IsMember({"mlp", "vgg16"}));
@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", M);
   app.add_option("--stash", stash);
   app.add_option("--batch", batch);
+  app.add_option("--replicas", replicas, "pipeline.replicas");
   app.add_option("--iterations", iterations);
   app.add_option("--devices", devices, "devices.count (default: the schedule's)");
   app.add_option("--timeout", timeout, "distributed.timeout");
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     auto cfg = test::distConfig(modelName, schedule, S, M, stash, batch);
     cfg.distributed.timeout = timeout;
     if (devices > 0) cfg.devices.count = devices;
+    cfg.pipeline.replicas = replicas;
     config::validate(cfg);
     auto group = dist::makeGlooGroup(*env, {cfg.distributed.timeout});
     auto model = test::distBuildSeeded(cfg.model);
@@ -66,7 +68,7 @@ int main(int argc, char** argv) {
       // Parameters of the stages whose master (and .grad) lives on this rank.
       auto named = model->namedParameters();
       for (int s = 0; s < engine.numStages(); ++s) {
-        if (engine.backwardDevice(s) != env->rank) continue;
+        if (engine.backwardDevice(s) != env->rank % engine.numDevices()) continue;
         const auto& r = engine.partition()[s];
         for (int64_t i = r.first; i < r.last; ++i)
           for (const auto& p : model->layer(static_cast<size_t>(i))->parameters())

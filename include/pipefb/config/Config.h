@@ -71,6 +71,10 @@ struct PipelineOptions {
   /// pipefb-async: forwards of iteration k that run before the weights of iteration k-1
   /// arrive; -1 = all of them (microbatches), 0 = synchronous weights.
   int64_t async_lag = -1;
+  /// Hybrid data + pipeline parallelism (issue 8): R copies of the pipeline, each on its
+  /// own devices.count ranks, each on 1/R of the batch; stage gradients are averaged over
+  /// the copies (AR before STEP). Needs one process per device (WORLD_SIZE = count x R).
+  int64_t replicas = 1;
 };
 
 /// One process per device (issue 8; pipefb/dist/ProcessGroup.h): the rendezvous and

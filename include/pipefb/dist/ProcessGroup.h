@@ -79,6 +79,11 @@ class ProcessGroup {
   virtual void flush() = 0;
   /// Wakes every blocked recv() with Aborted; later ones throw Aborted at once.
   virtual void abort() = 0;
+  /// A group of `ranks` (this rank among them; ranks are renumbered 0..n-1 in their
+  /// order), e.g. the replicas of one device. Every rank in `ranks` calls it with the same
+  /// name and list.
+  virtual std::shared_ptr<ProcessGroup> subgroup(const std::string& name,
+                                                 const std::vector<int>& ranks) = 0;
 };
 
 /// Rendezvous through c10d::TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and a

@@ -64,6 +64,8 @@ struct EngineOptions {
   /// One process per device (issue 8): this process runs device group->rank() only and
   /// exchanges messages with the other ranks' devices through c10d (Note [Channels
   /// across processes] in PipelineEngine.cpp). Null: every device is a thread here.
+  /// With pipeline.replicas = R the group has devices x R ranks, rank = replica x
+  /// devices + device.
   std::shared_ptr<dist::ProcessGroup> group;
 };
 
