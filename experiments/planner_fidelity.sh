@@ -5,8 +5,13 @@
 # ITERS iterations with `pipefb_train --plan`, and its predicted peak memory per device
 # and iteration time are set against the measured ones.
 #
-#   experiments/planner_fidelity.sh            # BUILD=build ITERS=8 BUDGETS=165MiB,175MiB,1GiB
+#   experiments/planner_fidelity.sh            # BUILD=build ITERS=8 BUDGETS=150MiB,165MiB,180MiB,1GiB
 #
+# The default budgets change the plans where the budget can: 1f1b has 3 stages at 150 MiB
+# (fc6 alone on a device) and 2 above; pipefb-sync does not fit at 150 MiB, has 2 stages
+# on 4 devices at 165 MiB and 1 stage on 2 devices from 180 MiB; pipedream does not fit at
+# 150 MiB and has one plan above (its binding stage, fc6..fc8, holds no stash, and more
+# stages only add weight copies). So each schedule is measured at 3 or 4 budgets.
 # Writes experiments/results/planner_fidelity/:
 #   profile.yaml   the measured profile (pipefb_profile)
 #   sweep.csv      pipefb_sweep --measure output (predicted and measured columns)
@@ -18,10 +23,11 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 ITERS=${ITERS:-8}
-BUDGETS=${BUDGETS:-165MiB,175MiB,1GiB}
+BUDGETS=${BUDGETS:-150MiB,165MiB,180MiB,1GiB}
 OUT=$ROOT/experiments/results/planner_fidelity
 WORK=${WORK:-$(mktemp -d /tmp/planner_fidelity.XXXXXX)}
 mkdir -p "$OUT/plans" "$WORK"
+rm -f "$OUT"/plans/*.yaml  # only the plans of this run
 
 SETS=(--set model.width=0.25 --set training.batch=32 --set pipeline.microbatches=8
       --set pipeline.schedule=1f1b --set devices.count=4)
