@@ -134,6 +134,15 @@ int main(int argc, char** argv) {
     }
     pipefb::config::Config config = pipefb::config::loadConfig(configPath, overrides);
     if (!resumeDir.empty()) config.output.dir = resumeDir;
+    if (const auto env = pipefb::dist::envFromTorchrun();
+        config.pipeline.replicas > 1 && (!env || env->worldSize == 1))
+      throw pipefb::UserError(
+          config.source + ": pipeline.replicas: " + std::to_string(config.pipeline.replicas) +
+          " replicas need one process per device; launch devices.count x replicas = " +
+          std::to_string(config.devices.count * config.pipeline.replicas) +
+          " ranks (pipefb_launch -n " +
+          std::to_string(config.devices.count * config.pipeline.replicas) +
+          "), or set pipeline.replicas: 1");
     std::string planYaml;
     if (!planPath.empty()) {
       const auto spec = pipefb::planner::readPlanFile(planPath);
