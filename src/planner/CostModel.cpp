@@ -338,8 +338,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
   // Note [Gathered weight gradients]: B's working set (plus the recomputed graph).
   // (It is at least the largest layer working set, maxWorking, that the caller passes.)
-  const std::int64_t wsB =
-      std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) + (ckpt ? graph : 0);
+  auto backwardWs = [&] {
+    return std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
+           (ckpt ? graph : 0);
+  };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = stepWorking(first, last);
   const bool flushing = isFlushing(shape.kind);
@@ -364,6 +366,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     for (auto& x : rs)
       if (x.t > e.time) e.time = x.t, e.binding = x.r;
     if (timesOnly) return e;
+    const std::int64_t wsB = backwardWs();
     // Forward device (Note [Forward device memory]): weights, the stash until its offload
     // copy is done, F's working set; RecvWeights' message beside the copy. pipefb-async
     // with a graph stash keeps the old copy beside the new one (not on the backward device).
@@ -394,6 +397,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     if (e.forwardCopy > e.time) e.time = e.forwardCopy, e.binding = Resource::Copy;
     if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
     if (timesOnly) return e;
+    const std::int64_t wsB = backwardWs();
     const int resident = off ? std::min(e.inFlight, shape.lookahead + 2) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, W);

@@ -12,7 +12,9 @@
 //   PipeFB split: forward device: compute = F, copy = stash / host bw (offload);
 //                 backward device: compute = B (+R) + step/M, copy = stash / host bw (prefetch)
 //   (step/M: one step per iteration; PipeDream steps after every microbatch, so it pays
-//   the whole step per microbatch, stepsPerMicrobatch())
+//   the whole step per microbatch, stepsPerMicrobatch(); the step's share includes the
+//   excess of the first B after it, Note [Backward after a step]; PipeDream's F includes
+//   its weight snapshot, Note [Weight snapshots])
 //   boundary with the previous stage: activations one way, gradients the other, each
 //   latency + bytes / bandwidth on its own link; a split last stage also sends its output
 //   from its forward to its backward device.
@@ -24,8 +26,9 @@
 // Memory of a device, by category (the simulator's categories):
 //   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1); grads G and
 //   optimizer state O on the backward
-//   device; stash = resident x stash bytes; working set = the largest layer working set,
-//   plus one recomputed graph while a checkpointed B runs.
+//   device; stash = resident x stash bytes; working set = B's, with the gathered weight
+//   gradients (Note [Gathered weight gradients]), plus one recomputed graph while a
+//   checkpointed B runs; a split stage's forward device: Note [Forward device memory].
 //   stash bytes: keep/offload = saved bytes of the stage; checkpoint kinds = its input.
 //   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
