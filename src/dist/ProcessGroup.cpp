@@ -56,6 +56,7 @@ class QuietGlog {
 // to [0, 2^30).
 constexpr int64_t kHeader = 1024;
 constexpr int64_t kMagic = 0x70666231;  // "pfb1"
+const std::string kFailureKey = "pipefb/first_failure";
 
 class GlooGroup final : public ProcessGroup {
  public:
@@ -74,6 +75,25 @@ class GlooGroup final : public ProcessGroup {
       : env_(env), timeout_(timeout), store_(std::move(store)) {
     QuietGlog quiet;
     connect(prefix);
+  }
+
+  void publishFailure(const std::string& text) override {
+    try {
+      QuietGlog quiet;
+      store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+    }
+  }
+
+  std::string firstFailure() override {
+    try {
+      QuietGlog quiet;
+      if (!store_->check({kFailureKey})) return "";
+      auto v = store_->get(kFailureKey);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception&) {
+      return "";
+    }
   }
 
   std::shared_ptr<ProcessGroup> subgroup(const std::string& name,

@@ -387,6 +387,7 @@ struct PipelineEngine::Impl {
   // AR(s) all-reduces stage s's gradients over replicaGroup, the ranks of this device.
   int R = 1, myDevice = -1, myReplica = 0;
   std::shared_ptr<dist::ProcessGroup> replicaGroup;
+  std::string published;  // this rank's failure as published to the store
   int rankOf(int d) const { return myReplica * D + d; }
   void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
   std::vector<Tensor> receive(int peer, const ChanKey& k);
@@ -722,9 +723,26 @@ void PipelineEngine::Impl::workerMain(int d) {
 }
 
 void PipelineEngine::Impl::fail(int d, int i, std::exception_ptr e) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!failure) failure = Failure{d, i, e, ""};
+    first = failure->error == e;
+  }
+  if (options.group && first) {
+    // Note [Channels across processes]: the job's first failure goes to the rendezvous
+    // store, so that ranks that only see a neighbour go can name where it started.
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    published = "rank " + std::to_string(options.group->rank()) + " at action " +
+                schedules::toString(plan.schedule.devices[d][i]) + ": " +
+                what.substr(0, what.find('\n'));
+    options.group->publishFailure(published);
   }
   aborted = true;
   channels.close();
@@ -1233,6 +1251,10 @@ void PipelineEngine::Impl::raiseFailure() {
     what = e.what();
   } catch (...) {
     what = "unknown exception";
+  }
+  if (options.group) {  // name where a cascade of failures started
+    const std::string origin = options.group->firstFailure();
+    if (!origin.empty() && origin != published) what += "; the job's first failure: " + origin;
   }
   std::string msg = "pipeline " + kind + " failed on " + where + ": " + what + "\n" + grid;
   if (auto oom = memory::findOutOfMemory(f.error))

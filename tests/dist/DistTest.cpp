@@ -311,3 +311,34 @@ TEST(Dist, PipefbTrainUnderTheLauncherMatchesTheThreadedRun) {
   }
   fs::remove_all(dir);
 }
+
+// The same with 4 ranks: rank 3 only sees rank 2 go (rank 2 failed because rank 1 died),
+// and names rank 1 through the job's first failure in the rendezvous store.
+TEST(Dist, KilledRankIsNamedByAllOthersOfFour) {
+  const fs::path dir = workDir("kill4");
+  const double timeout = 10;
+  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 4 --microbatches 4 "
+                        "--iterations 3 --timeout 10 --fault-rank 1 --kill-at 9 --out " +
+                        dir.string();
+  std::vector<std::string> ranks;
+  for (int k = 0; k < 4; ++k) ranks.push_back("RANK=" + std::to_string(k) + " WORLD_SIZE=4 " + w);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::runCommand("cd " + dir.string() + " && timeout 60 sh -c '" +
+                            shellRanks(freePort(), ranks) + "'");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, timeout) << r.out;
+  EXPECT_NE(r.out.find("exit 1 137"), std::string::npos) << r.out;
+  for (int k : {0, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_NE(r.out.find("exit " + std::to_string(k) + " 1"), std::string::npos) << r.out;
+    std::ifstream in(dir / ("r" + std::to_string(k) + ".log"));
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(std::regex_search(log, std::regex("failed on device " + std::to_string(k) +
+                                                  " \\(cpu:" + std::to_string(k) +
+                                                  "\\) at action [A-Z]+[0-9.<>]+ \\(step")))
+        << log;
+    EXPECT_NE(log.find("rank 1 is gone"), std::string::npos) << log;
+  }
+  EXPECT_TRUE(survivors(dir.string()).empty());
+  fs::remove_all(dir);
+}

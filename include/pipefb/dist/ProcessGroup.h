@@ -79,6 +79,11 @@ class ProcessGroup {
   virtual void flush() = 0;
   /// Wakes every blocked recv() with Aborted; later ones throw Aborted at once.
   virtual void abort() = 0;
+  /// Records `text` as the job's first failure in the rendezvous store (the first
+  /// caller wins; silently nothing when the store is gone).
+  virtual void publishFailure(const std::string& text) = 0;
+  /// The first failure a rank published, or "" (none, or the store is gone).
+  virtual std::string firstFailure() = 0;
   /// A group of `ranks` (this rank among them; ranks are renumbered 0..n-1 in their
   /// order), e.g. the replicas of one device. Every rank in `ranks` calls it with the same
   /// name and list.
