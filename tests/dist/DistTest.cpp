@@ -15,6 +15,12 @@
 
 #include "DistCase.h"
 #include "TestUtil.h"
+#include "pipefb/schedules/DataParallel.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Placement.h"
+#include "pipefb/schedules/StashPolicy.h"
+#include "pipefb/schedules/Validator.h"
 #include "pipefb/train/Optimizer.h"
 
 using namespace pipefb;
@@ -341,4 +347,41 @@ TEST(Dist, KilledRankIsNamedByAllOthersOfFour) {
   }
   EXPECT_TRUE(survivors(dir.string()).empty());
   fs::remove_all(dir);
+}
+
+// The hybrid lowering pass alone: AR(s,n) right before every STEP(s,n), nothing else
+// moved, and the result still validates.
+TEST(Dist, AddAllReducePutsOneArBeforeEachStep) {
+  for (const std::string kind : {"1f1b", "pipefb-sync", "pipedream"}) {
+    SCOPED_TRACE(kind);
+    const int S = 2, M = 3, K = 2;
+    auto raw = schedules::makeSchedule(kind, S, M, schedules::Placement::defaultFor(kind, S), K, -1);
+    auto plan = schedules::lower(raw, schedules::policiesPerStage({schedules::StashPolicy::Checkpoint}, S),
+                                 schedules::lookaheadPerStage({1}, S));
+    const auto before = plan.schedule;
+    plan.schedule = schedules::addAllReduce(plan.schedule);
+    EXPECT_NO_THROW(schedules::validate(plan.schedule, &plan.contract));
+    int steps = 0;
+    for (size_t d = 0; d < before.devices.size(); ++d) {
+      std::vector<schedules::Action> withoutAr;
+      const auto& list = plan.schedule.devices[d];
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].type == schedules::ActionType::AllReduce) {
+          ASSERT_LT(i + 1, list.size());
+          EXPECT_EQ(list[i + 1].type, schedules::ActionType::Step);
+          EXPECT_EQ(list[i + 1].stage, list[i].stage);
+          EXPECT_EQ(list[i + 1].index, list[i].index);
+          continue;
+        }
+        if (list[i].type == schedules::ActionType::Step) {
+          ++steps;
+          ASSERT_GT(i, 0u);
+          EXPECT_EQ(list[i - 1].type, schedules::ActionType::AllReduce);
+        }
+        withoutAr.push_back(list[i]);
+      }
+      EXPECT_EQ(withoutAr, before.devices[d]);
+    }
+    EXPECT_GT(steps, 0);
+  }
 }
