@@ -78,6 +78,17 @@ struct Cancelled {};
 // LibTorch modules cannot be cloned generically, so copies come from "shells": a
 // throw-away buildModel() whose layers are cut into per-stage shells, their tensors
 // freed until a replica fills them (ShellPool).
+// Note [Weight prediction]
+// pipefb-async's forward devices run iteration k on the weights of k-1 updates, so every
+// gradient is one update stale; with Adam on a plain VGG that alone costs 10-40 accuracy
+// points (experiments/README.md, async_convergence; experiments/delayed_adam.py shows the
+// same in plain PyTorch). pipeline.weight_prediction: linear hands the forwards the
+// linear extrapolation W[v] + (W[v] - W[v-1]) instead of W[v] (PipeMare, SpecTrain): the
+// backward device computes it right after STEP from the weights before and after the step,
+// in one replica (category weight_versions) that SyncWeights sends. Backwards differentiate
+// at what their forward ran on (the forward copy's graph, or for checkpoint kinds the
+// prediction kept as that version), so the gradients stay exact for the weights used.
+// Version 0 (the initial weights) is never predicted.
 struct Shell {
   int stage = 0;
   std::vector<std::shared_ptr<model::Layer>> layers;
@@ -335,6 +346,9 @@ struct StageState {
   std::vector<int> fVersion, bVersion;
   std::weak_ptr<Replica> snapshot;     // same device: the snapshot of the current version
   std::map<int, ReplicaPtr> versions;  // split + checkpoint: kept on bDev
+  // Note [Weight prediction]: split stages of pipefb-async with pipeline.weight_prediction.
+  bool predict = false;
+  ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
   std::map<int, int> lastUse;          // version -> last microbatch whose B needs it
   int64_t stashBytesPerMb = -1;        // measured at the first F
 };
@@ -649,6 +663,7 @@ void PipelineEngine::Impl::build() {
     if (st.split)
       st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
                            MemoryCategory::Weights);
+    st.predict = st.split && kind == "pipefb-async" && p.weight_prediction != "none";
     precomputeVersions(st);
   }
 
@@ -814,7 +829,11 @@ ReplicaPtr PipelineEngine::Impl::forwardReplica(StageState& st, int mb) {
 ReplicaPtr PipelineEngine::Impl::backwardReplica(StageState& st, int mb, const StashEntry& e) {
   if (e.replica) return e.replica;
   const int v = st.fVersion[mb];
-  if (v == st.masterVersion) return st.master;
+  if (st.predict && v > 0) {  // Note [Weight prediction]: F ran on the prediction
+    if (v == st.masterVersion) return st.predicted;
+  } else if (v == st.masterVersion) {
+    return st.master;
+  }
   auto it = st.versions.find(v);
   PIPEFB_ASSERT(it != st.versions.end(),
                 "weight version " << v << " of stage " << st.index << " was not kept");
@@ -1134,11 +1153,30 @@ void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
 
 void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  // Keep the version that later backwards still recompute with (split + checkpoint).
-  if (st.split && st.recompute && st.lastUse.count(st.masterVersion))
-    st.versions[st.masterVersion] =
-        makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
-                    *dev.domain, MemoryCategory::WeightVersions);
+  // Keep the version that later backwards still recompute with (split + checkpoint):
+  // the weights its forwards ran on.
+  if (st.split && st.recompute && st.lastUse.count(st.masterVersion)) {
+    if (st.predict && st.masterVersion > 0)
+      st.versions[st.masterVersion] = st.predicted;
+    else
+      st.versions[st.masterVersion] =
+          makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
+                      *dev.domain, MemoryCategory::WeightVersions);
+  }
+  // Note [Weight prediction]: W[v] is kept in `predicted` (reused when no backward still
+  // needs the previous prediction), and becomes W[v+1] + (W[v+1] - W[v]) after the step.
+  if (st.predict) {
+    if (!st.predicted || st.predicted.use_count() > 1) {
+      st.predicted = makeReplica(pool, st.index, st.masterVersion + 1, st.master->params,
+                                 st.master->buffers, *dev.domain, MemoryCategory::WeightVersions,
+                                 /*shareBuffers=*/true);
+    } else {
+      torch::NoGradGuard noGrad;
+      for (size_t i = 0; i < st.predicted->params.size(); ++i)
+        st.predicted->params[i].copy_(st.master->params[i]);
+      st.predicted->version = st.masterVersion + 1;
+    }
+  }
   const int64_t iteration = kind == "pipedream" ? a.index / M : a.index;
   train::setLearningRate(*st.optimizer, train::learningRate(config.training,
                                                             options.firstStep + iteration,
@@ -1147,13 +1185,19 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
     memory::MemoryScope scope(MemoryCategory::OptimizerState);
     st.optimizer->step();
   }
+  if (st.predict) {
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < st.predicted->params.size(); ++i)
+      st.predicted->params[i].mul_(-1).add_(st.master->params[i], 2);
+  }
   st.masterVersion = a.index + 1;
   st.gradsStale = true;
 }
 
 void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  post(a.peer, {Chan::Weights, a.stage, a.index, a.peer}, st.master->params);
+  post(a.peer, {Chan::Weights, a.stage, a.index, a.peer},
+       st.predict ? st.predicted->params : st.master->params);
 }
 
 void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {

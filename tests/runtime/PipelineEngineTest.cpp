@@ -402,7 +402,8 @@ namespace {
 //    F(s,m) on the version after m-(S-s-1) updates (its 1F1B warm-up is S-s-1
 //    forwards), and B(s,m) differentiates at that same stashed version;
 //  * pipefb-async: one update per iteration; every forward of iteration k runs on the
-//    version after k-1 updates (the forward device is one SyncWeights behind).
+//    version after k-1 updates (the forward device is one SyncWeights behind); with
+//    pipeline.weight_prediction linear, on 2 W[v] - W[v-1] for that version v > 0.
 // Each update applies the gradient to the newest weights. The gradient of microbatch m
 // is that of the whole model with each stage at its own version.
 struct AsyncReference {
@@ -464,7 +465,11 @@ struct AsyncReference {
       {
         torch::NoGradGuard ng;
         for (size_t i = 0; i < params.size(); ++i) {
-          params[i].copy_(versions.at(versionOf(stageOf[i], m))[i]);
+          const int v = versionOf(stageOf[i], m);
+          if (config.pipeline.weight_prediction == "linear" && v > 0)
+            params[i].copy_(2 * versions.at(v)[i] - versions.at(v - 1)[i]);
+          else
+            params[i].copy_(versions.at(v)[i]);
           params[i].mutable_grad().zero_();
         }
       }
@@ -484,11 +489,13 @@ struct AsyncReference {
 
 void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
                          const std::string& stash, const std::string& optimizer,
-                         int kIters = 4, int lag = -1) {
+                         int kIters = 4, int lag = -1,
+                         const std::string& prediction = "none") {
   SCOPED_TRACE(c.name + " " + sched + " " + stash + " " + optimizer + " S=" +
                std::to_string(S) + " M=" + std::to_string(M));
   auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
   cfg.pipeline.async_lag = lag;
+  cfg.pipeline.weight_prediction = prediction;
   cfg.training.optimizer = optimizer;
   if (optimizer == "adam") cfg.training.lr = 1e-3;
   auto model = buildSeeded(c.model);
@@ -537,6 +544,13 @@ TEST(PipelineAsync, WeightsFollowTheAsynchronousSemantics) {
   // rest current.
   for (const std::string stash : {"keep", "checkpoint", "checkpoint-offload"})
     checkAsyncSemantics({"mlp", mlpOptions(), 12}, "pipefb-async", 3, 3, stash, "adam", 5, 1);
+  // pipeline.weight_prediction: forwards on the linear extrapolation of the last two
+  // versions, every stash kind (checkpoint kinds keep the prediction for their recompute).
+  for (const std::string stash : {"keep", "checkpoint", "offload", "checkpoint-offload"})
+    checkAsyncSemantics({"mlp", mlpOptions(), 12}, "pipefb-async", 2, 3, stash, "adam", 5, -1,
+                        "linear");
+  checkAsyncSemantics({"mlp", mlpOptions(), 12}, "pipefb-async", 3, 3, "checkpoint", "sgd", 5, 1,
+                      "linear");
   // BatchNorm: forwards on weight snapshots update the stage's statistics.
   checkAsyncSemantics({"resnet50", visionOptions("resnet50"), 8}, "pipedream", 3, 2, "keep",
                       "sgd");
