@@ -5,11 +5,12 @@
 // Note [Device binding]
 // devices.bind: cores pins virtual device d's worker thread and its copy-engine thread
 // to core d mod C (C = the detected cores, Topology.h): a device owns a core and its
-// copies run next to the compute that made the stash. The default is none: on a small
-// shared machine with more device threads than cores (pipefb-* runs 2 devices per
-// stage, each with a copy thread), the kernel's scheduler moves a thread to whichever
-// core is idle while its partner waits on a channel, and pinned threads cannot escape a
-// core that another process is using (experiments/README.md, "Binding").
+// copies run next to the compute that made the stash. The default is none, the runtime's
+// behaviour before: on this 2-core machine pinning cost 5% with as many devices as cores
+// (1f1b, 2 devices: a pinned thread cannot use the idle core while its partner waits on a
+// channel, nor escape a core another process uses) and saved 17% with twice as many
+// (pipefb-sync, 4 devices + 4 copy threads), single runs on a shared machine
+// (experiments/README.md, "Binding").
 //
 // Note [Host pool NUMA placement]
 // The host pool's blocks are bound to the NUMA node of the thread that allocates them
