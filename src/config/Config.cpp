@@ -291,6 +291,8 @@ const std::vector<KeySpec>& schema() {
     s.push_back(intList("model.hidden", [](Config& c) -> auto& { return c.model.hidden; }, 1));
     s.push_back(number("model.dropout", [](Config& c) -> auto& { return c.model.dropout; }, 0,
                        0.99));
+    s.push_back(boolean("model.batch_norm",
+                        [](Config& c) -> auto& { return c.model.batch_norm; }));
     // data
     s.push_back(choice("data.name", [](Config& c) -> auto& { return c.data.name; },
                        data::dataNames()));

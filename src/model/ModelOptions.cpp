@@ -60,6 +60,9 @@ void validate(const ModelOptions& o) {
                                   (o.name == "gpt2" ? " (the gpt2 vocabulary size)" : "") +
                                   "; must be >= 1");
   }
+  if (o.batch_norm && o.name != "vgg16")
+    fail("model.batch_norm", "only vgg16 has a batch-norm variant (vgg16_bn); got true for " +
+                                 o.name + "; allowed: false");
   const int64_t minSize = minInputSize(o.name);
   if (o.input_size < minSize) {
     std::string why = o.name == "gpt2" ? " (the gpt2 sequence length)" : "";

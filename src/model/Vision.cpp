@@ -11,23 +11,29 @@ namespace {
 namespace nn = torch::nn;
 namespace F = torch::nn::functional;
 
-/// conv -> ReLU [-> max-pool]. The conv is registered as features.<index>.
+/// conv [-> batch norm] -> ReLU [-> max-pool]. The conv is registered as
+/// features.<index>, its batch norm (vgg16_bn) as features.<index+1>.
 class ConvLayer : public Layer {
  public:
   struct Spec {
     int64_t in, out, kernel, stride = 1, padding = 0;
     int64_t poolKernel = 0, poolStride = 0;  // 0: no pool after the ReLU
+    bool batchNorm = false;
   };
   ConvLayer(std::string name, std::string prefix, const std::string& local, const Spec& s)
       : Layer(std::move(name), std::move(prefix)), spec_(s) {
     conv_ = register_module(
         local,
         nn::Conv2d(nn::Conv2dOptions(s.in, s.out, s.kernel).stride(s.stride).padding(s.padding)));
+    if (s.batchNorm)
+      bn_ = register_module(std::to_string(std::stoll(local) + 1), nn::BatchNorm2d(s.out));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    // relu_ works on the conv's fresh output, never on the layer input (a stage
-    // input may be a checkpoint that must stay intact).
-    auto y = conv_->forward(x).relu_();
+    // relu_ works on the conv's (or batch norm's) fresh output, never on the layer input
+    // (a stage input may be a checkpoint that must stay intact).
+    auto y = conv_->forward(x);
+    if (spec_.batchNorm) y = bn_->forward(y);
+    y = y.relu_();
     if (spec_.poolKernel > 0) y = torch::max_pool2d(y, spec_.poolKernel, spec_.poolStride);
     return y;
   }
@@ -35,6 +41,7 @@ class ConvLayer : public Layer {
  private:
   Spec spec_;
   nn::Conv2d conv_{nullptr};
+  nn::BatchNorm2d bn_{nullptr};
 };
 
 /// [avgpool+flatten] [dropout] linear [ReLU] [dropout], registered as classifier.<index>.
@@ -164,7 +171,7 @@ void initTorchvision(const Layers& layers, bool initLinear) {
 
 }  // namespace
 
-// torchvision vgg16 (configuration "D", no batch norm). Layers: conv1_1 .. conv5_3
+// torchvision vgg16 (configuration "D"; vgg16_bn with model.batch_norm). Layers: conv1_1 .. conv5_3
 // (each conv+ReLU, the following max-pool folded into the conv before it), then
 // fc6 (avgpool 7x7 + flatten + classifier.0 + ReLU + dropout), fc7, fc8: 16 layers.
 Layers buildVgg16(const ModelOptions& o) {
@@ -178,11 +185,11 @@ Layers buildVgg16(const ModelOptions& o) {
     for (size_t i = 0; i < blocks[b].size(); ++i) {
       const int64_t out = scaled(blocks[b][i], o.width);
       const bool last = i + 1 == blocks[b].size();
-      ConvLayer::Spec s{in, out, 3, 1, 1, last ? 2 : 0, last ? 2 : 0};
+      ConvLayer::Spec s{in, out, 3, 1, 1, last ? 2 : 0, last ? 2 : 0, o.batch_norm};
       layers.push_back(
           std::make_shared<ConvLayer>("conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1),
                                       "features", std::to_string(index), s));
-      index += last ? 3 : 2;  // conv, ReLU [, MaxPool]
+      index += (last ? 3 : 2) + (o.batch_norm ? 1 : 0);  // conv, [BN,] ReLU [, MaxPool]
       in = out;
     }
   }

@@ -23,6 +23,7 @@ std::string key(const model::ModelOptions& o) {
   s << " width=" << o.width << " input=" << o.input_size;
   if (o.name != "gpt2") s << " channels=" << o.channels;
   s << " classes=" << o.num_classes;
+  if (o.batch_norm) s << " batch_norm";
   if (o.name == "mlp") {
     s << " hidden=";
     for (size_t i = 0; i < o.hidden.size(); ++i) s << (i ? "," : "") << o.hidden[i];
@@ -81,8 +82,17 @@ ModelWork vgg16(const model::ModelOptions& o) {
     for (size_t i = 0; i < blocks[b].size(); ++i) {
       const int64_t out = model::scaled(blocks[b][i], o.width);
       const bool last = i + 1 == blocks[b].size();
+      const int64_t hin = h;
       m.layers.push_back(convRelu("conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1),
                                   in, out, h, 3, 1, 1, last ? 2 : 0, last ? 2 : 0));
+      if (o.batch_norm) {  // vgg16_bn: BatchNorm2d on the conv output (hin x hin, padding 1)
+        LayerWork& w = m.layers.back();
+        const double pre = double(out) * hin * hin;
+        w.flops += 8 * pre;
+        w.params += 2 * out;
+        w.savedBytes += static_cast<std::int64_t>(pre) * kF;  // its input; ReLU saves its output
+        w.bytesMoved += 2 * pre * kF;
+      }
       in = out;
     }
   const int64_t hidden = model::scaled(4096, o.width);

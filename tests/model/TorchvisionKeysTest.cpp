@@ -38,12 +38,14 @@ std::vector<std::string> torchvisionKeys(const std::string& name) {
   return lines;
 }
 
-void expectSameKeys(const std::string& name) {
-  const auto expected = torchvisionKeys(name);
-  ASSERT_FALSE(expected.empty()) << "torchvision printed nothing for " << name;
+void expectSameKeys(const std::string& name, bool batchNorm = false) {
+  const std::string tv = batchNorm ? name + "_bn" : name;
+  const auto expected = torchvisionKeys(tv);
+  ASSERT_FALSE(expected.empty()) << "torchvision printed nothing for " << tv;
 
   ModelOptions o;  // defaults: width 1, 224 px, 3 channels, 1000 classes
   o.name = name;
+  o.batch_norm = batchNorm;
   auto model = buildModel(o);
   std::vector<std::string> actual;
   for (const auto& [key, t] : model->stateDict())
@@ -60,6 +62,7 @@ void expectSameKeys(const std::string& name) {
 }
 
 TEST(TorchvisionKeys, Vgg16) { expectSameKeys("vgg16"); }
+TEST(TorchvisionKeys, Vgg16BatchNorm) { expectSameKeys("vgg16", /*batchNorm=*/true); }
 TEST(TorchvisionKeys, AlexNet) { expectSameKeys("alexnet"); }
 TEST(TorchvisionKeys, ResNet50) { expectSameKeys("resnet50"); }
 

@@ -26,6 +26,8 @@ struct ModelOptions {
   /// Dropout probability where the reference model has dropout (vgg, alexnet, gpt2).
   /// Default 0 so that pipelined and single-device runs are comparable bit for bit.
   double dropout = 0.0;
+  /// vgg16 only: torchvision's vgg16_bn (BatchNorm2d after every conv).
+  bool batch_norm = false;
 };
 
 /// The names the zoo knows, for error messages.
