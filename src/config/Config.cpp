@@ -385,7 +385,7 @@ const std::vector<KeySpec>& schema() {
                         [](Config& c) -> auto& { return c.pipeline.async_lag; }, -1, 1 << 16));
     s.push_back(choice("pipeline.weight_prediction",
                        [](Config& c) -> auto& { return c.pipeline.weight_prediction; },
-                       {"none", "linear"}));
+                       {"auto", "none", "linear"}));
     s.push_back(integer("pipeline.replicas",
                         [](Config& c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
     // distributed
@@ -490,10 +490,10 @@ void validate(const Config& c) {
     throw UserError(src + ": devices.count: pipeline.schedule none trains on one device, got " +
                     std::to_string(c.devices.count) +
                     "; set devices.count: 1 or choose a pipeline schedule");
-  if (c.pipeline.weight_prediction != "none" && c.pipeline.schedule != "pipefb-async")
+  if (c.pipeline.weight_prediction == "linear" && c.pipeline.schedule != "pipefb-async")
     throw UserError(src + ": pipeline.weight_prediction: " + c.pipeline.weight_prediction +
                     " needs pipeline.schedule=pipefb-async (got " + c.pipeline.schedule +
-                    "); allowed here: none");
+                    "); allowed here: auto, none");
   if (c.pipeline.schedule != "none") {
     // The placement's device count: S for gpipe/1f1b/pipedream, 2S for pipefb-* (F and B
     // of a stage on different devices). runtime::stagesFor() applies the same rule.

@@ -663,7 +663,7 @@ void PipelineEngine::Impl::build() {
     if (st.split)
       st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
                            MemoryCategory::Weights);
-    st.predict = st.split && kind == "pipefb-async" && p.weight_prediction != "none";
+    st.predict = st.split && kind == "pipefb-async" && p.weight_prediction != "none";  // auto: on
     precomputeVersions(st);
   }
 

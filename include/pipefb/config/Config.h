@@ -69,11 +69,13 @@ struct PipelineOptions {
   /// "" = the schedule's default; else "f/b f/b ...": forward/backward device per stage.
   std::string placement;
   /// pipefb-async: forwards of iteration k that run before the weights of iteration k-1
-  /// arrive; -1 = all of them (microbatches), 0 = synchronous weights.
-  int64_t async_lag = -1;
+  /// arrive; -1 = all of them (microbatches), 0 = synchronous weights. The default 1 with
+  /// linear prediction is what converges like 1f1b (experiments/README.md, async_convergence).
+  int64_t async_lag = 1;
   /// pipefb-async: what the forward devices run on instead of the last weights (Note
-  /// [Weight prediction] in PipelineEngine.cpp): none | linear (W[v] + (W[v] - W[v-1])).
-  std::string weight_prediction = "none";
+  /// [Weight prediction] in PipelineEngine.cpp): auto (linear for pipefb-async, else none) |
+  /// none | linear (W[v] + (W[v] - W[v-1])).
+  std::string weight_prediction = "auto";
   /// Hybrid data + pipeline parallelism (issue 8): R copies of the pipeline, each on its
   /// own devices.count ranks, each on 1/R of the batch; stage gradients are averaged over
   /// the copies (AR before STEP). Needs one process per device (WORLD_SIZE = count x R).
