@@ -4,7 +4,11 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace pipefb::test {
 
@@ -12,6 +16,26 @@ struct CommandResult {
   int code = -1;    // exit code, or 128 + signal
   std::string out;  // stdout and stderr, interleaved
 };
+
+/// "pid: command line" of every process whose command line contains `marker` and, if
+/// `program` is not empty, `program` (with `exceptProgram`, those without it instead).
+inline std::vector<std::string> processesMatching(const std::string& marker,
+                                                  const std::string& program = "",
+                                                  bool exceptProgram = false) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (auto& c : cmd)
+      if (c == 0) c = ' ';
+    if (cmd.find(marker) == std::string::npos) continue;
+    if (!program.empty() && (cmd.find(program) != std::string::npos) == exceptProgram) continue;
+    out.push_back(pid + ": " + cmd);
+  }
+  return out;
+}
 
 /// Runs `command` through the shell with stderr folded into stdout.
 inline CommandResult runCommand(const std::string& command) {

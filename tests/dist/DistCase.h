@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "../PipelineConfig.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/data/Dataset.h"
 #include "pipefb/model/Model.h"
@@ -31,19 +32,7 @@ inline model::ModelOptions distModel(const std::string& name) {
 
 inline config::Config distConfig(const std::string& model, const std::string& schedule, int S,
                                  int M, const std::string& stash, int64_t batch) {
-  config::Config c;
-  c.source = "<dist test>";
-  c.model = distModel(model);
-  c.training.optimizer = "sgd";
-  c.training.lr = 0.05;
-  c.training.momentum = 0.9;
-  c.training.batch = batch;
-  c.pipeline.schedule = schedule;
-  c.pipeline.stages = S;
-  c.pipeline.microbatches = M;
-  c.pipeline.stash = stash;
-  c.devices.count = schedule.rfind("pipefb", 0) == 0 ? 2 * S : S;
-  return c;
+  return pipelineConfig(distModel(model), schedule, S, M, stash, batch, "<dist test>");
 }
 
 inline std::shared_ptr<model::Model> distBuildSeeded(const model::ModelOptions& o) {

@@ -49,18 +49,7 @@ fs::path workDir(const std::string& name) {
 
 // Processes whose command line mentions `marker` (our work folder): none may outlive a test.
 std::vector<std::string> survivors(const std::string& marker) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string pid = e.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    for (auto& c : cmd)
-      if (c == 0) c = ' ';
-    if (cmd.find(marker) != std::string::npos && cmd.find("dist_worker") != std::string::npos)
-      out.push_back(pid + ": " + cmd);
-  }
-  return out;
+  return test::processesMatching(marker, "dist_worker");
 }
 
 struct DistCase {

@@ -18,18 +18,7 @@ namespace {
 
 // Processes whose command line contains `marker`.
 int countProcesses(const std::string& marker) {
-  int n = 0;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string pid = e.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    for (auto& c : cmd)
-      if (c == 0) c = ' ';
-    if (cmd.find(marker) != std::string::npos && cmd.find("pipefb_launch") == std::string::npos)
-      ++n;
-  }
-  return n;
+  return static_cast<int>(pipefb::test::processesMatching(marker, "pipefb_launch", true).size());
 }
 
 double secondsSince(std::chrono::steady_clock::time_point t0) {

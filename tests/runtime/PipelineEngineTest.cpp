@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "../PipelineConfig.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/runtime/PipelineEngine.h"
@@ -57,19 +58,7 @@ model::ModelOptions gpt2Options() {
 
 config::Config makeConfig(const model::ModelOptions& m, const std::string& schedule, int S, int M,
                           const std::string& stash, int64_t batch) {
-  config::Config c;
-  c.source = "<test>";
-  c.model = m;
-  c.training.optimizer = "sgd";
-  c.training.lr = 0.05;
-  c.training.momentum = 0.9;
-  c.training.batch = batch;
-  c.pipeline.schedule = schedule;
-  c.pipeline.stages = S;
-  c.pipeline.microbatches = M;
-  c.pipeline.stash = stash;
-  c.devices.count = schedule.rfind("pipefb", 0) == 0 ? 2 * S : S;
-  return c;
+  return test::pipelineConfig(m, schedule, S, M, stash, batch);
 }
 
 data::Batch makeBatch(const model::Model& m, int64_t n, int64_t classes, uint64_t seed) {

@@ -1,0 +1,30 @@
+#pragma once
+// The config the pipeline tests (tests/runtime, tests/dist) build their cases from.
+#include <cstdint>
+#include <string>
+
+#include "pipefb/config/Config.h"
+
+namespace pipefb::test {
+
+/// SGD 0.05 with momentum 0.9, S stages x M microbatches of `batch` under `stash`, on S
+/// devices (2S for pipefb-*).
+inline config::Config pipelineConfig(const model::ModelOptions& m, const std::string& schedule,
+                                     int S, int M, const std::string& stash, int64_t batch,
+                                     const std::string& source = "<test>") {
+  config::Config c;
+  c.source = source;
+  c.model = m;
+  c.training.optimizer = "sgd";
+  c.training.lr = 0.05;
+  c.training.momentum = 0.9;
+  c.training.batch = batch;
+  c.pipeline.schedule = schedule;
+  c.pipeline.stages = S;
+  c.pipeline.microbatches = M;
+  c.pipeline.stash = stash;
+  c.devices.count = schedule.rfind("pipefb", 0) == 0 ? 2 * S : S;
+  return c;
+}
+
+}  // namespace pipefb::test
