@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 
+#include "../BenchSetup.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/planner/Setup.h"
 #include "pipefb/planner/TrainPlan.h"
@@ -32,27 +33,12 @@ int main(int argc, char** argv) {
   const std::string stash = argc > 4 ? argv[4] : "keep";
   const int warm = 3;
   memory::installTrackingAllocator();
-  config::Config c;
-  c.model.name = "vgg16";
-  c.model.width = 0.25;
-  c.model.input_size = 32;
-  c.model.channels = 1;
-  c.model.num_classes = 10;
-  c.training.batch = 32;
+  config::Config c = test::benchConfig(
+      sched, stash, M, argc > 5 ? std::atoi(argv[5]) : sched.rfind("pipefb", 0) == 0 ? 4 : 2);
   c.training.lr = 0.01;
-  c.pipeline.schedule = sched;
-  c.pipeline.microbatches = M;
-  c.pipeline.stash = stash;
-  c.devices.count = argc > 5 ? std::atoi(argv[5]) : sched.rfind("pipefb", 0) == 0 ? 4 : 2;
   const std::string partition = argc > 6 ? argv[6] : "planner";
   if (partition == "planner") {
-    planner::SetupOptions setup;
-    setup.configsDir = PIPEFB_SOURCE_DIR "/configs";
-    setup.profileMicrobatch = c.training.batch / M;
-    auto planning = planner::setupPlanning(c, setup);
-    const int S = runtime::stagesFor(c);
-    c.pipeline.partition = planner::plannerPartition(*planning.model, c, S).cuts;
-    c.pipeline.stages = S;
+    test::usePlannerPartition(c);
   } else if (partition != "params") {
     c.pipeline.partition.clear();
     for (size_t at = 0; at < partition.size();) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "../BenchSetup.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/planner/Setup.h"
 #include "pipefb/planner/TrainPlan.h"
@@ -24,24 +25,8 @@ int main(int argc, char** argv) {
   const int rounds = argc > 5 ? std::atoi(argv[5]) : 4;
   const int warm = 2;
   memory::installTrackingAllocator();
-  config::Config c;
-  c.model.name = "vgg16";
-  c.model.width = 0.25;
-  c.model.input_size = 32;
-  c.model.channels = 1;
-  c.model.num_classes = 10;
-  c.training.batch = 32;
-  c.pipeline.schedule = sched;
-  c.pipeline.microbatches = M;
-  c.pipeline.stash = stash;
-  c.devices.count = sched.rfind("pipefb", 0) == 0 ? 4 : 2;
-  planner::SetupOptions setup;
-  setup.configsDir = PIPEFB_SOURCE_DIR "/configs";
-  setup.profileMicrobatch = c.training.batch / M;
-  auto planning = planner::setupPlanning(c, setup);
-  const int S = runtime::stagesFor(c);
-  c.pipeline.partition = planner::plannerPartition(*planning.model, c, S).cuts;
-  c.pipeline.stages = S;
+  config::Config c = test::benchConfig(sched, stash, M, sched.rfind("pipefb", 0) == 0 ? 4 : 2);
+  test::usePlannerPartition(c);
   std::printf("%s, %s, %d devices, M=%d, on %s\n", sched.c_str(), stash.c_str(),
               static_cast<int>(c.devices.count), M, topology::machine().summary().c_str());
 
