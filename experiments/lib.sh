@@ -63,3 +63,30 @@ steady_throughput() {
     if (n<=w) {print "nan"; exit}
     printf "%.1f", b*(n-w)/(e[n]-e[w]) }' "$1"
 }
+
+# bar_pair_chart SVG TITLE CSV XTIC LEFT RIGHT: two clustered-bar panels side by side
+# from CSV (its header row skipped). XTIC is the gnuplot label expression of a bar;
+# LEFT and RIGHT are "column|panel title|colour".
+bar_pair_chart() {
+  local svg=$1 title=$2 csv=$3 xtic=$4 lcol ltitle lcolor rcol rtitle rcolor
+  IFS='|' read -r lcol ltitle lcolor <<<"$5"
+  IFS='|' read -r rcol rtitle rcolor <<<"$6"
+  gnuplot <<GP
+set terminal svg size 1100,520 dynamic noenhanced background rgb 'white'
+set output '$svg'
+set datafile separator ','
+set multiplot layout 1,2 title "$title"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set xtics rotate by -35 noenhanced
+set grid ytics
+set yrange [0:*]
+set key off
+set title '$ltitle'
+plot '$csv' using $lcol:xtic($xtic) skip 1 lc rgb '$lcolor'
+set title '$rtitle'
+plot '$csv' using $rcol:xtic($xtic) skip 1 lc rgb '$rcolor'
+unset multiplot
+GP
+}

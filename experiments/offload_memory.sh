@@ -77,22 +77,9 @@ fi
 "$PY" "$ROOT/experiments/offload_memory.py" table "$RUNS" "$OUT/table.csv" | tee "$OUT/table.txt"
 cat "$OUT/checks.txt"
 
-gnuplot <<GP
-set terminal svg size 1100,520 dynamic noenhanced background rgb 'white'
-set output '$OUT/offload_memory.svg'
-set datafile separator ','
-set multiplot layout 1,2 title "VGG16 w=$WIDTH, batch 32, M=8, 4 devices (experiments/offload_memory.sh)"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set xtics rotate by -35 noenhanced
-set grid ytics
-set yrange [0:*]
-set key off
-set title 'peak device memory (MiB, max over devices)'
-plot '$OUT/table.csv' using 3:xtic(sprintf("%spx %s", strcol(1), strcol(2))) skip 1 lc rgb '#cc6677'
-set title 'throughput (samples/s, mean over rounds)'
-plot '$OUT/table.csv' using 6:xtic(sprintf("%spx %s", strcol(1), strcol(2))) skip 1 lc rgb '#4477aa'
-unset multiplot
-GP
+bar_pair_chart "$OUT/offload_memory.svg" \
+  "VGG16 w=$WIDTH, batch 32, M=8, 4 devices (experiments/offload_memory.sh)" "$OUT/table.csv" \
+  'sprintf("%spx %s", strcol(1), strcol(2))' \
+  "3|peak device memory (MiB, max over devices)|#cc6677" \
+  "6|throughput (samples/s, mean over rounds)|#4477aa"
 end_results

@@ -70,23 +70,9 @@ done
 
 fi
 
-gnuplot <<GP
-set terminal svg size 1100,520 dynamic noenhanced background rgb 'white'
-set output '$OUT/schedules.svg'
-set datafile separator ','
-set multiplot layout 1,2 title "VGG16 w=1/4, batch 32, M=$MICRO, 4 devices (experiments/schedule_comparison.sh)"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set xtics rotate by -35 noenhanced
-set grid ytics
-set yrange [0:*]
-set key off
-set title 'throughput (samples/s)'
-plot '$CSV' using 5:xtic(sprintf("%s %s", strcol(1), strcol(2))) skip 1 lc rgb '#4477aa'
-set title 'peak device memory (MiB)'
-plot '$CSV' using 6:xtic(sprintf("%s %s", strcol(1), strcol(2))) skip 1 lc rgb '#cc6677'
-unset multiplot
-GP
+bar_pair_chart "$OUT/schedules.svg" \
+  "VGG16 w=1/4, batch 32, M=$MICRO, 4 devices (experiments/schedule_comparison.sh)" "$CSV" \
+  'sprintf("%s %s", strcol(1), strcol(2))' \
+  "5|throughput (samples/s)|#4477aa" "6|peak device memory (MiB)|#cc6677"
 column -s, -t "$CSV"
 end_results
