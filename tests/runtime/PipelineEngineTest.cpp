@@ -433,6 +433,9 @@ struct AsyncReference {
   double step(const data::Batch& b, int64_t k, int64_t total) {
     const int64_t M = config.pipeline.microbatches, n = b.input.size(0);
     const bool perMicrobatch = config.pipeline.schedule == "pipedream";
+    // As the engine: auto or linear, on pipefb-async only.
+    const bool predicts = config.pipeline.schedule == "pipefb-async" &&
+                          config.pipeline.weight_prediction != "none";
     auto xs = b.input.chunk(M, 0);
     auto ts = b.target.chunk(M, 0);
     std::vector<torch::Tensor> acc;
@@ -455,7 +458,7 @@ struct AsyncReference {
         torch::NoGradGuard ng;
         for (size_t i = 0; i < params.size(); ++i) {
           const int v = versionOf(stageOf[i], m);
-          if (config.pipeline.weight_prediction == "linear" && v > 0)
+          if (predicts && v > 0)
             params[i].copy_(2 * versions.at(v)[i] - versions.at(v - 1)[i]);
           else
             params[i].copy_(versions.at(v)[i]);
