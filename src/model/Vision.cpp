@@ -1,5 +1,6 @@
 // The image models (vgg16, alexnet, resnet50) and the mlp. Parameter names follow
 // torchvision; see Note [Parameter names] in Model.h.
+#include <array>
 #include <string>
 
 #include "Zoo.h"
@@ -169,6 +170,26 @@ void initTorchvision(const Layers& layers, bool initLinear) {
   }
 }
 
+enum class Dropout { AfterReLU, BeforeLinear };
+
+// The fc6, fc7, fc8 head that torchvision's vgg and alexnet share: fc6 pools the
+// `channels` feature maps to pool x pool and flattens, fc6 and fc7 are Linear + ReLU with
+// model.dropout after the ReLU (vgg) or before the Linear (alexnet), fc8 is a bare Linear.
+// `index` is each Linear's position in torchvision's `classifier` Sequential.
+void appendClassifier(Layers& layers, int64_t channels, int64_t pool, const ModelOptions& o,
+                      Dropout at, const std::array<const char*, 3>& index) {
+  const int64_t hidden = scaled(4096, o.width);
+  LinearLayer::Spec fc6{channels * pool * pool, hidden}, fc7{hidden, hidden},
+      fc8{hidden, o.num_classes};
+  fc6.avgPool = pool;
+  for (LinearLayer::Spec* fc : {&fc6, &fc7})
+    (at == Dropout::AfterReLU ? fc->dropAfter : fc->dropBefore) = o.dropout;
+  fc8.relu = false;
+  layers.push_back(std::make_shared<LinearLayer>("fc6", "classifier", index[0], fc6));
+  layers.push_back(std::make_shared<LinearLayer>("fc7", "classifier", index[1], fc7));
+  layers.push_back(std::make_shared<LinearLayer>("fc8", "classifier", index[2], fc8));
+}
+
 }  // namespace
 
 // torchvision vgg16 (configuration "D"; vgg16_bn with model.batch_norm). Layers: conv1_1 .. conv5_3
@@ -193,17 +214,7 @@ Layers buildVgg16(const ModelOptions& o) {
       in = out;
     }
   }
-  const int64_t hidden = scaled(4096, o.width);
-  LinearLayer::Spec fc6{in * 7 * 7, hidden};
-  fc6.avgPool = 7;
-  fc6.dropAfter = o.dropout;
-  LinearLayer::Spec fc7{hidden, hidden};
-  fc7.dropAfter = o.dropout;
-  LinearLayer::Spec fc8{hidden, o.num_classes};
-  fc8.relu = false;
-  layers.push_back(std::make_shared<LinearLayer>("fc6", "classifier", "0", fc6));
-  layers.push_back(std::make_shared<LinearLayer>("fc7", "classifier", "3", fc7));
-  layers.push_back(std::make_shared<LinearLayer>("fc8", "classifier", "6", fc8));
+  appendClassifier(layers, in, 7, o, Dropout::AfterReLU, {"0", "3", "6"});
   initTorchvision(layers, /*initLinear=*/true);
   return layers;
 }
@@ -225,17 +236,7 @@ Layers buildAlexNet(const ModelOptions& o) {
       std::make_shared<ConvLayer>("conv4", "features", "8", ConvLayer::Spec{c3, c4, 3, 1, 1}));
   layers.push_back(std::make_shared<ConvLayer>("conv5", "features", "10",
                                                ConvLayer::Spec{c4, c5, 3, 1, 1, 3, 2}));
-  const int64_t hidden = scaled(4096, o.width);
-  LinearLayer::Spec fc6{c5 * 6 * 6, hidden};
-  fc6.avgPool = 6;
-  fc6.dropBefore = o.dropout;
-  LinearLayer::Spec fc7{hidden, hidden};
-  fc7.dropBefore = o.dropout;
-  LinearLayer::Spec fc8{hidden, o.num_classes};
-  fc8.relu = false;
-  layers.push_back(std::make_shared<LinearLayer>("fc6", "classifier", "1", fc6));
-  layers.push_back(std::make_shared<LinearLayer>("fc7", "classifier", "4", fc7));
-  layers.push_back(std::make_shared<LinearLayer>("fc8", "classifier", "6", fc8));
+  appendClassifier(layers, c5, 6, o, Dropout::BeforeLinear, {"1", "4", "6"});
   return layers;
 }
 
