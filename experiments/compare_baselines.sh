@@ -67,23 +67,8 @@ echo "python-eager: $tp samples/s, peak RSS $RSS_MIB MiB"
 
 fi
 
-gnuplot <<GP
-set terminal svg size 900,440 dynamic noenhanced background rgb 'white'
-set output '$OUT/throughput_rss.svg'
-set datafile separator ','
-set multiplot layout 1,2 title "VGG16 width $WIDTH, batch $BATCH, Adam (experiments/compare_baselines.sh)"
-set style data histograms
-set style fill solid 0.8 border -1
-set boxwidth 0.8
-set xtics rotate by -30 noenhanced
-set key off
-set grid ytics
-set yrange [0:*]
-set title 'throughput (samples/s)'
-plot '$CSV' using 3:xtic(1) skip 1 lc rgb '#4477aa'
-set title 'peak RSS (MiB)'
-plot '$CSV' using 4:xtic(1) skip 1 lc rgb '#cc6677'
-unset multiplot
-GP
+bar_pair_chart "$OUT/throughput_rss.svg" \
+  "VGG16 width $WIDTH, batch $BATCH, Adam (experiments/compare_baselines.sh)" "$CSV" 1 \
+  "3|throughput (samples/s)|#4477aa" "4|peak RSS (MiB)|#cc6677"
 column -s, -t "$CSV"
 end_results
