@@ -93,6 +93,13 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
               for (StashPolicy p : pols) est[k].push_back(model.stage(sh, k, cut[k], cut[k + 1], p));
             std::vector<int> choice(S, 0);
             while (true) {
+              // Note [Devices and processes]: a stage split across processes can only
+              // take a checkpoint kind.
+              bool allowed = true;
+              for (int k = 0; k < S; ++k)
+                if (!cl.sameProcess(sh.forwardDevice(k), sh.backwardDevice(k)) &&
+                    !schedules::isCheckpoint(pols[choice[k]]))
+                  allowed = false;
               ++res.visited;
               std::vector<std::int64_t> mem(D, 0);
               std::int64_t host = 0;
@@ -108,7 +115,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                   mem[sh.backwardDevice(k)] += total(e.backwardMemory);
                 }
               }
-              bool ok = hostLimit < 0 || host <= hostLimit;
+              bool ok = allowed && (hostLimit < 0 || host <= hostLimit);
               std::int64_t peak = 0;
               for (int d = 0; d < D && ok; ++d) {
                 if (limits[d] >= 0 && mem[d] > limits[d]) ok = false;

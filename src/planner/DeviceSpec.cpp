@@ -172,6 +172,7 @@ Cluster ClusterSpec::toCluster(const std::vector<double>& speeds) const {
     d.speed = i < speeds.size() ? speeds[i] : 1.0;
     d.capacity = devices[i].memory;
     d.host = Link{devices[i].pcieBandwidth, devices[i].hostLatency};
+    d.process = i < processes.size() ? processes[i] : 0;
     c.devices.push_back(d);
   }
   c.links = links;
@@ -201,7 +202,7 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
   if (!n.IsMap()) throw UserError(source + ": a cluster spec is a map of keys");
   checkKeys(n,
             {"name", "description", "devices", "host_pool", "link_kinds", "default_link", "matrix",
-             "groups", "group_link", "cores"},
+             "groups", "group_link", "cores", "processes"},
             source, "");
   ClusterSpec c;
   c.name = n["name"] ? n["name"].as<std::string>() : fs::path(source).stem().string();
@@ -239,6 +240,43 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
                       "each device has its own), got '" +
                       n["cores"].Scalar() + "'");
     c.cores = cores;
+  }
+  if (n["processes"]) {  // Note [Devices and processes]
+    const YAML::Node& pn = n["processes"];
+    const std::string allowed =
+        ": processes must be one (every device in one process), per_device, or a list of "
+        "device-index lists such as [[0, 1], [2, 3]] naming every device once";
+    if (pn.IsScalar() && pn.Scalar() == "one") {
+      c.processes.assign(D, 0);
+    } else if (pn.IsScalar() && pn.Scalar() == "per_device") {
+      for (int d = 0; d < D; ++d) c.processes.push_back(d);
+    } else if (pn.IsSequence()) {
+      c.processes.assign(D, -1);
+      int g = 0;
+      for (const auto& grp : pn) {
+        if (!grp.IsSequence()) throw UserError(where(source, grp) + allowed);
+        for (const auto& i : grp) {
+          int d = -1;
+          try {
+            d = i.as<int>();
+          } catch (const YAML::Exception&) {
+          }
+          if (d < 0 || d >= D || c.processes[d] >= 0)
+            throw UserError(where(source, i) + ": processes: device '" + i.Scalar() + "' is " +
+                            (d >= 0 && d < D ? "listed twice" : "out of range 0.." +
+                                                                    std::to_string(D - 1)) +
+                            allowed);
+          c.processes[d] = g;
+        }
+        ++g;
+      }
+      for (int d = 0; d < D; ++d)
+        if (c.processes[d] < 0)
+          throw UserError(where(source, pn) + ": processes: device " + std::to_string(d) +
+                          " is in no process" + allowed);
+    } else {
+      throw UserError(where(source, pn) + allowed + ", got '" + pn.Scalar() + "'");
+    }
   }
   std::map<std::string, Link> kinds;
   if (n["link_kinds"]) {
@@ -385,6 +423,19 @@ std::string clusterSpecToYaml(const ClusterSpec& c) {
   out << YAML::Key << "host_pool" << YAML::Value
       << (c.hostPool < 0 ? std::string("unlimited") : std::to_string(c.hostPool));
   if (c.cores > 0) out << YAML::Key << "cores" << YAML::Value << c.cores;
+  if (static_cast<int>(c.processes.size()) == D &&
+      std::any_of(c.processes.begin(), c.processes.end(), [&](int p) { return p != c.processes[0]; })) {
+    // Note [Devices and processes]: as groups of device indices, in order of first device.
+    std::vector<int> order;
+    std::map<int, std::vector<int>> groups;
+    for (int d = 0; d < D; ++d) {
+      if (!groups.count(c.processes[d])) order.push_back(c.processes[d]);
+      groups[c.processes[d]].push_back(d);
+    }
+    out << YAML::Key << "processes" << YAML::Value << YAML::BeginSeq;
+    for (int p : order) out << YAML::Flow << groups[p];
+    out << YAML::EndSeq;
+  }
   if (!kinds.empty()) {
     out << YAML::Key << "link_kinds" << YAML::Value << YAML::BeginMap;
     for (const auto& [k, l] : kinds)

@@ -2,6 +2,7 @@
 #include "pipefb/planner/Setup.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "pipefb/common/Error.h"
@@ -82,6 +83,20 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   // detected ones (hwloc cores this process may use), or --cores.
   if (opt.cluster.empty() && pl.clusterSpec.devices.front().name == "cpu" && opt.cores >= 0)
     cluster.cores = opt.cores;
+  // Note [Devices and processes]: which devices share a process decides which stash
+  // policies a split stage may take.
+  if (opt.processes == "one") {
+    for (auto& d : cluster.devices) d.process = 0;
+  } else if (opt.processes == "per_device") {
+    cluster.processPerDevice();
+  } else if (opt.processes == "auto") {
+    const char* ws = std::getenv("WORLD_SIZE");  // torchrun's convention (ProcessGroup.h)
+    if (pl.clusterSpec.processes.empty() && ws != nullptr && std::atoi(ws) > 1)
+      cluster.processPerDevice();
+  } else {
+    throw UserError("--processes: unknown value '" + opt.processes +
+                    "'; allowed: auto | one | per_device");
+  }
   pl.model = std::make_unique<CostModel>(profile, std::move(cluster));
   pl.solver.batch = cfg.training.batch;
   pl.solver.lookahead = static_cast<int>(cfg.pipeline.lookahead);

@@ -91,6 +91,8 @@ bool interchangeable(const Cluster& c, int a, int b) {
   for (int x = 0; x < c.numDevices(); ++x) {
     if (x == a || x == b) continue;
     if (!(c.links[a][x] == c.links[b][x]) || !(c.links[x][a] == c.links[x][b])) return false;
+    // Note [Devices and processes]: which pairs share a process is part of the cost.
+    if (c.sameProcess(a, x) != c.sameProcess(b, x)) return false;
   }
   return true;
 }
@@ -261,6 +263,11 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     if (std::find(policies.begin(), policies.end(), e) == policies.end()) policies.push_back(e);
   }
   const bool pareto = hostLimit >= 0;
+  // Note [Devices and processes]: a stage split across processes stashes its input only.
+  std::vector<char> crossProcess(S);
+  for (int k = 0; k < S; ++k)
+    crossProcess[k] = !model.cluster().sameProcess(shape.forwardDevice(k), shape.backwardDevice(k));
+  auto allowed = [&](int k, StashPolicy p) { return !crossProcess[k] || schedules::isCheckpoint(p); };
   auto fits = [&](const StageEstimate& e, int k) {
     const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);
     if (e.same) return limits[fd] < 0 || total(e.backwardMemory) <= limits[fd];
@@ -397,6 +404,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
       sp.last = last;
       double bestC = kInf;
       for (StashPolicy p : policies) {
+        if (!allowed(k, p)) continue;
         StageEstimate e = model.stage(shape, k, first, last, p);
         if (!fits(e, k)) continue;
         const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
@@ -448,6 +456,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   auto consider = [&](int stage, int i, int j, std::int64_t maxWorking,
                       const std::vector<Entry>& prev) {
     for (StashPolicy p : policies) {
+      if (!allowed(stage, p)) continue;
       // Scalar time search: a stage as slow as the best so far cannot beat it (nor tie
       // it below the cap, which is all a tie could change), so its memory is not costed.
       if (!pareto && objective == Objective::Time &&

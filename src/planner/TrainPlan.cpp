@@ -95,6 +95,16 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
                     " layers; lower pipeline.stages or devices.count");
   const StashPolicy policy =
       normalised(schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
+  // Note [Devices and processes]: the runtime refuses a graph stash across processes too;
+  // saying so here keeps the planner from being asked for a plan that cannot exist.
+  for (int k = 0; k < stages && !schedules::isCheckpoint(policy); ++k)
+    if (!model.cluster().sameProcess(shape.forwardDevice(k), shape.backwardDevice(k)))
+      throw UserError(cfg.source + ": pipeline.stash: " + cfg.pipeline.stash +
+                      " cannot cross processes: stage " + std::to_string(k) + " runs F on rank " +
+                      std::to_string(shape.forwardDevice(k)) + " and B on rank " +
+                      std::to_string(shape.backwardDevice(k)) +
+                      " and an autograd graph cannot move between processes; allowed: "
+                      "checkpoint, checkpoint-offload");
   std::vector<std::int64_t> limits;
   for (const auto& d : model.cluster().devices) limits.push_back(d.capacity);
   PlannedPartition out;

@@ -72,6 +72,12 @@ Instance randomInstance(std::mt19937& rng, int id) {
       cl.links[a][b] = uniformLinks ? Link{ubw, 0.01} : Link{uni(50, 5000), uni(0, 0.05)};
   cl.hostPool = pick(0, 3) == 0 ? pick(200, 6000) : -1;
   cl.cores = pick(0, 3) == 0 ? pick(1, 2) : 0;  // Note [Shared cores]
+  // Note [Devices and processes]: one process, one per device, or random groups. Drawn
+  // from a generator of its own so that the rest of each instance stays as it was.
+  std::mt19937 prng(7919u * static_cast<unsigned>(id) + 1u);
+  const int mode = static_cast<int>(prng() % 3);
+  for (int d = 0; d < D; ++d)
+    cl.devices[d].process = mode == 0 ? 0 : mode == 1 ? d : static_cast<int>(prng() % 2);
 
   SolverOptions& o = in.options;
   o.batch = std::vector<int>{1, 2, 3, 4, 6, 8}[pick(0, 5)];
@@ -98,12 +104,23 @@ bool sameValue(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(
 TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   std::mt19937 rng(20240606);
   int feasible = 0, infeasible = 0, withHost = 0, heterogeneous = 0, nonKeep = 0;
+  int processBound = 0;  // instances whose optimum the process restriction made worse
   for (int id = 0; id < 300; ++id) {
     Instance in = randomInstance(rng, id);
     CostModel m(in.profile, in.cluster);
     SolveResult dp = solve(m, in.options);
     BruteForceResult bf = bruteForce(m, in.options);
     ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << id;
+    {
+      Cluster one = in.cluster;
+      bool several = false;
+      for (auto& d : one.devices) several = several || d.process != 0, d.process = 0;
+      if (several) {
+        BruteForceResult free = bruteForce(CostModel(in.profile, one), in.options);
+        if (free.feasible && (!bf.feasible || free.objective < bf.objective * (1 - 1e-9)))
+          ++processBound;
+      }
+    }
     if (in.cluster.hostPool >= 0) ++withHost;
     if (in.cluster.devices.size() > 1 &&
         in.cluster.devices[0].capacity != in.cluster.devices.back().capacity)
@@ -125,11 +142,13 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
       }
   }
   std::printf("optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
-              "budget, %d heterogeneous, %d optima use a non-keep policy\n",
-              feasible, infeasible, withHost, heterogeneous, nonKeep);
+              "budget, %d heterogeneous, %d optima use a non-keep policy, %d optima bound by "
+              "the process restriction\n",
+              feasible, infeasible, withHost, heterogeneous, nonKeep, processBound);
   EXPECT_GE(feasible, 140);
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
+  EXPECT_GE(processBound, 5);
 }
 
 TEST(SolverOptimality, SmallestBudgetEqualsExhaustiveSearch) {
@@ -203,6 +222,8 @@ TEST(SolverOptimality, PrunedDpEqualsPlainDpOnLargerShapes) {
           for (StashPolicy pol : policies) {
             const StageEstimate e = m.stage(sh, k - 1, i, j, pol);
             const int fd = sh.forwardDevice(k - 1), bd = sh.backwardDevice(k - 1);
+            // Note [Devices and processes]
+            if (!m.cluster().sameProcess(fd, bd) && !pipefb::schedules::isCheckpoint(pol)) continue;
             const bool fitsF = limits[fd] < 0 || total(e.forwardMemory) <= limits[fd];
             const bool fitsB = limits[bd] < 0 || total(e.backwardMemory) <= limits[bd];
             if (!fitsF || !fitsB) continue;

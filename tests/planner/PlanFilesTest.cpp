@@ -10,6 +10,7 @@
 
 #include "PlannerTestUtil.h"
 #include "TestUtil.h"
+#include "pipefb/common/Error.h"
 #include "pipefb/planner/DeviceSpec.h"
 #include "pipefb/planner/PlanFile.h"
 
@@ -77,6 +78,36 @@ TEST(SpecFiles, HandMadeMatrixWithUnnamedLinksRoundTrips) {
   EXPECT_EQ(back.links, c.links);
   EXPECT_EQ(back.hostPool, c.hostPool);
   EXPECT_EQ(back.devices.size(), 3u);
+}
+
+// Note [Devices and processes]: `processes` in a cluster spec, its errors and round trip.
+TEST(SpecFiles, ProcessesOfAClusterSpec) {
+  const std::string head =
+      "name: p\ndevices: [{spec: t4-16g, count: 4}]\nlink_kinds: {pcie: {bandwidth: 10GB}}\n"
+      "default_link: pcie\n";
+  auto parse = [&](const std::string& extra) {
+    return parseClusterSpec(head + extra, "p.yaml", kDevices);
+  };
+  EXPECT_TRUE(parse("").processes.empty());
+  EXPECT_EQ(parse("processes: per_device\n").processes, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(parse("processes: one\n").processes, (std::vector<int>{0, 0, 0, 0}));
+  const ClusterSpec g = parse("processes: [[0, 3], [1, 2]]\n");
+  EXPECT_EQ(g.processes, (std::vector<int>{0, 1, 1, 0}));
+  const Cluster c = g.toCluster({});
+  EXPECT_TRUE(c.sameProcess(0, 3));
+  EXPECT_FALSE(c.sameProcess(0, 1));
+  const ClusterSpec back = parseClusterSpec(clusterSpecToYaml(g), "written", kDevices);
+  EXPECT_EQ(back.processes, g.processes) << clusterSpecToYaml(g);
+  for (const std::string bad :
+       {"processes: each\n", "processes: [[0, 1], [1, 2, 3]]\n", "processes: [[0, 1], [2]]\n",
+        "processes: [[0, 1], [2, 9]]\n"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("processes"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A plan written by planToYaml and read back (parsePlan, planFromSpec) is the same plan:

@@ -379,3 +379,82 @@ TEST(SolverChains, InterchangeableDevicesGiveOneChain) {
   EXPECT_TRUE(heur);
   EXPECT_FALSE(g.empty());
 }
+
+// Note [Devices and processes] (Cluster.h): a stage whose forward and backward devices are
+// in different processes can only stash its input.
+TEST(SolverProcesses, SplitAcrossProcessesOnlyCheckpoints) {
+  // One layer, F = B = R = 1 s, 100 saved bytes, free copies; pipefb-sync with one stage
+  // (F on one device, B on the other). In one process the graph goes through the host
+  // pool (offload): pace max(F, B) = 1 s. With a process per device only the stage input
+  // can cross: checkpoint-offload recomputes in B, pace max(F, R + B) = 2 s.
+  Profile p = timesProfile({1});
+  p.layers[0].backward = 1;
+  p.layers[0].recompute = 1;
+  p.layers[0].savedBytes = 100;
+  p.inputBytes = 1;
+  SolverOptions o = only("pipefb-sync");
+  Cluster one = freeCluster(2);
+  {
+    CostModel m(p, one);
+    SolveResult r = solve(m, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.stages[0].policy, StashPolicy::Offload);
+    EXPECT_DOUBLE_EQ(r.best.tau, 1);
+  }
+  Cluster two = freeCluster(2);
+  two.processPerDevice();
+  EXPECT_FALSE(two.sameProcess(0, 1));
+  {
+    CostModel m(p, two);
+    SolveResult r = solve(m, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.stages[0].policy, StashPolicy::CheckpointOffload);
+    EXPECT_DOUBLE_EQ(r.best.tau, 2);
+    // Offload alone has no plan at all, and the brute force agrees.
+    SolverOptions off = only("pipefb-sync-offload");
+    EXPECT_FALSE(solve(m, off).feasible);
+    EXPECT_FALSE(bruteForce(m, off).feasible);
+    EXPECT_DOUBLE_EQ(bruteForce(m, o).objective, r.best.iterationTime);
+  }
+  // Non-split schedules run F and B on one device: nothing changes for them.
+  {
+    CostModel m(p, two);
+    SolveResult r = solve(m, only("1f1b-keep"));
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.stages[0].policy, StashPolicy::Keep);
+  }
+}
+
+TEST(SolverProcesses, ChainsPairEachStageWithinAProcess) {
+  // Four identical devices in two processes {0, 1} and {2, 3}; pipefb-sync with 2 stages
+  // of one layer. The identity chain would split both stages across processes (stage 0 on
+  // 0 -> 3, stage 1 on 1 -> 2), so the solver must tell the devices apart by process and
+  // choose a chain that keeps each stage's F and B in one process: offload, pace 1 s.
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) l.backward = 1, l.recompute = 1, l.savedBytes = 100;
+  p.inputBytes = 1;
+  Cluster c = freeCluster(4);
+  c.devices[0].process = c.devices[1].process = 0;
+  c.devices[2].process = c.devices[3].process = 1;
+  CostModel m(p, c);
+  SolverOptions o = only("pipefb-sync", 4);
+  o.maxStages = 2;
+  o.microbatches = 4;
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  ASSERT_EQ(r.best.stages.size(), 2u);
+  for (const auto& st : r.best.stages) {
+    EXPECT_TRUE(c.sameProcess(st.forwardDevice, st.backwardDevice))
+        << st.forwardDevice << " -> " << st.backwardDevice;
+    EXPECT_EQ(st.policy, StashPolicy::Offload);
+  }
+  EXPECT_DOUBLE_EQ(r.best.tau, 1);
+  EXPECT_DOUBLE_EQ(bruteForce(m, o).objective, r.best.iterationTime);
+  // With a process per device, no chain avoids it: checkpoint-offload everywhere, 2 s.
+  c.processPerDevice();
+  CostModel m2(p, c);
+  SolveResult r2 = solve(m2, o);
+  ASSERT_TRUE(r2.feasible);
+  for (const auto& st : r2.best.stages) EXPECT_EQ(st.policy, StashPolicy::CheckpointOffload);
+  EXPECT_DOUBLE_EQ(r2.best.tau, 2);
+}

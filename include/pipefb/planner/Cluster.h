@@ -25,6 +25,8 @@ struct ClusterDevice {
   double speed = 1.0;        // compute speed relative to the profile's reference device
   std::int64_t capacity = -1;  // bytes; -1 = unlimited
   Link host;                 // device <-> host pool (its copy engine), each direction
+  /// Note [Devices and processes]: devices with the same number share one pipefb process.
+  int process = 0;
 };
 
 struct Cluster {
@@ -38,6 +40,20 @@ struct Cluster {
   int cores = 0;
 
   int numDevices() const { return static_cast<int>(devices.size()); }
+  /// Note [Devices and processes]
+  /// A stage whose forward and backward devices are in different processes can only
+  /// stash its input (the checkpoint kinds): an autograd graph cannot move between
+  /// processes (Note [Channels across processes] in PipelineEngine.cpp). Within one process
+  /// (pipefb's virtual devices, the default: every device has process 0) every policy
+  /// works. A cluster spec says `processes: per_device` or lists groups; a config-derived
+  /// cluster has one process per device when the run is multi-process (Setup.h).
+  bool sameProcess(int a, int b) const {
+    return a == b || devices.at(a).process == devices.at(b).process;
+  }
+  /// Gives every device its own process.
+  void processPerDevice() {
+    for (int d = 0; d < numDevices(); ++d) devices[d].process = d;
+  }
   Link link(int a, int b) const { return a == b ? Link{} : links.at(a).at(b); }
 
   /// n identical devices, every pair joined by `link`.

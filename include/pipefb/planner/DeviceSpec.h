@@ -42,6 +42,9 @@ struct ClusterSpec {
   /// `cores: N` (Note [Shared cores]): the devices' compute threads share N cores of one
   /// machine (pipefb_topology writes it for virtual CPU devices); 0 = each has its own.
   int cores = 0;
+  /// Note [Devices and processes] (Cluster.h): the process of each device; empty = one
+  /// process for all. `processes: one | per_device | [[0, 1], [2, 3]]` in the spec.
+  std::vector<int> processes;
 
   /// The solver's view: the given speeds (analyticSpeeds(), or 1 for a measured profile
   /// on one kind of device), capacities from the specs, host links from PCIe.

@@ -24,6 +24,11 @@ struct SetupOptions {
   /// Cores the virtual CPU devices of a config-derived `cpu` cluster share (Note [Shared
   /// cores]): -1 = the detected ones (Note [Detected cluster]), 0 = not shared.
   int cores = -1;
+  /// Note [Devices and processes] (Cluster.h): "one" (every device in one process),
+  /// "per_device", or "auto": the cluster spec's `processes`, else one process per device
+  /// when the run is multi-process (WORLD_SIZE > 1, as under pipefb_launch or torchrun),
+  /// else one.
+  std::string processes = "auto";
 };
 
 struct Planning {

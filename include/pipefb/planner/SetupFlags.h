@@ -19,6 +19,11 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
                  "more devices run (default: this machine's cores, detected by hwloc; 0: each device "
                  "has its own)")
       ->check(CLI::Range(-1, 1 << 20));
+  app.add_option("--processes", setup.processes,
+                 "which devices share a process (a stage whose forward and backward devices are "
+                 "in different processes can only checkpoint): auto (the cluster spec's, else "
+                 "one per device when WORLD_SIZE > 1), one, per_device")
+      ->check(CLI::IsMember({"auto", "one", "per_device"}));
 }
 
 }  // namespace pipefb::planner
