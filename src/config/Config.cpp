@@ -365,6 +365,8 @@ const std::vector<KeySpec>& schema() {
                      [](Config& c) -> auto& { return c.devices.host_memory; }));
     s.push_back(choice("devices.bind", [](Config& c) -> auto& { return c.devices.bind; },
                        {"none", "cores"}));
+    s.push_back(boolean("devices.keep_freed_memory",
+                        [](Config& c) -> auto& { return c.devices.keep_freed_memory; }));
     // pipeline
     s.push_back(choice("pipeline.schedule",
                        [](Config& c) -> auto& { return c.pipeline.schedule; }, scheduleNames()));

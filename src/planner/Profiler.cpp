@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/memory/FreedMemory.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/model/Model.h"
 #include "pipefb/planner/AnalyticProfile.h"
@@ -96,6 +97,8 @@ Profile profileHeader(const config::Config& cfg, const ProfilerOptions& o) {
   p.model = modelWork(cfg.model).model + " optimizer=" + opt;
   p.device = o.device;
   if (o.threads != 1) p.device += " threads=" + std::to_string(o.threads);
+  // Note [Keeping freed memory]: times with glibc's defaults are another device.
+  if (!cfg.devices.keep_freed_memory) p.device += " malloc=system";
   p.source = "measured";
   const std::int64_t m = std::max<std::int64_t>(cfg.pipeline.microbatches, 1);
   if (t.batch % m != 0)
@@ -109,6 +112,8 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
   o.validate();
   Profile prof = profileHeader(cfg, o);
   if (!memory::trackingAllocatorInstalled()) memory::installTrackingAllocator();
+  // Note [Keeping freed memory]: the allocator the trainer will run with.
+  if (cfg.devices.keep_freed_memory) memory::keepFreedMemory();
   ThreadCount threads(o.threads);
   // With intra-op helpers, their allocations are charged to this thread's scope
   // (Note [Intra-op threads] in MemoryScope.h); with one thread nothing changes.

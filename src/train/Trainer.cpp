@@ -13,6 +13,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
 #include "pipefb/memory/DomainRegistry.h"
+#include "pipefb/memory/FreedMemory.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/report/Report.h"
@@ -62,6 +63,10 @@ Trainer::Trainer(config::Config config, TrainerHooks hooks)
   // nondeterministic kernel.
   at::globalContext().setDeterministicAlgorithms(t.deterministic, /*warn_only=*/false);
   memory::installTrackingAllocator();
+  // Note [Keeping freed memory]: before the data set and any device thread.
+  if (config_.devices.keep_freed_memory && !memory::keepFreedMemory())
+    spdlog::warn("devices.keep_freed_memory: not available with this malloc; freed memory "
+                 "goes back to the system");
   device_ = &memory::configureDomain(memory::virtualDeviceName(0),
                                      config_.devices.memory.value_or(memory::kUnlimited));
   // LibTorch here starts with one intra-op thread; 0 means every core.

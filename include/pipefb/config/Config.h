@@ -52,6 +52,9 @@ struct DevicesOptions {
   /// none | cores: pin each device's worker and copy-engine threads to a core
   /// (Note [Device binding], pipefb/topology/Binding.h).
   std::string bind = "none";
+  /// Freed memory stays in the process and is reused, as a GPU's caching allocator does
+  /// (Note [Keeping freed memory], pipefb/memory/FreedMemory.h); false: glibc's defaults.
+  bool keep_freed_memory = true;
 };
 
 struct PipelineOptions {
