@@ -393,6 +393,10 @@ const std::vector<KeySpec>& schema() {
     // distributed
     s.push_back(number("distributed.timeout",
                        [](Config& c) -> auto& { return c.distributed.timeout; }, 0, 86400, true));
+    s.push_back(number("distributed.bucket_mb",
+                       [](Config& c) -> auto& { return c.distributed.bucket_mb; }, 0, 65536, true));
+    s.push_back(boolean("distributed.overlap",
+                        [](Config& c) -> auto& { return c.distributed.overlap; }));
     // output
     s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
     s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));

@@ -192,6 +192,32 @@ class GlooGroup final : public ProcessGroup {
     }
   }
 
+  std::shared_ptr<PendingCollective> allreduceAsync(std::vector<at::Tensor> tensors) override {
+    // Gloo runs the group's collectives in the order they are started, on its own thread.
+    struct Pending final : PendingCollective {
+      c10::intrusive_ptr<c10d::Work> work;
+      std::vector<at::Tensor> tensors;  // kept alive until done
+      std::string what;
+      void wait() override {
+        try {
+          work->wait();
+        } catch (const std::exception& e) {
+          throw PeerError(what + ": " + firstLine(e.what()), -1);
+        }
+      }
+    };
+    auto p = std::make_shared<Pending>();
+    p->tensors = std::move(tensors);
+    p->what = "c10d all-reduce failed (a rank died or timed out after " +
+              seconds(timeout_.count() / 1000.0) + ")";
+    try {
+      p->work = coll_->allreduce(p->tensors);
+    } catch (const std::exception& e) {
+      throw PeerError(p->what + ": " + firstLine(e.what()), -1);
+    }
+    return p;
+  }
+
   void barrier() override {
     try {
       coll_->barrier()->wait();

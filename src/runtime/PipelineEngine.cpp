@@ -17,6 +17,8 @@
 #include <thread>
 #include <tuple>
 
+#include <torch/csrc/autograd/function_hook.h>
+
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
 #include "pipefb/dist/ProcessGroup.h"
@@ -330,6 +332,45 @@ struct DeviceState {
   double busy = 0;                    // guarded by Impl::mu_
 };
 
+// Note [Gradient buckets]
+// With pipeline.replicas (hybrid data + pipeline parallelism) a stage's gradients are
+// averaged over its replicas before STEP, the way DDP's reducer does it. The stage's
+// parameters, in reverse order (the order backward finishes them), fill buckets of about
+// distributed.bucket_mb MiB; each bucket is one flat buffer (CommBuffers, on the backward
+// device), made at the stage's first AR and reused. During the B that completes the
+// stage's gradients of the iteration (the last B(s, m) before AR(s) in the device's list),
+// post hooks on the autograd nodes that feed a parameter's accumulator see that
+// parameter's gradient as soon as backward computed it: the hook adds it to .grad (the
+// add B makes anyway), copies the now final .grad into its bucket slot, and once a bucket
+// is complete starts its all-reduce (c10d, asynchronous). The all-reduce of the last
+// layers' gradients so runs while backward still works on the first layers. Buckets
+// start in index order on every rank (a bucket that completes early waits for those
+// before it), so the replicas' collectives pair up. What no hook saw (a parameter fed by
+// more than one node, an unused one) is added after autograd returns, as before, and the
+// remaining buckets start then. AR(s) waits for the buckets in order, divides by R and
+// copies the means back into .grad: the same sums and the same division as the single
+// concatenated bucket it replaces. distributed.overlap: false starts every bucket at AR
+// (no hooks), for comparison.
+struct GradBuckets {
+  struct Bucket {
+    std::vector<int> params;       // indices into the stage's params
+    std::vector<int64_t> offsets;  // their element offsets in flat
+    Tensor flat;
+    int missing = 0;  // parameters whose gradient is not final yet (this iteration)
+    std::shared_ptr<dist::PendingCollective> work;
+    int64_t startNs = 0;
+    size_t record = 0;  // its entry in the engine's bucket log
+  };
+  std::vector<Bucket> buckets;
+  std::vector<int> bucketOf, slotOf;  // per parameter
+  std::vector<char> ready;            // per parameter: final and in its bucket
+  int next = 0;                       // the next bucket to start
+  bool active = false;                // this iteration's buckets are being filled
+  int backwardAction = -1;            // the B filling them (index into the device's list)
+  bool inAutograd = false;            // hooks run: the B's autograd call has not returned
+  int64_t backwardDoneNs = 0;         // when it returned
+};
+
 struct StageState {
   int index = 0;
   StageRange range;
@@ -351,6 +392,7 @@ struct StageState {
   ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
   std::map<int, int> lastUse;          // version -> last microbatch whose B needs it
   int64_t stashBytesPerMb = -1;        // measured at the first F
+  std::unique_ptr<GradBuckets> buckets;  // Note [Gradient buckets]
 };
 
 int64_t tensorBytes(const Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
@@ -401,6 +443,14 @@ struct PipelineEngine::Impl {
   // AR(s) all-reduces stage s's gradients over replicaGroup, the ranks of this device.
   int R = 1, myDevice = -1, myReplica = 0;
   std::shared_ptr<dist::ProcessGroup> replicaGroup;
+  // Note [Gradient buckets]: the B actions (stage, microbatch) that complete a stage's
+  // gradients before its AR, and what the buckets did (guarded by mu).
+  std::set<std::pair<int, int>> finalBackward;
+  std::vector<BucketRecord> bucketLog;
+  GradBuckets& bucketsOf(DeviceState& dev, StageState& st);
+  void beginBuckets(DeviceState& dev, StageState& st);
+  void bucketReady(StageState& st, int param);
+  void startBuckets(StageState& st, int64_t step);
   std::string published;  // this rank's failure as published to the store
   int rankOf(int d) const { return myReplica * D + d; }
   void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
@@ -577,6 +627,17 @@ void PipelineEngine::Impl::build() {
   plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
                           schedules::lookaheadPerStage(lookahead, S));
   if (p.replicas > 1) plan.schedule = schedules::addAllReduce(plan.schedule);
+  // Note [Gradient buckets]: the last B of each stage before each of its ARs.
+  if (p.replicas > 1 && config.distributed.overlap)
+    for (const auto& list : plan.schedule.devices)
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].type != ActionType::AllReduce) continue;
+        for (size_t j = i; j-- > 0;)
+          if (list[j].type == ActionType::Backward && list[j].stage == list[i].stage) {
+            finalBackward.insert({list[j].stage, list[j].index});
+            break;
+          }
+      }
   schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
   R = static_cast<int>(p.replicas);
@@ -1017,9 +1078,83 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
     for (size_t i = 0; i < savedBuffers.size(); ++i) rep->buffers[i].copy_(savedBuffers[i]);
     return;
   }
+  // Note [Gradient buckets]: the B that completes the stage's gradients starts their
+  // all-reduce from hooks while autograd still runs.
+  GradBuckets* gb = nullptr;
+  if (replicaGroup && finalBackward.count({a.stage, mb})) {
+    gb = &bucketsOf(dev, st);
+    torch::NoGradGuard noGrad;
+    if (st.gradsStale) {
+      for (auto& p : st.master->params) p.mutable_grad().zero_();
+      st.gradsStale = false;
+    }
+    beginBuckets(dev, st);
+    gb->backwardAction = current[dev.id].load();
+    // The nodes whose outputs feed a parameter's accumulator; a parameter fed by exactly
+    // one edge is final when that node ran.
+    std::map<const torch::autograd::Node*, int> paramOf;
+    for (size_t i = 0; i < rep->params.size(); ++i)
+      if (rep->params[i].requires_grad())
+        if (auto acc = torch::autograd::impl::try_get_grad_accumulator(rep->params[i]))
+          paramOf[acc.get()] = static_cast<int>(i);
+    std::vector<std::pair<torch::autograd::Node*, std::pair<size_t, int>>> feeds;
+    std::vector<int> edges(rep->params.size(), 0);
+    std::set<torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> todo;
+    if (output.grad_fn()) todo.push_back(output.grad_fn().get());
+    while (!todo.empty()) {
+      torch::autograd::Node* n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      const auto& next = n->next_edges();
+      for (size_t o = 0; o < next.size(); ++o) {
+        if (!next[o].function) continue;
+        auto it = paramOf.find(next[o].function.get());
+        if (it != paramOf.end()) {
+          ++edges[it->second];
+          feeds.push_back({n, {o, it->second}});
+        } else {
+          todo.push_back(next[o].function.get());
+        }
+      }
+    }
+    struct Hook final : torch::autograd::FunctionPostHook {
+      std::vector<std::pair<size_t, int>> slots;  // (output, parameter)
+      std::function<void(int, const Tensor&)> ready;
+      torch::autograd::variable_list operator()(
+          const torch::autograd::variable_list& outputs,
+          const torch::autograd::variable_list& /*inputs*/) override {
+        for (const auto& [o, i] : slots)
+          if (o < outputs.size() && outputs[o].defined()) ready(i, outputs[o]);
+        return outputs;
+      }
+    };
+    std::map<torch::autograd::Node*, std::unique_ptr<Hook>> hooks;
+    for (const auto& [n, slot] : feeds) {
+      if (edges[slot.second] != 1) continue;
+      auto& h = hooks[n];
+      if (!h) {
+        h = std::make_unique<Hook>();
+        h->ready = [this, &st, step = iterationOf(a)](int i, const Tensor& grad) {
+          torch::NoGradGuard noGrad;
+          st.master->params[i].mutable_grad().add_(grad);
+          bucketReady(st, i);
+          startBuckets(st, step);
+        };
+      }
+      h->slots.push_back(slot);
+    }
+    // The hooks die with the graph, which this B frees (retain_graph false).
+    for (auto& [n, h] : hooks) n->add_post_hook(std::move(h));
+    gb->inAutograd = true;
+  }
   auto g = torch::autograd::grad({output}, wrt, {gradOut}, /*retain_graph=*/false,
                                  /*create_graph=*/false, /*allow_unused=*/true);
   output = Tensor();
+  if (gb) {
+    gb->inAutograd = false;
+    gb->backwardDoneNs = memory::nowNs();
+  }
   if (checkAll()) {
     size_t gi = 0;
     for (size_t i = 0; i < rep->params.size(); ++i)
@@ -1037,8 +1172,14 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
   size_t j = 0;
   for (size_t i = 0; i < rep->params.size(); ++i) {
     if (!rep->params[i].requires_grad()) continue;
-    if (g[j].defined()) st.master->params[i].mutable_grad().add_(g[j]);
+    // A hook already added it (Note [Gradient buckets]).
+    if (g[j].defined() && !(gb && gb->ready[i])) st.master->params[i].mutable_grad().add_(g[j]);
     ++j;
+  }
+  if (gb) {  // what no hook saw is final now: the remaining buckets start
+    for (size_t i = 0; i < st.master->params.size(); ++i)
+      if (!gb->ready[i]) bucketReady(st, static_cast<int>(i));
+    startBuckets(st, iterationOf(a));
   }
   if (wantInput) dev.grads[{a.stage, mb}] = g.back();
   // A kept weight version may be done with (split stage, checkpoint).
@@ -1214,25 +1355,117 @@ void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
   }
 }
 
+// Note [Gradient buckets]
+GradBuckets& PipelineEngine::Impl::bucketsOf(DeviceState& dev, StageState& st) {
+  if (st.buckets) return *st.buckets;
+  auto gb = std::make_unique<GradBuckets>();
+  const auto& params = st.master->params;
+  const int64_t cap =
+      std::max<int64_t>(1, static_cast<int64_t>(config.distributed.bucket_mb * (1 << 20)));
+  gb->bucketOf.assign(params.size(), -1);
+  gb->slotOf.assign(params.size(), -1);
+  gb->ready.assign(params.size(), 0);
+  int64_t bytes = 0, elements = 0;
+  for (size_t k = params.size(); k-- > 0;) {  // reverse: backward's order
+    const Tensor& p = params[k];
+    if (gb->buckets.empty() || bytes >= cap) {
+      gb->buckets.emplace_back();
+      bytes = elements = 0;
+    }
+    auto& b = gb->buckets.back();
+    gb->bucketOf[k] = static_cast<int>(gb->buckets.size()) - 1;
+    gb->slotOf[k] = static_cast<int>(b.params.size());
+    b.params.push_back(static_cast<int>(k));
+    b.offsets.push_back(elements);
+    elements += p.numel();
+    bytes += p.numel() * p.element_size();
+  }
+  memory::MemoryScope scope(*dev.domain, MemoryCategory::CommBuffers);
+  for (auto& b : gb->buckets) {
+    int64_t n = 0;
+    for (int k : b.params) n += params[k].numel();
+    b.flat = torch::empty({n}, params[b.params.front()].options().requires_grad(false));
+  }
+  st.buckets = std::move(gb);
+  return *st.buckets;
+}
+
+void PipelineEngine::Impl::beginBuckets(DeviceState& dev, StageState& st) {
+  GradBuckets& gb = bucketsOf(dev, st);
+  PIPEFB_ASSERT(!gb.active, "stage " << st.index << ": gradient buckets filled twice before AR");
+  std::fill(gb.ready.begin(), gb.ready.end(), 0);
+  for (auto& b : gb.buckets) {
+    b.missing = static_cast<int>(b.params.size());
+    b.work.reset();
+    b.startNs = 0;
+  }
+  gb.next = 0;
+  gb.active = true;
+  gb.backwardAction = -1;
+  gb.backwardDoneNs = 0;
+}
+
+// Parameter `param`'s .grad is final: into its bucket.
+void PipelineEngine::Impl::bucketReady(StageState& st, int param) {
+  GradBuckets& gb = *st.buckets;
+  if (gb.ready[param]) return;
+  gb.ready[param] = 1;
+  auto& b = gb.buckets[gb.bucketOf[param]];
+  const Tensor& g = st.master->params[param].grad();
+  torch::NoGradGuard noGrad;
+  b.flat.narrow(0, b.offsets[gb.slotOf[param]], g.numel()).copy_(g.reshape({-1}));
+  --b.missing;
+}
+
+// Starts the complete buckets, in order.
+void PipelineEngine::Impl::startBuckets(StageState& st, int64_t step) {
+  GradBuckets& gb = *st.buckets;
+  while (gb.next < static_cast<int>(gb.buckets.size()) && gb.buckets[gb.next].missing == 0) {
+    auto& b = gb.buckets[gb.next++];
+    b.startNs = memory::nowNs();
+    b.work = replicaGroup->allreduceAsync({b.flat});
+    BucketRecord r;
+    r.stage = st.index;
+    r.step = step;
+    r.bucket = gb.next - 1;
+    r.bytes = b.flat.numel() * b.flat.element_size();
+    r.startNs = b.startNs;
+    r.backwardAction = gb.backwardAction;
+    r.duringBackward = gb.inAutograd;
+    std::lock_guard<std::mutex> lock(mu);
+    b.record = bucketLog.size();
+    bucketLog.push_back(r);
+  }
+}
+
 void PipelineEngine::Impl::execAllReduce(DeviceState& dev, const Action& a) {
   if (replicaGroup) {  // pipeline.replicas: the mean of the replicas' stage gradients
     StageState& st = stages[a.stage];
-    std::vector<Tensor> flat;
-    for (const auto& p : st.master->params) flat.push_back(p.grad().reshape({-1}));
-    std::vector<Tensor> bucket;
-    {
-      memory::MemoryScope scope(MemoryCategory::CommBuffers);
-      bucket.push_back(torch::cat(flat));
+    GradBuckets& gb = bucketsOf(dev, st);
+    if (!gb.active) {  // distributed.overlap false: every bucket starts here
+      beginBuckets(dev, st);
+      for (size_t i = 0; i < st.master->params.size(); ++i) bucketReady(st, static_cast<int>(i));
+      startBuckets(st, a.index);
     }
-    replicaGroup->allreduce(bucket);
+    PIPEFB_ASSERT(gb.next == static_cast<int>(gb.buckets.size()),
+                  "stage " << st.index << ": a gradient bucket never started");
     torch::NoGradGuard noGrad;
-    bucket[0].div_(R);
-    int64_t off = 0;
-    for (auto& p : st.master->params) {
-      Tensor g = p.mutable_grad();
-      g.copy_(bucket[0].narrow(0, off, g.numel()).view_as(g));
-      off += g.numel();
+    for (size_t k = 0; k < gb.buckets.size(); ++k) {
+      auto& b = gb.buckets[k];
+      b.work->wait();
+      b.work.reset();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        bucketLog[b.record].backwardDoneNs = gb.backwardDoneNs;
+        bucketLog[b.record].doneNs = memory::nowNs();
+      }
+      b.flat.div_(R);
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        Tensor g = st.master->params[b.params[j]].mutable_grad();
+        g.copy_(b.flat.narrow(0, b.offsets[j], g.numel()).view_as(g));
+      }
     }
+    gb.active = false;
     return;
   }
   throw UserError("AR" + std::to_string(a.stage) + "." + std::to_string(a.index) +
@@ -1490,6 +1723,10 @@ const schedules::Schedule& PipelineEngine::schedule() const { return impl_->plan
 const schedules::MemoryContract& PipelineEngine::contract() const { return impl_->plan.contract; }
 const std::vector<StageRange>& PipelineEngine::partition() const { return impl_->partition; }
 int PipelineEngine::numDevices() const { return impl_->D; }
+std::vector<BucketRecord> PipelineEngine::bucketRecords() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->bucketLog;
+}
 
 std::vector<DeviceStats> PipelineEngine::deviceStats() const {
   Impl& I = *impl_;

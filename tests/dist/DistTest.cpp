@@ -56,6 +56,14 @@ struct DistCase {
   std::string model, schedule, stash;
   int S, M, ranks;
   int replicas = 1;  // pipeline.replicas: ranks = devices x replicas
+  double bucketMb = 25;  // distributed.bucket_mb (Note [Gradient buckets])
+  bool overlap = true;   // distributed.overlap
+};
+
+// What a case's ranks wrote: every parameter's gradient, and the launcher's output.
+struct DistRun {
+  std::map<std::string, torch::Tensor> grads;
+  std::string out;
 };
 
 // The single-process reference: gradient accumulation over the same microbatches.
@@ -76,19 +84,25 @@ std::map<std::string, torch::Tensor> referenceGrads(const config::Config& c, dou
   return g;
 }
 
-void checkAcrossProcesses(const DistCase& c) {
+DistRun checkAcrossProcesses(const DistCase& c) {
+  DistRun run;
   SCOPED_TRACE(c.model + " " + c.schedule + " " + c.stash + " S=" + std::to_string(c.S) +
                " on " + std::to_string(c.ranks) + " processes");
   auto cfg = test::distConfig(c.model, c.schedule, c.S, c.M, c.stash, 8);
-  ASSERT_EQ(cfg.devices.count * c.replicas, c.ranks);
+  EXPECT_EQ(cfg.devices.count * c.replicas, c.ranks);
+  if (cfg.devices.count * c.replicas != c.ranks) return run;
   const fs::path dir = workDir(c.schedule + std::to_string(c.ranks));
   auto r = test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n " +
                             std::to_string(c.ranks) + " -- " + DIST_WORKER + " --model " +
                             c.model + " --schedule " + c.schedule + " --stages " +
                             std::to_string(c.S) + " --microbatches " + std::to_string(c.M) +
                             " --stash " + c.stash + " --replicas " + std::to_string(c.replicas) +
-                            " --timeout 20 --out " + dir.string());
-  ASSERT_EQ(r.code, 0) << r.out;
+                            " --timeout 20 --bucket-mb " + std::to_string(c.bucketMb) +
+                            " --overlap " + (c.overlap ? "true" : "false") + " --out " +
+                            dir.string());
+  run.out = r.out;
+  EXPECT_EQ(r.code, 0) << r.out;
+  if (r.code != 0) return run;
   for (int k = 0; k < c.ranks; ++k)
     EXPECT_NE(r.out.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " done"),
               std::string::npos)
@@ -115,15 +129,27 @@ void checkAcrossProcesses(const DistCase& c) {
       got[key] = t;
     }
   }
-  ASSERT_EQ(got.size(), want.size()) << "every parameter's gradient comes from a rank";
+  EXPECT_EQ(got.size(), want.size()) << "every parameter's gradient comes from a rank";
   for (const auto& [name, n] : copies) EXPECT_EQ(n, c.replicas) << name;
   for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.count(name)) << name;
+    if (!got.count(name)) continue;
     const double scale = w.abs().max().item<double>();
     const double err = (got[name] - w).abs().max().item<double>() / std::max(scale, 1e-30);
     EXPECT_LE(err, 1e-5) << "gradient of " << name;
   }
   fs::remove_all(dir);
+  run.grads = std::move(got);
+  return run;
+}
+
+// "rank R buckets N started-during-backward K" lines of dist_worker: per rank (N, K).
+std::map<int, std::pair<int, int>> bucketLines(const std::string& out) {
+  std::map<int, std::pair<int, int>> m;
+  std::regex re(R"(rank (\d+) buckets (\d+) started-during-backward (\d+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it)
+    m[std::stoi((*it)[1])] = {std::stoi((*it)[2]), std::stoi((*it)[3])};
+  return m;
 }
 
 }  // namespace
@@ -145,6 +171,37 @@ TEST(Dist, GradientsAcrossFourProcessesMatchTheReference) {
 TEST(Dist, TwoStagesTimesTwoReplicasMatchTheReference) {
   checkAcrossProcesses({"mlp", "1f1b", "checkpoint-offload", 2, 2, 4, 2});
   checkAcrossProcesses({"mlp", "pipefb-sync", "checkpoint-offload", 1, 2, 4, 2});
+}
+
+// Note [Gradient buckets]: with small buckets, the replicas' all-reduces start while the
+// B that completes the stage's gradients still runs its autograd call (the old path
+// all-reduced one bucket at AR, after that B: overlap false reproduces it and starts
+// none early); and the gradients are bitwise those of one bucket started at AR.
+TEST(Dist, HybridGradientBucketsStartDuringBackward) {
+  for (const char* schedule : {"1f1b", "pipefb-sync"}) {
+    const int S = std::string(schedule) == "1f1b" ? 2 : 1;
+    DistCase c{"vgg16", schedule, "checkpoint-offload", S, 2, 4, 2};
+    c.bucketMb = 0.01;  // ~10 KiB: several buckets per stage of VGG16 at width 1/16
+    DistRun early = checkAcrossProcesses(c);
+    auto lines = bucketLines(early.out);
+    ASSERT_EQ(lines.size(), 4u) << early.out;
+    int multi = 0;
+    for (const auto& [rank, nk] : lines) {
+      if (nk.first == 0) continue;  // a rank with no backward (pipefb-sync's forward device)
+      EXPECT_GE(nk.second, 1) << "rank " << rank << ": no bucket started during backward\n"
+                              << early.out;
+      if (nk.first >= 2 && nk.second >= 2) ++multi;
+    }
+    EXPECT_GE(multi, 2) << early.out;  // some stage overlapped more than its last bucket
+    c.overlap = false;
+    c.bucketMb = 1e4;  // one bucket, started at AR: the synchronous path
+    DistRun atAr = checkAcrossProcesses(c);
+    for (const auto& [rank, nk] : bucketLines(atAr.out))
+      EXPECT_EQ(nk.second, 0) << "rank " << rank << "\n" << atAr.out;
+    ASSERT_EQ(atAr.grads.size(), early.grads.size());
+    for (const auto& [name, g] : early.grads)
+      EXPECT_TRUE(torch::equal(g, atAr.grads[name])) << name << ": buckets changed the gradient";
+  }
 }
 
 TEST(Dist, KeepStashAcrossProcessesIsRejected) {

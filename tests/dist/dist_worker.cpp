@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   std::string modelName = "mlp", schedule = "1f1b", stash = "checkpoint-offload", out;
   int S = 2, M = 4, replicas = 1, iterations = 1, killAt = -1, stopAt = -1, faultRank = 1, devices = 0;
   int64_t batch = 8;
-  double timeout = 30;
+  double timeout = 30, bucketMb = 25;
+  bool overlap = true;
   app.add_option("--model", modelName)->check(CLI::IsMember({"mlp", "vgg16"}));
   app.add_option("--schedule", schedule);
   app.add_option("--stages", S);
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", iterations);
   app.add_option("--devices", devices, "devices.count (default: the schedule's)");
   app.add_option("--timeout", timeout, "distributed.timeout");
+  app.add_option("--bucket-mb", bucketMb, "distributed.bucket_mb");
+  app.add_option("--overlap", overlap, "distributed.overlap");
   app.add_option("--kill-at", killAt);
   app.add_option("--stop-at", stopAt);
   app.add_option("--fault-rank", faultRank, "the rank --kill-at/--stop-at apply to");
@@ -44,6 +47,8 @@ int main(int argc, char** argv) {
     cfg.distributed.timeout = timeout;
     if (devices > 0) cfg.devices.count = devices;
     cfg.pipeline.replicas = replicas;
+    cfg.distributed.bucket_mb = bucketMb;
+    cfg.distributed.overlap = overlap;
     config::validate(cfg);
     auto group = dist::makeGlooGroup(*env, {cfg.distributed.timeout});
     auto model = test::distBuildSeeded(cfg.model);
@@ -77,6 +82,17 @@ int main(int argc, char** argv) {
       }
     }
     engine.finish();
+    // Note [Gradient buckets]: how many started while a B's autograd call still ran.
+    int buckets = 0, early = 0;
+    const auto rec = engine.records();
+    for (const auto& b : engine.bucketRecords()) {
+      ++buckets;
+      const int d = env->rank % engine.numDevices();
+      const bool beforeEnd = b.backwardAction >= 0 &&
+                             b.startNs < rec[d].at(static_cast<size_t>(b.backwardAction)).endNs;
+      if (b.duringBackward && b.startNs < b.backwardDoneNs && beforeEnd) ++early;
+    }
+    if (replicas > 1) std::printf("rank %d buckets %d started-during-backward %d\n", env->rank, buckets, early);
     archive.write("__losses__", torch::tensor(losses, torch::kFloat64));
     if (!out.empty()) archive.save_to(out + "/rank" + std::to_string(env->rank) + ".pt");
     std::printf("rank %d done, loss %.6f\n", env->rank, losses[0]);

@@ -89,6 +89,11 @@ struct PipelineOptions {
 /// every c10d transfer give up after `timeout` seconds (a dead or silent rank).
 struct DistributedOptions {
   double timeout = 30.0;  // seconds
+  /// pipeline.replicas: gradient all-reduce buckets of about this many MiB (DDP's default
+  /// 25), started while backward runs (Note [Gradient buckets] in PipelineEngine.cpp).
+  double bucket_mb = 25.0;
+  /// false: every bucket starts at AR, after the backward (for comparison).
+  bool overlap = true;
 };
 
 struct OutputOptions {

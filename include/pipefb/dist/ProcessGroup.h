@@ -57,6 +57,14 @@ struct GroupOptions {
   double timeoutSeconds = 30.0;
 };
 
+/// A collective in flight (ProcessGroup::allreduceAsync).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  /// Blocks until the collective completed; PeerError when a rank died or timed out.
+  virtual void wait() = 0;
+};
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -74,6 +82,10 @@ class ProcessGroup {
   virtual std::vector<at::Tensor> recv(int src, int64_t tag) = 0;
   /// Sum over all ranks, in place.
   virtual void allreduce(std::vector<at::Tensor>& tensors) = 0;
+  /// The same, started and not waited for (Note [Gradient buckets] in PipelineEngine.cpp):
+  /// the tensors must stay untouched until wait() returned. Every rank starts its
+  /// collectives of one group in the same order.
+  virtual std::shared_ptr<PendingCollective> allreduceAsync(std::vector<at::Tensor> tensors) = 0;
   virtual void barrier() = 0;
   /// Waits until every posted send was delivered (PeerError if one failed).
   virtual void flush() = 0;

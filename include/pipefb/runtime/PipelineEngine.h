@@ -107,6 +107,20 @@ struct ActionRecord {
   memory::CategoryBytes liveAfter{};  // the device's live bytes per category at the end
 };
 
+/// One gradient all-reduce bucket of pipeline.replicas (Note [Gradient buckets] in
+/// PipelineEngine.cpp), on this rank. Times on memory::nowNs()'s clock.
+struct BucketRecord {
+  int stage = 0;
+  int64_t step = 0;
+  int bucket = 0;   // in start order (reverse parameter order)
+  int64_t bytes = 0;
+  int64_t startNs = 0;          // its all-reduce started
+  int64_t doneNs = 0;           // AR finished waiting for it
+  int backwardAction = -1;      // the B that filled it (index into schedule().devices[d]), or -1: AR did
+  bool duringBackward = false;  // started by a hook while that B's autograd call ran
+  int64_t backwardDoneNs = 0;   // when that B's autograd call returned
+};
+
 /// A worker failed (or the watchdog fired). what() names the device and the action and
 /// shows the step x device grid with it marked.
 class PipelineError : public std::runtime_error {
@@ -182,6 +196,9 @@ class PipelineEngine {
   const schedules::MemoryContract& contract() const;
   const std::vector<StageRange>& partition() const;
   int numDevices() const;
+
+  /// pipeline.replicas: this rank's gradient all-reduce buckets, in start order.
+  std::vector<BucketRecord> bucketRecords() const;
 
   /// Per device, then the host pool last.
   std::vector<DeviceStats> deviceStats() const;
