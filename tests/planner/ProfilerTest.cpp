@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "pipefb/config/Config.h"
+#include "pipefb/memory/FreedMemory.h"
 #include "pipefb/model/Model.h"
 #include "pipefb/planner/ProfileFile.h"
 #include "pipefb/planner/Profiler.h"
@@ -142,6 +143,20 @@ TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
   // The default path is derived from the key.
   EXPECT_NE(defaultProfilePath(profileHeader(cfg, quick())),
             defaultProfilePath(profileHeader(other, quick())));
+}
+
+// Note [Keeping freed memory]: measuring applies devices.keep_freed_memory to the process
+// (as pipefb_train does), and a profile measured with glibc's defaults is another key.
+TEST(ProfilerTest, KeepsFreedMemoryAndKeysTheAllocator) {
+  const auto kept = loadCfg("mlp-tiny.yaml", {});
+  const auto system = loadCfg("mlp-tiny.yaml", {"devices.keep_freed_memory=false"});
+  EXPECT_EQ(profileHeader(kept, quick()).device, "cpu");
+  EXPECT_EQ(profileHeader(system, quick()).device, "cpu malloc=system");
+  EXPECT_NE(profileKey(profileHeader(kept, quick())), profileKey(profileHeader(system, quick())));
+  (void)measureProfile(kept, quick());
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_TRUE(memory::keepingFreedMemory());
+#endif
 }
 
 // pipefb_profile: measures, then says it reads the cache; bad flags exit 2 with one line.
