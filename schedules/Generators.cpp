@@ -68,6 +68,7 @@ MemoryContract uniformContract(int S, int inFlight, int versions) {
   c.residentForward.assign(S, inFlight);
   c.residentBackward.assign(S, inFlight);
   c.weightVersions.assign(S, versions);
+  c.residentWeightVersions.assign(S, versions);
   return c;
 }
 
@@ -135,7 +136,7 @@ SchedulePlan pipedream(int S, int M, const Placement& p, int K) {
     int inFlight = std::min(S - s, N);
     plan.contract.inFlight[s] = plan.contract.residentForward[s] =
         plan.contract.residentBackward[s] = inFlight;
-    plan.contract.weightVersions[s] = inFlight;
+    plan.contract.weightVersions[s] = plan.contract.residentWeightVersions[s] = inFlight;
   }
   return plan;
 }

@@ -1,10 +1,12 @@
 #include "pipefb/schedules/Lowering.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/WeightVersions.h"
 
 namespace pipefb::schedules {
 
@@ -142,14 +144,82 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
   return out;
 }
 
+Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& policiesIn,
+                          const std::vector<int>& lookaheadIn) {
+  const int S = in.numStages;
+  const std::vector<int> lookahead = lookaheadPerStage(lookaheadIn, S);
+  std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
+  for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));
+  const std::vector<StashedVersion> versions = stashedVersions(in);
+
+  Schedule out = in;
+  for (int d = 0; d < in.numDevices(); ++d) {
+    const std::vector<Action>& list = in.devices[d];
+    const int n = static_cast<int>(list.size());
+    std::map<std::tuple<ActionType, int, int>, int> pos;  // (type, stage, index) -> position
+    std::vector<int> computeIdx, ordinal(n + 1, 0);        // ordinal: compute actions before i
+    for (int i = 0; i < n; ++i) {
+      const Action& a = list[i];
+      if (a.isCompute() || a.type == ActionType::Step) pos[{a.type, a.stage, a.index}] = i;
+      ordinal[i + 1] = ordinal[i] + (a.isCompute() ? 1 : 0);
+      if (a.isCompute()) computeIdx.push_back(i);
+    }
+    auto find = [&](ActionType t, int st, int i) {
+      auto it = pos.find({t, st, i});
+      return it == pos.end() ? -1 : it->second;
+    };
+    // In front of list[i]: drops, then offloads, then prefetches.
+    std::vector<std::vector<Action>> drops(n + 1), offs(n + 1), pres(n + 1);
+    for (const StashedVersion& v : versions) {
+      if (v.device != d || !isOffloaded(policy[v.stage])) continue;
+      int madeAt = -1, firstB = n, lastB = -1;
+      bool complete = true;
+      if (v.madeByStep) madeAt = find(ActionType::Step, v.stage, v.version);
+      for (int m : v.microbatches) {
+        if (!v.madeByStep) madeAt = std::max(madeAt, find(ActionType::Forward, v.stage, m));
+        int b = find(ActionType::Backward, v.stage, m);
+        if (b < 0) complete = false;
+        firstB = std::min(firstB, b);
+        lastB = std::max(lastB, b);
+      }
+      if (!complete || madeAt < 0 || madeAt > firstB) continue;  // not a shape we lower
+      int offAt = madeAt + 1;  // after the F's own OFF
+      if (offAt < n && list[madeAt].type == ActionType::Forward &&
+          list[offAt].type == ActionType::Offload && list[offAt].stash == StashKind::Activation &&
+          list[offAt].stage == v.stage && list[offAt].index == list[madeAt].index)
+        ++offAt;
+      const int c = ordinal[firstB];
+      const int ahead = lookahead[v.stage];
+      int preAt = c >= ahead ? computeIdx[c - ahead] : 0;
+      while (preAt > 0 && list[preAt - 1].isRecv()) --preAt;
+      preAt = std::max(preAt, offAt);
+      if (ordinal[preAt] > ordinal[offAt]) {  // some compute runs while it is away
+        offs[offAt].push_back(offload(v.stage, v.version, StashKind::Weights));
+        pres[preAt].push_back(prefetch(v.stage, v.version, StashKind::Weights));
+      }
+      drops[lastB + 1].push_back(drop(v.stage, v.version, StashKind::Weights));
+    }
+    std::vector<Action> merged;
+    merged.reserve(list.size() + 8);
+    for (int i = 0; i <= n; ++i) {
+      for (const auto* bucket : {&drops[i], &offs[i], &pres[i]})
+        merged.insert(merged.end(), bucket->begin(), bucket->end());
+      if (i < n) merged.push_back(list[i]);
+    }
+    out.devices[d] = std::move(merged);
+  }
+  return out;
+}
+
 MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
-                               const std::vector<StashPolicy>& policiesIn, int lookahead) {
-  return offloadContract(in, p, policiesIn, std::vector<int>{lookahead});
+                               const std::vector<StashPolicy>& policiesIn, int lookahead,
+                               bool offloadWeights) {
+  return offloadContract(in, p, policiesIn, std::vector<int>{lookahead}, offloadWeights);
 }
 
 MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
                                const std::vector<StashPolicy>& policiesIn,
-                               const std::vector<int>& lookaheadIn) {
+                               const std::vector<int>& lookaheadIn, bool offloadWeights) {
   const int S = p.numStages();
   const std::vector<int> lookahead = lookaheadPerStage(lookaheadIn, S);
   std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
@@ -159,20 +229,24 @@ MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
     int nearB = std::min(c.inFlight[s], lookahead[s] + 1);
     c.residentBackward[s] = nearB;
     c.residentForward[s] = p.split(s) ? 0 : nearB;
+    if (offloadWeights && static_cast<int>(c.residentWeightVersions.size()) == S)
+      c.residentWeightVersions[s] = std::min(c.weightVersions[s], lookahead[s] + 1);
   }
   return c;
 }
 
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
-                   int lookahead) {
-  return lower(plan, policies, std::vector<int>{lookahead});
+                   int lookahead, bool offloadWeights) {
+  return lower(plan, policies, std::vector<int>{lookahead}, offloadWeights);
 }
 
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
-                   const std::vector<int>& lookahead) {
+                   const std::vector<int>& lookahead, bool offloadWeights) {
   SchedulePlan out;
   out.schedule = addOffload(addCommunication(plan.schedule), policies, lookahead);
-  out.contract = offloadContract(plan.contract, plan.schedule.placement, policies, lookahead);
+  if (offloadWeights) out.schedule = addWeightOffload(out.schedule, policies, lookahead);
+  out.contract = offloadContract(plan.contract, plan.schedule.placement, policies, lookahead,
+                                 offloadWeights);
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/WeightVersions.h"
 
 namespace pipefb::schedules {
 
@@ -108,6 +109,23 @@ class AbstractRun {
         }
       }
     pc_.assign(D_, 0);
+    // Note [Stashed weight versions]: the copies the schedule keeps, and what needs them.
+    residentW_.assign(static_cast<size_t>(D_) * S_, 0);
+    stats_.peakResidentWeightVersions.assign(D_, std::vector<int>(S_, 0));
+    for (const StashedVersion& v : stashedVersions(s)) {
+      Stashed& w = stashed_[{v.stage, v.version}];
+      w.stage = v.stage;
+      w.device = v.device;
+      w.madeByStep = v.madeByStep;
+      w.remaining = static_cast<int>(v.microbatches.size());
+      for (int m : v.microbatches) usesVersion_[{v.stage, m}] = v.version;
+    }
+    for (int d = 0; d < D_; ++d)
+      for (const Action& a : s.devices[d])
+        if (a.type == ActionType::Drop && a.stash == StashKind::Weights) {
+          auto it = stashed_.find({a.stage, a.index});
+          if (it != stashed_.end()) it->second.dropInSchedule = true;
+        }
   }
 
   ValidationStats run() {
@@ -144,6 +162,9 @@ class AbstractRun {
                    " has no B: its stash is never consumed or dropped",
                {{f.device, f.step}});
       }
+    for (const auto& [k, w] : stashed_)
+      if (w.at == WAt::Host)
+        fail(wName(k.first, k.second) + " is left in the host pool (an OFFW without a DROPW)", {});
     return stats_;
   }
 
@@ -200,6 +221,94 @@ class AbstractRun {
                         std::to_string(st) + " are resident on its " +
                         (fwd ? "forward" : "backward") + " device, the contract allows " +
                         std::to_string(bound));
+      int w = residentW(d, st);
+      stats_.peakResidentWeightVersions[d][st] =
+          std::max(stats_.peakResidentWeightVersions[d][st], w);
+      if (c_ && static_cast<int>(c_->residentWeightVersions.size()) == S_ &&
+          w > c_->residentWeightVersions[st])
+        failHere(d, "memory contract broken: " + std::to_string(w) + " stashed weight versions of stage " +
+                        std::to_string(st) + " are resident on device " + std::to_string(d) +
+                        ", the contract allows " + std::to_string(c_->residentWeightVersions[st]));
+    }
+  }
+
+  // ---- stashed weight versions (Note [Stashed weight versions])
+  enum class WAt { Absent, Device, Host, Gone };
+  struct Stashed {
+    int stage = 0;
+    int device = 0;
+    bool madeByStep = false;
+    bool dropInSchedule = false;
+    int remaining = 0;  // B's that still need it
+    WAt at = WAt::Absent;
+  };
+  int& residentW(int d, int st) { return residentW_[static_cast<size_t>(d) * S_ + st]; }
+  Stashed* stashedVersion(int st, int v) {
+    auto it = stashed_.find({st, v});
+    return it == stashed_.end() ? nullptr : &it->second;
+  }
+  void makeVersion(int d, Stashed& w) {
+    if (w.at != WAt::Absent || w.device != d) return;
+    w.at = WAt::Device;
+    ++residentW(d, w.stage);
+  }
+  std::string wName(int st, int v) const {
+    return "weight version " + std::to_string(v) + " of stage " + std::to_string(st);
+  }
+  // OFFW/PREW/DROPW s.v at pc_[d].
+  void weightAction(int d, const Action& a) {
+    const int st = a.stage, v = a.index;
+    Stashed* w = stashedVersion(st, v);
+    if (!w)
+      failHere(d, wName(st, v) + " is not a stashed weight version of this schedule (no F runs on " +
+                      "it whose B runs on a later one, Note [Stashed weight versions])");
+    if (w->device != d)
+      failHere(d, wName(st, v) + " is kept on device " + std::to_string(w->device) + ", not here");
+    switch (a.type) {
+      case ActionType::Offload:
+        if (w->at != WAt::Device)
+          failHere(d, wName(st, v) + " is not on this device (" +
+                          (w->at == WAt::Absent ? "not made yet" : w->at == WAt::Host ? "already offloaded" : "dropped") + ")");
+        w->at = WAt::Host;
+        --residentW(d, st);
+        return;
+      case ActionType::Prefetch:
+        if (w->at != WAt::Host)
+          failHere(d, "prefetches " + wName(st, v) + ", which is not in the host pool (no OFFW" +
+                          std::to_string(st) + "." + std::to_string(v) + " before it)");
+        w->at = WAt::Device;
+        ++residentW(d, st);
+        return;
+      case ActionType::Drop:
+        if (w->remaining > 0)
+          failHere(d, "drops " + wName(st, v) + " while " + std::to_string(w->remaining) +
+                          " backward(s) still need it");
+        if (w->at == WAt::Device) --residentW(d, st);
+        w->at = WAt::Gone;
+        return;
+      default:
+        PIPEFB_ASSERT(false, "not a weight stash action");
+    }
+  }
+  // B(s,m) needs its stashed version on its device.
+  void useVersion(int d, int st, int m) {
+    auto u = usesVersion_.find({st, m});
+    if (u == usesVersion_.end()) return;
+    Stashed& w = stashed_.at({st, u->second});
+    if (w.at != WAt::Device)
+      failHere(d, wName(st, u->second) + " that B needs is " +
+                      (w.at == WAt::Host ? "in the host pool; a PREW" + std::to_string(st) + "." +
+                                               std::to_string(u->second) + " must precede it"
+                                         : std::string("not on this device")));
+  }
+  // After B(s,m) ran: its version may be done with.
+  void releaseVersion(int d, int st, int m) {
+    auto u = usesVersion_.find({st, m});
+    if (u == usesVersion_.end()) return;
+    Stashed& w = stashed_.at({st, u->second});
+    if (--w.remaining == 0 && !w.dropInSchedule) {
+      --residentW(d, st);  // freed with its last stash
+      w.at = WAt::Gone;
     }
   }
 
@@ -251,6 +360,10 @@ class AbstractRun {
         version_[at(st, i)] = curVersion(d, st);
         ++versionRefs_[st][curVersion(d, st)];
         updateVersions(d, st);
+        if (auto u = usesVersion_.find({st, i}); u != usesVersion_.end()) {
+          Stashed& w = stashed_.at({st, u->second});
+          if (!w.madeByStep) makeVersion(d, w);
+        }
         return true;
       }
       case ActionType::Backward: {
@@ -284,7 +397,9 @@ class AbstractRun {
                           "); a PRE" + std::to_string(st) + "." + std::to_string(i) +
                           " must precede its use");
         }
-        checkResidency(d);
+        useVersion(d, st, i);
+        checkResidency(d);  // B counts its own version
+        releaseVersion(d, st, i);
         bDone_[at(st, i)] = true;
         have_.insert(haveKey(Have::Grad, d, st, i));
         removeStash(st, i);
@@ -340,7 +455,10 @@ class AbstractRun {
         return true;
       }
       case ActionType::Offload: {
-        if (a.stash == StashKind::Weights) return true;
+        if (a.stash == StashKind::Weights) {
+          weightAction(d, a);
+          return true;
+        }
         if (stashAt_[at(st, i)] != d)
           failHere(d, "offloads a stash that is not on this device (F" + std::to_string(st) + "." +
                           std::to_string(i) + " did not run here, or it was moved)");
@@ -355,7 +473,10 @@ class AbstractRun {
         return true;
       }
       case ActionType::Prefetch: {
-        if (a.stash == StashKind::Weights) return true;
+        if (a.stash == StashKind::Weights) {
+          weightAction(d, a);
+          return true;
+        }
         if (stashAt_[at(st, i)] == kHost) {
           placeStash(st, i, d);
         } else if (!offDone_[at(st, i)] && offInSchedule_[at(st, i)] &&
@@ -368,7 +489,10 @@ class AbstractRun {
         return true;
       }
       case ActionType::Drop: {
-        if (a.stash == StashKind::Weights) return true;
+        if (a.stash == StashKind::Weights) {
+          weightAction(d, a);
+          return true;
+        }
         int where = stashAt_[at(st, i)];
         if (where != d && where != kHost)
           failHere(d, "drops a stash that is neither on this device nor in the host pool");
@@ -382,6 +506,7 @@ class AbstractRun {
       }
       case ActionType::Step: {
         have_.insert(haveKey(Have::Weights, d, st, i));
+        if (Stashed* w = stashedVersion(st, i); w && w->madeByStep) makeVersion(d, *w);
         curVersion(d, st) = i + 1;
         updateVersions(d, st);
         return true;
@@ -404,6 +529,9 @@ class AbstractRun {
   std::vector<std::vector<int>> stagesOf_;
   std::unordered_set<std::uint64_t> have_, sent_, received_;
   std::unordered_map<std::uint64_t, Position> sendPos_;
+  std::map<std::pair<int, int>, Stashed> stashed_;     // (stage, version)
+  std::map<std::pair<int, int>, int> usesVersion_;     // (stage, mb) -> its stashed version
+  std::vector<int> residentW_;                         // [device][stage]
   ValidationStats stats_;
 };
 

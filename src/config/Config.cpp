@@ -388,6 +388,9 @@ const std::vector<KeySpec>& schema() {
     s.push_back(choice("pipeline.weight_prediction",
                        [](Config& c) -> auto& { return c.pipeline.weight_prediction; },
                        {"auto", "none", "linear"}));
+    s.push_back(choice("pipeline.offload_weights",
+                       [](Config& c) -> auto& { return c.pipeline.offload_weights; },
+                       {"auto", "none"}));
     s.push_back(integer("pipeline.replicas",
                         [](Config& c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
     // distributed

@@ -387,6 +387,11 @@ struct StageState {
   std::vector<int> fVersion, bVersion;
   std::weak_ptr<Replica> snapshot;     // same device: the snapshot of the current version
   std::map<int, ReplicaPtr> versions;  // split + checkpoint: kept on bDev
+  // Note [Weight-version offload in the runtime]: the schedule moves this stage's stashed
+  // versions (pipeline.offload_weights auto with an offload kind); same-device snapshots
+  // are then kept in `versions` too, until DROPW. `away`: offloaded, not acquired yet.
+  bool offloadWeights = false;
+  std::set<int> away;
   // Note [Weight prediction]: split stages of pipefb-async with pipeline.weight_prediction.
   bool predict = false;
   ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
@@ -513,6 +518,7 @@ struct PipelineEngine::Impl {
   void bringToDevice(DeviceState& dev, StashEntry& e);
   ReplicaPtr forwardReplica(StageState& st, int mb);
   ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
+  void bringVersionBack(StageState& st, int version);  // Note [Weight-version offload in the runtime]
 
   // Note [Numerics check] (pipefb/common/NumericalError.h): checkAll for activations
   // and gradients, checkLoss for the loss; mb is the run-wide microbatch index.
@@ -540,7 +546,7 @@ int PipelineEngine::Impl::iterationOf(const Action& a) const {
   if (a.stash == StashKind::Weights &&
       (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
        a.type == ActionType::Drop))
-    return 0;
+    return -1;  // that of the action before it on its device
   return a.index / M;
 }
 
@@ -624,8 +630,9 @@ void PipelineEngine::Impl::build() {
   if (lookahead.empty()) lookahead.push_back(static_cast<int>(p.lookahead));
   auto raw = schedules::makeSchedule(kind, S, M, placement, static_cast<int>(K),
                                      static_cast<int>(p.async_lag));
+  const bool offloadWeights = p.offload_weights != "none";  // Note [Weight-version offload]
   plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
-                          schedules::lookaheadPerStage(lookahead, S));
+                          schedules::lookaheadPerStage(lookahead, S), offloadWeights);
   if (p.replicas > 1) plan.schedule = schedules::addAllReduce(plan.schedule);
   // Note [Gradient buckets]: the last B of each stage before each of its ARs.
   if (p.replicas > 1 && config.distributed.overlap)
@@ -703,6 +710,8 @@ void PipelineEngine::Impl::build() {
     st.recompute = schedules::isCheckpoint(policy);
     st.offloadSaved =
         schedules::effectivePolicy(policy, st.split) == schedules::StashPolicy::Offload;
+    st.offloadWeights =
+        offloadWeights && schedules::isOffloaded(schedules::effectivePolicy(policy, st.split));
     auto master = std::make_shared<Replica>();
     master->stage = s;
     for (int64_t i = st.range.first; i < st.range.last; ++i)
@@ -734,8 +743,10 @@ void PipelineEngine::Impl::build() {
   for (int d = 0; d < D; ++d) {
     const auto& list = plan.schedule.devices[d];
     std::vector<int> last(K, 0);
+    int previous = 0;
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
-      int k = std::min<int64_t>(iterationOf(list[i]), K - 1);
+      int k = iterationOf(list[i]);
+      k = previous = k < 0 ? previous : static_cast<int>(std::min<int64_t>(k, K - 1));
       last[k] = std::max(last[k], i + 1);
     }
     int run = 0;
@@ -883,13 +894,18 @@ ReplicaPtr PipelineEngine::Impl::forwardReplica(StageState& st, int mb) {
                        *devices[st.fDev].domain, MemoryCategory::WeightVersions,
                        /*shareBuffers=*/true);
     st.snapshot = snap;
+    // Note [Weight-version offload in the runtime]: OFFW/DROPW find it here.
+    if (st.offloadWeights) st.versions[st.masterVersion] = snap;
   }
   return snap;
 }
 
 ReplicaPtr PipelineEngine::Impl::backwardReplica(StageState& st, int mb, const StashEntry& e) {
-  if (e.replica) return e.replica;
   const int v = st.fVersion[mb];
+  // Before B or its recompute reads it; a B on the live weights (fVersion == bVersion)
+  // does not need the stashed copy of the same version number.
+  if (st.fVersion[mb] != st.bVersion[mb] && st.away.count(v)) bringVersionBack(st, v);
+  if (e.replica) return e.replica;
   if (st.predict && v > 0) {  // Note [Weight prediction]: F ran on the prediction
     if (v == st.masterVersion) return st.predicted;
   } else if (v == st.masterVersion) {
@@ -1235,10 +1251,78 @@ void PipelineEngine::Impl::execRecvGrad(DeviceState& dev, const Action& a) {
   dev.grads[{a.stage, a.index}] = receive(a.peer, {Chan::Grad, a.stage, a.index, dev.id}).at(0);
 }
 
+// Note [Weight-version offload in the runtime]
+// OFFW/PREW/DROPW (Note [Weight-version offload] in Lowering.h) move a stashed version's
+// replica (Note [Weights, versions and replicas]) under TransferKey {1, stage, version},
+// category weight_versions on the device and in the host pool:
+//  * OFFW hands the parameters' bytes to the device's copy engine and leaves the replica's
+//    parameters without storage: the StorageImpl each parameter shares with every view of
+//    it (a pending autograd graph holds views, e.g. Linear's weight.t()) gives up its
+//    DataPtr, which the copy owns and frees when its D2H copy is done (Note [Release as
+//    copied]). Swapping storage like this is what FSDP does to free parameters that views
+//    and graphs still name. Buffers stay (snapshots share the master's).
+//  * PREW queues the H2D copy into the device's domain; B acquires it before it or its
+//    recompute reads the version (stall counted) and the prefetched DataPtrs go back into
+//    the same StorageImpls, so the graph, the snapshot and the stash see the weights again.
+//  * DROPW forgets the version: the replica goes (with its last stash) and so does any
+//    copy still in the host pool.
+// Same-device stages (pipedream) keep their snapshots in StageState::versions from their
+// first F to DROPW; split stages (pipefb-async, checkpoint kinds) keep the version made at
+// STEP there as before.
+namespace {
+// The bytes of `p` as a tensor of their own; `p` (and its views) keep a storage without data.
+Tensor takeStorage(const Tensor& p) {
+  c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
+  PIPEFB_ASSERT(p.is_contiguous() && p.storage_offset() == 0 &&
+                    impl->nbytes() == static_cast<size_t>(tensorBytes(p)),
+                "a weight version's parameter does not own its storage");
+  c10::Storage owned(c10::Storage::use_byte_size_t(), impl->nbytes(),
+                     impl->set_data_ptr(c10::DataPtr(nullptr, impl->device())),
+                     /*allocator=*/nullptr, /*resizable=*/false);
+  torch::NoGradGuard noGrad;
+  return torch::empty({0}, p.options()).set_(owned, 0, p.sizes(), p.strides());
+}
+// Gives `p`'s storage the bytes of `t` (same size, contiguous): the inverse of takeStorage.
+void giveStorage(const Tensor& p, const Tensor& t) {
+  c10::StorageImpl* dst = p.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* src = t.storage().unsafeGetStorageImpl();
+  PIPEFB_ASSERT(!dst->data() && t.is_contiguous() && t.storage_offset() == 0 &&
+                    src->nbytes() == dst->nbytes(),
+                "weight version restored into a parameter of another size");
+  dst->set_data_ptr(src->set_data_ptr(c10::DataPtr(nullptr, src->device())));
+}
+offload::TransferKey versionKey(int stage, int version) { return {1, stage, version}; }
+}  // namespace
+
+void PipelineEngine::Impl::bringVersionBack(StageState& st, int v) {
+  DeviceState& dev = devices[st.bDev];
+  auto it = st.versions.find(v);
+  PIPEFB_ASSERT(it != st.versions.end(), "weight version " << v << " of stage " << st.index
+                                                           << " was offloaded and forgotten");
+  auto tensors = transfers->acquire(dev.id, versionKey(st.index, v), *dev.domain,
+                                    MemoryCategory::WeightVersions);
+  const auto& params = it->second->params;
+  PIPEFB_ASSERT(tensors.size() == params.size(), "weight version came back with "
+                                                     << tensors.size() << " of " << params.size()
+                                                     << " parameters");
+  for (size_t i = 0; i < params.size(); ++i) giveStorage(params[i], tensors[i]);
+  st.away.erase(v);
+}
+
 void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
-  if (a.stash == StashKind::Weights)
-    throw UserError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
-                    ": weight-version offload is not supported by this runtime yet");
+  if (a.stash == StashKind::Weights) {  // Note [Weight-version offload in the runtime]
+    StageState& st = stages[a.stage];
+    auto it = st.versions.find(a.index);
+    if (it == st.versions.end() || st.away.count(a.index))
+      throw InternalError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+                          ": that weight version is not on device " + std::to_string(dev.id));
+    std::vector<Tensor> bytes;
+    for (const auto& p : it->second->params) bytes.push_back(takeStorage(p));
+    st.away.insert(a.index);
+    transfers->offload(dev.id, versionKey(a.stage, a.index), std::move(bytes),
+                       MemoryCategory::WeightVersions);
+    return;
+  }
   if (!isLocal(stages[a.stage].bDev)) {  // Note [Channels across processes]
     StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
     PIPEFB_ASSERT(!e->graph, "a graph stash cannot cross processes");
@@ -1264,9 +1348,11 @@ void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
 }
 
 void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
-  if (a.stash == StashKind::Weights)
-    throw UserError("PREW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
-                    ": weight-version prefetch is not supported by this runtime yet");
+  if (a.stash == StashKind::Weights) {  // Note [Weight-version offload in the runtime]
+    transfers->prefetch(dev.id, versionKey(a.stage, a.index), *dev.domain,
+                        MemoryCategory::WeightVersions);
+    return;
+  }
   if (!isLocal(stages[a.stage].fDev)) {  // Note [Channels across processes]
     auto group = options.group;
     memory::MemoryDomain* domain = dev.domain;
@@ -1285,7 +1371,12 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
 }
 
 void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
-  if (a.stash == StashKind::Weights) return;  // versions are freed with their last stash
+  if (a.stash == StashKind::Weights) {  // Note [Weight-version offload in the runtime]
+    StageState& st = stages[a.stage];
+    if (st.away.erase(a.index)) transfers->drop(versionKey(a.stage, a.index));
+    st.versions.erase(a.index);
+    return;
+  }
   if (!dev.stashes.erase({a.stage, a.index})) {
     channels.tryTake({Chan::Stash, a.stage, a.index, -1});
     transfers->drop({0, a.stage, a.index});

@@ -9,6 +9,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/ScheduleError.h"
+#include "pipefb/schedules/WeightVersions.h"
 
 // Note [Simulation model]
 // Resources: each device has a compute thread that runs its action list in order, and a
@@ -29,7 +30,12 @@
 //  * stash from the end of F until OFF finished, and from PRE start until B finished
 //    (graph stash, or checkpoint bytes when the B is BR);
 //  * weight versions: on B(s), (distinct versions referenced by stashed microbatches and
-//    the current one) - 1, times weightVersionBytes;
+//    the current one) - 1, times weightVersionBytes; for a stage whose schedule moves its
+//    versions (OFFW/PREW/DROPW, Note [Weight-version offload]) each stashed version
+//    instead (Note [Stashed weight versions]): from the end of the F or STEP that made it,
+//    off the device from the end of its OFFW copy, back from the start of its PREW copy
+//    (B waits for that copy to end), gone at DROPW (or its last B), and in the host pool
+//    from its OFFW's start to its PREW's end;
 //  * comm buffers: on the sender from issue to arrival, on the receiver during the transfer.
 // Samples are taken after all changes at one instant (frees and allocations at the same time
 // net out), which is also how the stash counts are taken.
@@ -55,7 +61,16 @@ constexpr int kNowhere = -1;
 constexpr int kHost = -2;
 
 // Keys whose time another agent may wait for.
-enum KeyKind : int { kArrAct = 0, kArrGrad, kArrWeights, kOffEnd, kPreEnd, kOffEndW, kNumKinds };
+enum KeyKind : int {
+  kArrAct = 0,
+  kArrGrad,
+  kArrWeights,
+  kOffEnd,
+  kPreEnd,
+  kOffEndW,
+  kPreEndW,
+  kNumKinds
+};
 
 struct MemEvent {
   double time;
@@ -98,6 +113,23 @@ class Simulation {
     versionRefs_.assign(S_, {});
     extraVersions_.assign(S_, 0);
     result_.peakWeightVersions.assign(S_, 1);
+    // Stages whose versions the schedule moves are charged version by version.
+    explicitW_.assign(S_, false);
+    for (const auto& list : s.devices)
+      for (const Action& a : list)
+        if (a.stash == StashKind::Weights &&
+            (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
+             a.type == ActionType::Drop)) {
+          explicitW_[a.stage] = true;
+          if (a.type == ActionType::Drop) wv_[{a.stage, a.index}].dropInSchedule = true;
+        }
+    for (const auto& v : schedules::stashedVersions(s)) {
+      if (!explicitW_[v.stage]) continue;
+      Stashed& w = wv_[{v.stage, v.version}];
+      w.madeByStep = v.madeByStep;
+      w.remaining = static_cast<int>(v.microbatches.size());
+      for (int m : v.microbatches) usesV_[{v.stage, m}] = v.version;
+    }
     pc_.assign(D_, 0);
     threadTime_.assign(D_, 0.0);
     copyQueue_.assign(D_, {});
@@ -197,6 +229,7 @@ class Simulation {
     int distinct = static_cast<int>(refs.size()) + (refs.count(cur) ? 0 : 1);
     result_.peakWeightVersions[st] = std::max(result_.peakWeightVersions[st], distinct);
     int extra = distinct - 1;
+    if (explicitW_[st]) return;  // charged version by version
     if (extra != extraVersions_[st]) {
       mem(t, bd, MemoryCategory::WeightVersions,
           (extra - extraVersions_[st]) * cost(st).weightVersionBytes);
@@ -249,11 +282,21 @@ class Simulation {
         version_[at(st, i)] = curVersion_[static_cast<size_t>(d) * S_ + st];
         ++versionRefs_[st][version_[at(st, i)]];
         updateVersions(end, st);
+        if (Stashed* w = versionOf(st, i); w && !w->madeByStep && !w->made) {
+          w->made = true;  // the snapshot F ran on
+          mem(end, d, MemoryCategory::WeightVersions, sc.weightVersionBytes);
+        }
         return true;
       }
       case ActionType::Backward: {
         const StageCosts& sc = cost(st);
         double start = t;
+        Stashed* w = versionOf(st, i);
+        if (w && w->preIssued) {  // its weight version comes back first
+          double ready = need(key(kPreEndW, st, usesV_.at({st, i})), agent, d, step);
+          if (ready == kUnknown) return false;
+          start = std::max(start, ready);
+        }
         if (preIssuedOn_[at(st, i)] == d) {
           double ready = need(key(kPreEnd, st, i), agent, d, step);
           if (ready == kUnknown) return false;
@@ -278,6 +321,8 @@ class Simulation {
         auto it = refs.find(version_[at(st, i)]);
         if (it != refs.end() && --it->second == 0) refs.erase(it);
         updateVersions(end, st);
+        if (w && --w->remaining == 0 && !w->dropInSchedule)
+          mem(end, d, MemoryCategory::WeightVersions, -sc.weightVersionBytes);
         return true;
       }
       case ActionType::SendAct:
@@ -312,6 +357,11 @@ class Simulation {
           if (preIssuedOn_[at(st, i)] != kNowhere) fail(d, step, "prefetched twice");
           preIssuedOn_[at(st, i)] = d;
         }
+        if (a.stash == StashKind::Weights) {
+          auto it = wv_.find({st, i});
+          if (it == wv_.end()) fail(d, step, "not a stashed weight version of this schedule");
+          (a.type == ActionType::Offload ? it->second.offIssued : it->second.preIssued) = true;
+        }
         issueTime_[d][step] = t;
         result_.spans[d][step] = {t, t};
         copyQueue_[d].push_back(step);
@@ -321,7 +371,16 @@ class Simulation {
       case ActionType::Drop: {
         result_.spans[d][step] = {t, t};
         if (a.stash == StashKind::Weights) {
-          mem(t, d, MemoryCategory::WeightVersions, -cost(st).weightVersionBytes);
+          auto it = wv_.find({st, i});
+          if (it == wv_.end()) fail(d, step, "not a stashed weight version of this schedule");
+          const std::int64_t bytes = cost(st).weightVersionBytes;
+          if (it->second.offIssued && !it->second.preIssued) {  // in the host pool
+            double offEnd = need(key(kOffEndW, st, i), agent, d, step);
+            if (offEnd == kUnknown) return false;
+            mem(std::max(t, offEnd), -1, MemoryCategory::WeightVersions, -bytes);
+          } else {
+            mem(t, d, MemoryCategory::WeightVersions, -bytes);
+          }
           return true;
         }
         int where = stashAt_[at(st, i)];
@@ -346,6 +405,10 @@ class Simulation {
         // The optimizer's temporaries (Note [Step working set] in planner/CostModel.h).
         mem(t, d, MemoryCategory::OptimizerState, cost(st).stepWorkingBytes);
         mem(threadTime_[d], d, MemoryCategory::OptimizerState, -cost(st).stepWorkingBytes);
+        if (auto it = wv_.find({st, i}); it != wv_.end() && it->second.madeByStep && !it->second.made) {
+          it->second.made = true;  // the version this STEP supersedes is kept
+          mem(threadTime_[d], d, MemoryCategory::WeightVersions, cost(st).weightVersionBytes);
+        }
         curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
         updateVersions(threadTime_[d], st);
         return true;
@@ -358,6 +421,18 @@ class Simulation {
   }
 
   void hostStash(double t, std::int64_t delta) { mem(t, -1, MemoryCategory::Stash, delta); }
+
+  // Note [Stashed weight versions], for stages whose schedule moves them.
+  struct Stashed {
+    bool madeByStep = false, made = false, dropInSchedule = false;
+    bool offIssued = false, preIssued = false;
+    int remaining = 0;  // B's that still need it
+  };
+  // The stashed version B(st, m) differentiates at, when its stage is charged per version.
+  Stashed* versionOf(int st, int m) {
+    auto u = usesV_.find({st, m});
+    return u == usesV_.end() ? nullptr : &wv_.at({st, u->second});
+  }
 
   bool copyStep(int d, int agent) {
     const int step = copyQueue_[d][copyHead_[d]];
@@ -396,6 +471,7 @@ class Simulation {
     if (weights) {
       mem(start, d, MemoryCategory::WeightVersions, bytes);
       mem(end, -1, MemoryCategory::WeightVersions, -bytes);
+      resolve(key(kPreEndW, st, i), end);
       return true;
     }
     mem(start, d, MemoryCategory::Stash, bytes);
@@ -531,6 +607,9 @@ class Simulation {
   std::vector<int> curVersion_;
   std::vector<std::map<int, int>> versionRefs_;
   std::vector<int> extraVersions_;
+  std::vector<bool> explicitW_;
+  std::map<std::pair<int, int>, Stashed> wv_;   // (stage, version)
+  std::map<std::pair<int, int>, int> usesV_;    // (stage, mb) -> its stashed version
   std::vector<int> pc_;
   std::vector<double> threadTime_;
   std::vector<std::vector<int>> copyQueue_;

@@ -33,6 +33,10 @@ const std::vector<Golden> kGoldens = {
     {"pipefb-sync", 2, 3, 2, StashPolicy::Offload, 1},
     {"pipefb-async", 2, 2, 3, StashPolicy::Offload, 1},
     {"pipefb-sync", 3, 2, 1, StashPolicy::Checkpoint, 0},
+    // Note [Weight-version offload]: OFFW/PREW/DROPW.
+    {"pipedream", 3, 2, 2, StashPolicy::Offload, 1},
+    {"pipedream", 3, 4, 2, StashPolicy::CheckpointOffload, 2},
+    {"pipefb-async", 2, 2, 3, StashPolicy::CheckpointOffload, 1},
 };
 
 std::string goldenDir() { return std::string(PIPEFB_SOURCE_DIR) + "/tests/schedules/golden/"; }

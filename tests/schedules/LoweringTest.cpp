@@ -142,3 +142,52 @@ TEST(LoweringTest, PolicyCountsAreChecked) {
   EXPECT_THROW(parseStashPolicy("ofload"), pipefb::UserError);
   EXPECT_EQ(parseStashPolicy("checkpoint-offload"), StashPolicy::CheckpointOffload);
 }
+
+// Note [Weight-version offload], worked by hand for pipedream 2 stages x 4 microbatches,
+// offload, lookahead 1. Stage 0 (warm-up 1): F0.1 runs on version 0 and B0.1 on version 1
+// (after STEP0.0), F0.2 on 1 / B0.2 on 2, F0.3 on 2 / B0.3 on 3; F0.0 and B0.0 share version
+// 0 (no snapshot). Version v goes right after the last F on it (after that F's OFF), comes
+// back one compute action before its B (after that action's PRE), and is dropped after its
+// B. Version 2 would come straight back (B0.2 is the only compute action between, and it is
+// the lookahead's anchor): not offloaded, only dropped. Stage 1 runs F and B on one version.
+TEST(LoweringTest, WeightVersionsOfPipedreamGoToTheHostPool) {
+  SchedulePlan plan = lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Offload}, 1);
+  using V = std::vector<std::string>;
+  EXPECT_EQ(tokens(plan.schedule.devices[0]),
+            (V{"F0.0",    "OFF0.0",  "SA0.0>1", "PRE0.0",  "F0.1",    "OFF0.1",  "OFFW0.0",
+               "SA0.1>1", "RG1.0<1", "B0.0",    "STEP0.0", "PRE0.1",  "PREW0.0", "F0.2",
+               "OFF0.2",  "OFFW0.1", "SA0.2>1", "RG1.1<1", "B0.1",    "DROPW0.0", "STEP0.1",
+               "PRE0.2",  "PREW0.1", "F0.3",    "OFF0.3",  "SA0.3>1", "PRE0.3",  "RG1.2<1",
+               "B0.2",    "DROPW0.1", "STEP0.2", "RG1.3<1", "B0.3",   "DROPW0.2", "STEP0.3"}));
+  for (const Action& a : plan.schedule.devices[1]) EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
+  EXPECT_EQ(plan.contract.residentWeightVersions, (std::vector<int>{2, 1}));  // min(S-s, L+1)
+  EXPECT_EQ(plan.contract.weightVersions, (std::vector<int>{2, 1}));
+
+  // pipeline.offload_weights: none, or a policy that keeps: no weight actions.
+  for (const SchedulePlan& p : {lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Offload}, 1,
+                                      /*offloadWeights=*/false),
+                                lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Keep}, 1),
+                                lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Checkpoint}, 1)})
+    for (const auto& list : p.schedule.devices)
+      for (const Action& a : list) EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
+}
+
+// pipefb-async keeps the stale version on the backward device only for checkpoint kinds
+// (BR), made by STEP s.k; the first B after that STEP needs it, so it is never offloaded,
+// only dropped after the last B of iteration k+1 that ran forward on it.
+TEST(LoweringTest, PipefbAsyncCheckpointOffloadDropsItsVersionsOnly) {
+  SchedulePlan plan = lower(makeSchedule("pipefb-async", 2, 2, 3), {StashPolicy::CheckpointOffload}, 1);
+  const Schedule& s = plan.schedule;
+  const int b0 = s.placement.backward(0);
+  int step0 = indexOf(s.devices[b0], "STEP0.0"), b02 = indexOf(s.devices[b0], "BR0.2"),
+      b03 = indexOf(s.devices[b0], "BR0.3"), drop = indexOf(s.devices[b0], "DROPW0.0");
+  ASSERT_GE(step0, 0);
+  EXPECT_LT(step0, b02);
+  EXPECT_EQ(drop, b03 + 1);  // async_lag M: both microbatches of iteration 1 ran on version 0
+  EXPECT_EQ(indexOf(s.devices[b0], "OFFW0.0"), -1);
+  EXPECT_EQ(indexOf(s.devices[b0], "PREW0.0"), -1);
+  // The graph kinds keep the version in the forward copy: nothing to lower.
+  SchedulePlan graph = lower(makeSchedule("pipefb-async", 2, 2, 3), {StashPolicy::Offload}, 1);
+  for (const auto& list : graph.schedule.devices)
+    for (const Action& a : list) EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
+}

@@ -33,6 +33,13 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+long indexOfToken(const std::vector<Action>& list, const std::string& token) {
+  for (size_t i = 0; i < list.size(); ++i)
+    if (toString(list[i]) == token) return static_cast<long>(i);
+  ADD_FAILURE() << token << " not found";
+  return 0;
+}
+
 Schedule lowered(const std::string& kind, int S, int M, StashPolicy p = StashPolicy::Keep) {
   return lower(makeSchedule(kind, S, M), {p}, 1).schedule;
 }
@@ -164,4 +171,44 @@ TEST(ValidatorTest, HugeIndexIsAUserErrorNotAnAllocation) {
   Schedule s = parseSchedule("stages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
                              "device 0: F0.100000000\n");
   EXPECT_THROW(validate(s), pipefb::UserError);
+}
+
+// Note [Stashed weight versions]: the validator follows each stashed version.
+TEST(ValidatorTest, WeightVersionActionsAreChecked) {
+  SchedulePlan plan = lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Offload}, 1);
+  ValidationStats ok = validate(plan.schedule, &plan.contract);
+  // At B0.2's start version 1 is back and version 2 (never offloaded) is there: min(2, L+1).
+  EXPECT_EQ(ok.peakResidentWeightVersions[0][0], 2);
+  {
+    Schedule s = plan.schedule;
+    removeToken(s, 0, "PREW0.0");
+    std::string msg = rejection(s, &plan.contract);
+    EXPECT_TRUE(contains(msg, "PREW0.0 must precede")) << msg;
+    EXPECT_TRUE(contains(msg, "[*B0.1*]")) << msg;
+  }
+  {
+    Schedule s = plan.schedule;  // a DROPW before the B that needs the version
+    removeToken(s, 0, "DROPW0.1");
+    auto& list = s.devices[0];
+    list.insert(list.begin() + indexOfToken(list, "B0.2"), drop(0, 1, StashKind::Weights));
+    std::string msg = rejection(s, &plan.contract);
+    EXPECT_TRUE(contains(msg, "1 backward(s) still need it")) << msg;
+  }
+  {
+    Schedule t = plan.schedule;  // a version the schedule does not stash
+    t.devices[1].push_back(offload(1, 0, StashKind::Weights));
+    std::string msg = rejection(t, &plan.contract);
+    EXPECT_TRUE(contains(msg, "not a stashed weight version")) << msg;
+  }
+  // Without the weight actions the versions stay: the weight-offload contract is broken.
+  SchedulePlan keep = lower(makeSchedule("pipedream", 4, 4, 2), {StashPolicy::Offload}, 1, false);
+  SchedulePlan off = lower(makeSchedule("pipedream", 4, 4, 2), {StashPolicy::Offload}, 1);
+  EXPECT_EQ(off.contract.residentWeightVersions, (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(keep.contract.residentWeightVersions, (std::vector<int>{4, 3, 2, 1}));
+  ValidationStats k = validate(keep.schedule, &keep.contract);
+  EXPECT_EQ(k.peakResidentWeightVersions[0][0], 4);
+  std::string msg = rejection(keep.schedule, &off.contract);
+  EXPECT_TRUE(contains(msg, "stashed weight versions of stage 1 are resident on device 1")) << msg;
+  ValidationStats o = validate(off.schedule, &off.contract);
+  EXPECT_EQ(o.peakResidentWeightVersions[0][0], 2);
 }

@@ -250,3 +250,40 @@ TEST(SimulatorTest, DeadlockThrowsWithGrid) {
 TEST(SimulatorTest, CostTableMustMatchStages) {
   EXPECT_THROW(simulate(plan("1f1b", 3, 2).schedule, CostTable::uniform(2)), pipefb::UserError);
 }
+
+// Note [Weight-version offload]: the simulator charges OFFW/PREW on the copy engine, counts
+// each stashed version where it is, and a B waits for its version's PREW.
+TEST(SimulatorTest, WeightVersionsMoveThroughTheHostPool) {
+  const int S = 4, M = 8, K = 3;
+  CostTable c = CostTable::uniform(S);
+  c.defaultHostLink.bandwidth = 8e9;  // one 8 MiB version: ~1 ms each way
+  for (int lookahead : {1, 2}) {
+    SCOPED_TRACE(lookahead);
+    SchedulePlan p = plan("pipedream", S, M, K, StashPolicy::CheckpointOffload, lookahead);
+    SimOptions o;
+    o.recordMemoryTimeline = true;
+    SimResult r = simulate(p.schedule, c, o);
+    for (int d = 0; d < S; ++d) {
+      const auto wv = r.memory[d].peakByCategory[index(MemoryCategory::WeightVersions)];
+      EXPECT_LE(wv, std::min(S - d, lookahead + 1) * c.stages[d].weightVersionBytes) << d;
+      // Nothing is left at the end.
+      EXPECT_EQ(r.memory[d].timeline.back().bytes[index(MemoryCategory::WeightVersions)], 0) << d;
+    }
+    ASSERT_FALSE(r.host.timeline.empty());
+    EXPECT_GT(r.host.peakBytes, 0);
+    EXPECT_EQ(r.host.timeline.back().weightVersionBytes, 0);
+    // Every B that differentiates at a prefetched version starts after that copy ended.
+    const Schedule& s = p.schedule;
+    for (int d = 0; d < S; ++d)
+      for (size_t j = 0; j < s.devices[d].size(); ++j) {
+        const Action& a = s.devices[d][j];
+        if (a.type != ActionType::Prefetch || a.stash != StashKind::Weights) continue;
+        // pipedream: F(d, v + w) runs on version v (and F(d, 1..w) on 0); its B is the first
+        // to differentiate at it.
+        const int v = a.index, w = S - d - 1;
+        int b = find(s, d, "BR" + std::to_string(d) + "." + std::to_string(v == 0 ? 1 : v + w));
+        ASSERT_GE(b, 0);
+        EXPECT_GE(r.spans[d][b].start, r.spans[d][j].end - 1e-12) << toString(a);
+      }
+  }
+}

@@ -79,6 +79,10 @@ struct PipelineOptions {
   /// [Weight prediction] in PipelineEngine.cpp): auto (linear for pipefb-async, else none) |
   /// none | linear (W[v] + (W[v] - W[v-1])).
   std::string weight_prediction = "auto";
+  /// Stashed weight versions (pipedream; pipefb-async with a checkpoint kind) under an
+  /// offload stash policy: auto (they go to the host pool between their last F and their B,
+  /// Note [Weight-version offload] in schedules/Lowering.h) | none (they stay on the device).
+  std::string offload_weights = "auto";
   /// Hybrid data + pipeline parallelism (issue 8): R copies of the pipeline, each on its
   /// own devices.count ranks, each on 1/R of the batch; stage gradients are averaged over
   /// the copies (AR before STEP). Needs one process per device (WORLD_SIZE = count x R).

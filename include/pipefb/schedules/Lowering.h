@@ -37,20 +37,39 @@ Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& po
 Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
                     int lookahead);
 
+/// Note [Weight-version offload]
+/// For each stashed weight version (Note [Stashed weight versions], WeightVersions.h) of a
+/// stage whose effective policy is an offload kind, on the device that keeps it:
+///  * OFFW s.v right after the action that leaves the copy off the live path: the last F
+///    that runs on it (same-device stage; after that F's own OFF), or STEP s.v (split);
+///  * PREW s.v `lookahead` compute actions before the first B that needs it, in front of
+///    the receives feeding that compute action, as PRE (never before its OFFW);
+///  * DROPW s.v right after the last B that needs it (the device copy goes; the schedule,
+///    not the last stash, ends the version's life).
+/// When no compute action would run between OFFW and PREW the copy would come straight
+/// back: neither is emitted and the version stays (only DROPW). That is always the case
+/// for pipefb-async, whose stale version is first needed by the first B after the STEP
+/// that made it; it is what pipedream's stage S-2 does with lookahead >= 2.
+Schedule addWeightOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
+                          const std::vector<int>& lookahead);
+
 /// The contract after addOffload: offloaded stages have 0 resident on a forward device
 /// that is not the backward device, and at most lookahead+1 resident on the backward
-/// device.
+/// device. With `offloadWeights` (addWeightOffload ran) at most lookahead+1 stashed weight
+/// versions of an offloaded stage are resident on the device that keeps them.
 MemoryContract offloadContract(const MemoryContract& contract, const Placement& placement,
                                const std::vector<StashPolicy>& policies,
-                               const std::vector<int>& lookahead);
+                               const std::vector<int>& lookahead, bool offloadWeights = true);
 MemoryContract offloadContract(const MemoryContract& contract, const Placement& placement,
-                               const std::vector<StashPolicy>& policies, int lookahead);
+                               const std::vector<StashPolicy>& policies, int lookahead,
+                               bool offloadWeights = true);
 
-/// addCommunication, then addOffload, with the contract updated.
+/// addCommunication, then addOffload, then (offloadWeights: pipeline.offload_weights auto)
+/// addWeightOffload, with the contract updated.
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
-                   const std::vector<int>& lookahead);
+                   const std::vector<int>& lookahead, bool offloadWeights = true);
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
-                   int lookahead);
+                   int lookahead, bool offloadWeights = true);
 
 /// Expands one lookahead to one per stage; a vector of the wrong size or a negative entry is
 /// a UserError naming pipeline.lookahead.

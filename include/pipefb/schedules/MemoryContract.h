@@ -20,6 +20,9 @@ struct MemoryContract {
   std::vector<int> residentForward;   // stashes of stage s resident on its forward device
   std::vector<int> residentBackward;  // ... on its backward device (== forward if same device)
   std::vector<int> weightVersions;    // distinct weight versions of stage s held at once
+  /// Stashed weight versions of stage s (Note [Stashed weight versions]) resident on the
+  /// device that keeps them, counted as stashes are (at compute starts). Empty: unchecked.
+  std::vector<int> residentWeightVersions;
 };
 
 }  // namespace pipefb::schedules

@@ -12,7 +12,11 @@
 //  * a send needs the data it sends to have been produced on its device.
 // When no device can advance and some are not done, that is a deadlock. Afterwards every
 // send must have been received. Counts of Note [Counting resident stashes] are checked
-// against the contract at every F/B.
+// against the contract at every F/B, and so are the stashed weight versions resident on
+// each device: a version is made by its first F (or STEP, split stages), leaves with OFFW,
+// comes back with PREW, and goes with DROPW or, without one, with its last B; a B whose
+// version is in the host pool, a DROPW before the last B, or an OFFW never dropped is an
+// error.
 #include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/Schedule.h"
 #include "pipefb/schedules/ScheduleError.h"
@@ -23,6 +27,9 @@ struct ValidationStats {
   std::vector<int> peakInFlight;               // per stage
   std::vector<std::vector<int>> peakResident;  // [device][stage] at F/B starts
   std::vector<int> peakWeightVersions;         // per stage
+  /// [device][stage]: stashed weight versions resident at F/B starts (Note [Stashed weight
+  /// versions]); checked against MemoryContract::residentWeightVersions.
+  std::vector<std::vector<int>> peakResidentWeightVersions;
 };
 
 /// Throws ScheduleError (with the step x device grid) on the first violation.
