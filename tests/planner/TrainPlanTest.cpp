@@ -2,6 +2,8 @@
 // partition for a configured shape (TrainPlan.h).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Setup.h"
@@ -110,6 +112,39 @@ TEST(TrainPlan, PlannerPartitionBalancesTimeNotParameters) {
         ++tried;
       }
   EXPECT_EQ(tried, 455);
+}
+
+// Note [Devices and processes]: under WORLD_SIZE > 1 (pipefb_launch, torchrun) the
+// config-derived cluster has a process per device, so pipefb_train's planner partition
+// refuses a graph stash on a stage split across processes, and plans checkpoint-offload.
+TEST(TrainPlan, MultiProcessRunsPlanWithAProcessPerDevice) {
+  config::Config cfg = config::parseConfig(kVgg);
+  cfg.pipeline.schedule = "pipefb-sync";
+  cfg.pipeline.stash = "keep";
+  const char* old = std::getenv("WORLD_SIZE");
+  const std::string saved = old ? old : "";
+  ::unsetenv("WORLD_SIZE");
+  {
+    Planning one = setupPlanning(cfg, SetupOptions{});
+    EXPECT_TRUE(one.model->cluster().sameProcess(0, 3));
+    EXPECT_EQ(plannerPartition(*one.model, cfg, 2).cuts.size(), 1u);
+  }
+  ::setenv("WORLD_SIZE", "4", 1);
+  Planning many = setupPlanning(cfg, SetupOptions{});
+  SetupOptions forced;
+  forced.processes = "one";
+  Planning forcedOne = setupPlanning(cfg, forced);
+  if (old) ::setenv("WORLD_SIZE", saved.c_str(), 1); else ::unsetenv("WORLD_SIZE");
+  EXPECT_FALSE(many.model->cluster().sameProcess(0, 3));
+  EXPECT_TRUE(forcedOne.model->cluster().sameProcess(0, 3));
+  const std::string e = errorOf([&] { plannerPartition(*many.model, cfg, 2); });
+  EXPECT_NE(e.find("pipeline.stash: keep cannot cross processes: stage 0 runs F on rank 0 and B "
+                   "on rank 3"),
+            std::string::npos)
+      << e;
+  cfg.pipeline.stash = "checkpoint-offload";
+  PlannedPartition p = plannerPartition(*many.model, cfg, 2);
+  for (const auto& st : p.plan.stages) EXPECT_EQ(st.policy, StashPolicy::CheckpointOffload);
 }
 
 // Seen under fuzz/PlanFuzzer (UBSan) while writing it: microbatches x microbatch_size overflowed
