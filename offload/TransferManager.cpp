@@ -25,12 +25,17 @@ TransferManager::TransferManager(memory::MemoryDomain& hostDomain, TransferOptio
       offloadsInFlight_(std::max(1, options.numDevices), 0),
       maxOffloadsInFlight_(options.maxOffloadsInFlight) {
   for (int d = 0; d < std::max(1, options.numDevices); ++d)
+  {
     engines_.push_back(std::make_unique<ThreadCopyEngine>("copy:" + std::to_string(d)));
+    inPlaceEngines_.push_back(
+        std::make_unique<ThreadCopyEngine>("copy:" + std::to_string(d) + ":in-place"));
+  }
 }
 
 TransferManager::~TransferManager() {
   close();
   for (auto& e : engines_) e->shutdown();  // before pool_ goes: queued jobs use it
+  for (auto& e : inPlaceEngines_) e->shutdown();
   std::lock_guard<std::mutex> lock(mu_);
   entries_.clear();
 }
@@ -204,6 +209,66 @@ void TransferManager::drop(TransferKey key) {
   cv_.notify_all();
   e->host.clear();  // NOLINT: nobody else reads a dropped entry's tensors
   e->device.clear();
+}
+
+std::shared_future<void> TransferManager::copyInPlace(int device, TransferKey key,
+                                                      std::vector<at::Tensor> dst,
+                                                      std::vector<at::Tensor> src, bool toHost) {
+  PIPEFB_ASSERT(device >= 0 && device < numDevices(), "copy on unknown device " << device);
+  PIPEFB_ASSERT(dst.size() == src.size(), "copyInPlace: " << dst.size() << " targets for "
+                                                          << src.size() << " sources");
+  auto done = std::make_shared<std::promise<void>>();
+  std::shared_future<void> future = done->get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++queued_;
+  }
+  auto job = std::make_shared<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>>(
+      std::move(dst), std::move(src));
+  inPlaceEngines_[device]->submit([this, device, key, toHost, done, job] {
+    const int64_t start = memory::nowNs();
+    int64_t bytes = 0;
+    std::exception_ptr error;
+    try {
+      torch::NoGradGuard noGrad;
+      for (size_t i = 0; i < job->first.size(); ++i) {
+        at::Tensor& d = job->first[i];
+        at::Tensor& s = job->second[i];
+        if (!d.defined() || !s.defined()) continue;
+        d.copy_(s);
+        bytes += static_cast<int64_t>(s.numel()) * s.element_size();
+        s = at::Tensor();
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    job->first.clear();
+    job->second.clear();
+    const int64_t end = memory::nowNs();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& c = counters_[device];
+      (toHost ? c.bytesD2H : c.bytesH2D) += bytes;
+      c.copySeconds += (end - start) * 1e-9;
+      c.intervals.push_back({start, end, toHost, bytes, key});
+    }
+    if (error)
+      done->set_exception(error);
+    else
+      done->set_value();
+    finishJob();
+  });
+  return future;
+}
+
+void TransferManager::wait(int device, const std::shared_future<void>& copy) {
+  const int64_t start = memory::nowNs();
+  copy.wait();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.at(device).stallSeconds += (memory::nowNs() - start) * 1e-9;
+  }
+  copy.get();
 }
 
 void TransferManager::finishJob() {

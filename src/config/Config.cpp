@@ -270,6 +270,45 @@ KeySpec lookaheadKey() {
           }};
 }
 
+// pipeline.optimizer_offload: none | host, or a list with one per stage.
+KeySpec optimizerOffloadKey() {
+  const std::string key = "pipeline.optimizer_offload";
+  const std::vector<std::string> names{"none", "host"};
+  const std::string allowed = joinAllowed(names) + ", or a list of them (one per stage)";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            auto one = [&](const YAML::Node& item) {
+              if (!item.IsScalar()) expected(w, key, allowed, item);
+              const std::string& v = item.Scalar();
+              if (std::find(names.begin(), names.end(), v) == names.end())
+                fail(w, key,
+                     "unknown value '" + v + "'" + didYouMean(v, names) + "; allowed: " + allowed);
+              return v;
+            };
+            c.pipeline.stage_optimizer_offload.clear();
+            if (n.IsSequence()) {
+              if (n.size() == 0) expected(w, key, allowed, n);
+              c.pipeline.optimizer_offload = "none";
+              for (const auto& item : n) {
+                c.pipeline.stage_optimizer_offload.push_back(one(item));
+                if (c.pipeline.stage_optimizer_offload.back() == "host")
+                  c.pipeline.optimizer_offload = "host";
+              }
+            } else {
+              c.pipeline.optimizer_offload = one(n);
+            }
+          },
+          [](const Config& c, YAML::Emitter& e) {
+            if (c.pipeline.stage_optimizer_offload.empty()) {
+              e << c.pipeline.optimizer_offload;
+              return;
+            }
+            e << YAML::Flow << YAML::BeginSeq;
+            for (const auto& v : c.pipeline.stage_optimizer_offload) e << v;
+            e << YAML::EndSeq;
+          }};
+}
+
 const double kInf = std::numeric_limits<double>::infinity();
 
 const std::vector<KeySpec>& schema() {
@@ -393,6 +432,7 @@ const std::vector<KeySpec>& schema() {
                        {"auto", "none"}));
     s.push_back(integer("pipeline.replicas",
                         [](Config& c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
+    s.push_back(optimizerOffloadKey());
     // distributed
     s.push_back(number("distributed.timeout",
                        [](Config& c) -> auto& { return c.distributed.timeout; }, 0, 86400, true));
@@ -503,6 +543,10 @@ void validate(const Config& c) {
     throw UserError(src + ": pipeline.weight_prediction: " + c.pipeline.weight_prediction +
                     " needs pipeline.schedule=pipefb-async (got " + c.pipeline.schedule +
                     "); allowed here: auto, none");
+  if (c.pipeline.optimizer_offload != "none" && c.pipeline.schedule == "none")
+    throw UserError(src + ": pipeline.optimizer_offload: " + c.pipeline.optimizer_offload +
+                    " needs a pipeline schedule (the host pool belongs to the pipeline "
+                    "runtime); set pipeline.optimizer_offload: none, or choose a schedule");
   if (c.pipeline.schedule != "none") {
     // The placement's device count: S for gpipe/1f1b/pipedream, 2S for pipefb-* (F and B
     // of a stage on different devices). runtime::stagesFor() applies the same rule.
@@ -538,6 +582,12 @@ void validate(const Config& c) {
                       "); allowed: -1 (a whole iteration) or 0.." +
                       std::to_string(c.pipeline.microbatches));
     const int64_t stages = S > 0 ? S : c.devices.count / perStage;
+    if (!c.pipeline.stage_optimizer_offload.empty() &&
+        static_cast<int64_t>(c.pipeline.stage_optimizer_offload.size()) != stages)
+      throw UserError(src + ": pipeline.optimizer_offload: " +
+                      std::to_string(c.pipeline.stage_optimizer_offload.size()) +
+                      " values for " + std::to_string(stages) +
+                      " stages; give one, or one per stage");
     if (!c.pipeline.stage_lookahead.empty() &&
         static_cast<int64_t>(c.pipeline.stage_lookahead.size()) != stages)
       throw UserError(src + ": pipeline.lookahead: " +

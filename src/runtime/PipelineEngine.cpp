@@ -91,6 +91,37 @@ struct Cancelled {};
 // at what their forward ran on (the forward copy's graph, or for checkpoint kinds the
 // prediction kept as that version), so the gradients stay exact for the weights used.
 // Version 0 (the initial weights) is never predicted.
+// Note [Optimizer offload]
+// pipeline.optimizer_offload: host (per stage) moves a stage's optimizer off its backward
+// device, as ZeRO-Offload does: the backward device keeps the weights (the master the
+// forwards, versions and predictions read, updated in place) and their .grad, and
+// nothing else. The host pool's domain holds master copies of the weights (category
+// weights, the optimizer's parameters), a gradient buffer (grads) and the Adam/SGD state
+// (optimizer_state). STEP is pipelined tensor by tensor on the device's copy engine:
+// all gradients are queued D2H into the host buffer; for each tensor in turn the
+// compute thread waits for its gradient (stall), steps the optimizer on that one host
+// tensor (the optimizers skip parameters without a gradient; their state is per
+// tensor, so this is bit-identical to one step over all), and queues the H2D copy of
+// the new weights into the device parameter in place. STEP ends when every H2D copy is
+// done, so what runs after it sees the new weights. The time the compute thread waits
+// for these copies is stall, and is not counted as compute that hides copies
+// (transferStats()). The device's .grad is zeroed by the next backward, as without
+// offload. Checkpoints read and restore the host optimizer through
+// PipelineEngine::optimizerParameters() / optimizerDomain().
+// Note [Weight syncs]
+// SyncWeights(s,k) hands the new weights of a split stage to its forward device:
+// the prediction (Note [Weight prediction]), else the host master copy under
+// optimizer offload, else the device master. Within one process the message carries
+// references when the schedule is synchronous: the forward device's RecvWeights(s,k)
+// comes before its forwards of iteration k+1, whose backwards come before STEP(s,k+1),
+// so the weights cannot change before RW copied them. RW copies them tensor by tensor
+// into the forward copy in place (H2D on its copy engine when they come from the host),
+// so the forward device never holds a second full copy. Asynchronous schedules may step
+// again before RW (async_lag): SYNC then sends a snapshot, charged as comm_buffers to
+// the sender (its send buffer: the backward device, or the host pool under optimizer
+// offload). When a pending graph still uses the forward copy, RW builds a new copy
+// (Note [Weights, versions and replicas]); that is a second version, not a transient.
+// Across processes the c10d receive buffer (comm_buffers) is still a full copy.
 struct Shell {
   int stage = 0;
   std::vector<std::shared_ptr<model::Layer>> layers;
@@ -330,6 +361,8 @@ struct DeviceState {
   std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
   std::vector<ActionRecord> records;  // guarded by Impl::mu_
   double busy = 0;                    // guarded by Impl::mu_
+  // Note [Optimizer offload]: when compute waited for its own copies (guarded by Impl::mu_).
+  std::vector<offload::CopyInterval> waits;
 };
 
 // Note [Gradient buckets]
@@ -396,6 +429,10 @@ struct StageState {
   bool predict = false;
   ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
   std::map<int, int> lastUse;          // version -> last microbatch whose B needs it
+  // Note [Optimizer offload]: pipeline.optimizer_offload: host.
+  bool optimizerOnHost = false;
+  std::vector<Tensor> hostParams;  // host pool: master copies, the optimizer's parameters
+  std::vector<Tensor> hostGrads;   // host pool: where STEP copies the device's .grad
   int64_t stashBytesPerMb = -1;        // measured at the first F
   std::unique_ptr<GradBuckets> buckets;  // Note [Gradient buckets]
 };
@@ -519,6 +556,8 @@ struct PipelineEngine::Impl {
   ReplicaPtr forwardReplica(StageState& st, int mb);
   ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
   void bringVersionBack(StageState& st, int version);  // Note [Weight-version offload in the runtime]
+  void stepOnHost(DeviceState& dev, StageState& st, int index);  // Note [Optimizer offload]
+  void waitCopy(DeviceState& dev, const std::shared_future<void>& copy);
 
   // Note [Numerics check] (pipefb/common/NumericalError.h): checkAll for activations
   // and gradients, checkLoss for the loss; mb is the run-wide microbatch index.
@@ -729,7 +768,20 @@ void PipelineEngine::Impl::build() {
       for (auto& t : master->params) t.mutable_grad() = torch::zeros_like(t);
     }
     st.master = master;
-    st.optimizer = train::makeOptimizer(config.training, master->params);
+    const auto& offloadOpt = p.stage_optimizer_offload;
+    st.optimizerOnHost = (offloadOpt.empty() ? p.optimizer_offload
+                                             : offloadOpt.at(static_cast<size_t>(s))) == "host";
+    if (st.optimizerOnHost) {  // Note [Optimizer offload]
+      {
+        memory::MemoryScope scope(*host, MemoryCategory::Weights);
+        torch::NoGradGuard noGrad;
+        for (auto& t : master->params) st.hostParams.push_back(t.detach().clone());
+      }
+      memory::MemoryScope scope(*host, MemoryCategory::Grads);
+      for (auto& t : master->params) st.hostGrads.push_back(torch::zeros_like(t));
+    }
+    st.optimizer = train::makeOptimizer(config.training,
+                                        st.optimizerOnHost ? st.hostParams : master->params);
     if (st.split)
       st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
                            MemoryCategory::Weights);
@@ -1413,7 +1465,9 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   train::setLearningRate(*st.optimizer, train::learningRate(config.training,
                                                             options.firstStep + iteration,
                                                             options.totalSteps));
-  {
+  if (st.optimizerOnHost) {
+    stepOnHost(dev, st, a.index);
+  } else {
     memory::MemoryScope scope(MemoryCategory::OptimizerState);
     st.optimizer->step();
   }
@@ -1426,22 +1480,78 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   st.gradsStale = true;
 }
 
+// Note [Optimizer offload]
+void PipelineEngine::Impl::stepOnHost(DeviceState& dev, StageState& st, int index) {
+  const size_t n = st.master->params.size();
+  const offload::TransferKey key{2, st.index, index};
+  std::vector<std::shared_future<void>> down(n), up(n);
+  for (size_t i = 0; i < n; ++i)
+    if (st.master->params[i].grad().defined())
+      down[i] = transfers->copyInPlace(dev.id, key, {st.hostGrads[i]},
+                                       {st.master->params[i].grad()}, /*toHost=*/true);
+  for (size_t i = 0; i < n; ++i) {
+    if (!down[i].valid()) continue;
+    waitCopy(dev, down[i]);
+    st.hostParams[i].mutable_grad() = st.hostGrads[i];
+    {
+      memory::MemoryScope scope(*host, MemoryCategory::OptimizerState);
+      st.optimizer->step();  // steps this tensor only: the others have no gradient
+    }
+    st.hostParams[i].mutable_grad() = Tensor();
+    up[i] = transfers->copyInPlace(dev.id, key, {st.master->params[i]}, {st.hostParams[i]},
+                                   /*toHost=*/false);
+  }
+  for (auto& u : up)
+    if (u.valid()) waitCopy(dev, u);
+}
+
+void PipelineEngine::Impl::waitCopy(DeviceState& dev, const std::shared_future<void>& copy) {
+  const int64_t start = memory::nowNs();
+  transfers->wait(dev.id, copy);
+  const int64_t end = memory::nowNs();
+  std::lock_guard<std::mutex> lock(mu);
+  dev.waits.push_back({start, end});
+}
+
+// Note [Weight syncs]
 void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  post(a.peer, {Chan::Weights, a.stage, a.index, a.peer},
-       st.predict ? st.predicted->params : st.master->params);
+  const bool fromHost = st.optimizerOnHost && !st.predict;
+  const std::vector<Tensor>& w =
+      st.predict ? st.predicted->params : fromHost ? st.hostParams : st.master->params;
+  const ChanKey key{Chan::Weights, a.stage, a.index, a.peer};
+  if (!isLocal(a.peer)) return post(a.peer, key, w);
+  Message m;
+  if (!async) {
+    m.tensors = w;
+  } else {
+    memory::MemoryScope scope(fromHost ? *host : *dev.domain, MemoryCategory::CommBuffers);
+    torch::NoGradGuard noGrad;
+    for (const auto& t : w) m.tensors.push_back(t.detach().clone());
+  }
+  channels.put(key, std::move(m));
 }
 
 void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  Message m{receive(a.peer, {Chan::Weights, a.stage, a.index, dev.id}), nullptr};
-  if (st.fwd.use_count() == 1) {
-    torch::NoGradGuard noGrad;
-    for (size_t i = 0; i < m.tensors.size(); ++i) st.fwd->params[i].copy_(m.tensors[i]);
+  const ChanKey key{Chan::Weights, a.stage, a.index, dev.id};
+  const bool local = isLocal(a.peer);
+  std::vector<Tensor> w = local ? channels.take(key).tensors : receive(a.peer, key);
+  if (st.fwd.use_count() == 1) {  // into place, tensor by tensor
     st.fwd->version = a.index + 1;
+    if (local && st.optimizerOnHost && !st.predict) {  // from the host master: H2D
+      waitCopy(dev, transfers->copyInPlace(dev.id, {2, a.stage, a.index}, st.fwd->params,
+                                           std::move(w), /*toHost=*/false));
+      return;
+    }
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < w.size(); ++i) {
+      st.fwd->params[i].copy_(w[i]);
+      w[i] = Tensor();  // a snapshot shrinks as it is copied
+    }
   } else {
     // A pending graph still uses the current copy: new weights go into a new copy.
-    st.fwd = makeReplica(pool, st.index, a.index + 1, m.tensors, st.fwd->buffers, *dev.domain,
+    st.fwd = makeReplica(pool, st.index, a.index + 1, w, st.fwd->buffers, *dev.domain,
                          MemoryCategory::Weights);
   }
 }
@@ -1798,6 +1908,21 @@ void PipelineEngine::finish() {
 
 int64_t PipelineEngine::iterationsDone() const { return impl_->fed; }
 int PipelineEngine::numStages() const { return impl_->S; }
+std::vector<std::pair<std::string, torch::Tensor>> PipelineEngine::optimizerParameters(
+    int stage, const std::vector<std::pair<std::string, torch::Tensor>>& names) const {
+  const auto& st = impl_->stages.at(stage);
+  if (!st.optimizerOnHost) return names;
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [name, t] : names)
+    for (size_t i = 0; i < st.master->params.size(); ++i)
+      if (t.unsafeGetTensorImpl() == st.master->params[i].unsafeGetTensorImpl())
+        out.emplace_back(name, st.hostParams[i]);
+  return out;
+}
+memory::MemoryDomain& PipelineEngine::optimizerDomain(int stage) const {
+  const auto& st = impl_->stages.at(stage);
+  return st.optimizerOnHost ? *impl_->host : *impl_->devices.at(st.bDev).domain;
+}
 torch::optim::Optimizer& PipelineEngine::optimizer(int stage) {
   return *impl_->stages.at(stage).optimizer;
 }
@@ -1852,9 +1977,23 @@ std::vector<TransferStats> PipelineEngine::transferStats() const {
   for (int d = 0; d < I.D; ++d) {
     offload::TransferCounters c = I.transfers->counters(d);
     std::vector<offload::CopyInterval> compute;
+    std::vector<offload::CopyInterval> waits;
+    {
+      std::lock_guard<std::mutex> lock(I.mu);
+      waits = I.devices[d].waits;
+    }
+    // Note [Optimizer offload]: compute waiting for its own copies hides none of them.
+    size_t w = 0;
     for (const auto& r : recs[d]) {
       const Action& a = I.plan.schedule.devices[d][r.index];
-      if (a.isCompute() || a.type == ActionType::Step) compute.push_back({r.startNs, r.endNs});
+      if (!a.isCompute() && a.type != ActionType::Step) continue;
+      int64_t from = r.startNs;
+      while (w < waits.size() && waits[w].endNs <= from) ++w;
+      for (size_t k = w; k < waits.size() && waits[k].startNs < r.endNs; ++k) {
+        if (waits[k].startNs > from) compute.push_back({from, waits[k].startNs});
+        from = std::max(from, waits[k].endNs);
+      }
+      if (from < r.endNs) compute.push_back({from, r.endNs});
     }
     TransferStats t;
     t.name = I.devices[d].domain->name();
@@ -1933,7 +2072,9 @@ void PipelineEngine::writeTrace(const std::string& path) const {
                     {{"bytes", c.bytes},
                      {"stage", c.key.stage},
                      {"index", c.key.index},
-                     {"what", c.key.kind == 0 ? "stash" : "weight version"}});
+                     {"what", c.key.kind == 0   ? "stash"
+                              : c.key.kind == 2 ? "optimizer"
+                                                : "weight version"}});
   }
   // The event stream (first iterations): a counter per allocation and free.
   trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);

@@ -125,7 +125,8 @@ void Trainer::ensureEngine() {
     const auto names = model_->namedParameters();
     pendingOptimizer_.clear();
     for (int s = 0; s < engine_->numStages(); ++s)
-      for (auto& e : optimizerState(engine_->optimizer(s), names)) pendingOptimizer_.push_back(e);
+      for (auto& e : optimizerState(engine_->optimizer(s), engine_->optimizerParameters(s, names)))
+        pendingOptimizer_.push_back(e);
     pendingSource_ = "the previous segment";
     engine_.reset();
   }
@@ -143,11 +144,9 @@ void Trainer::ensureEngine() {
     const auto names = model_->namedParameters();
     int64_t used = 0;
     for (int s = 0; s < engine_->numStages(); ++s) {
-      memory::MemoryDomain* dom =
-          memory::findDomain(memory::virtualDeviceName(engine_->backwardDevice(s)));
-      memory::MemoryScope scope(dom ? *dom : memory::unscopedDomain(),
-                                MemoryCategory::OptimizerState);
-      used += loadOptimizerState(engine_->optimizer(s), names, pendingOptimizer_, pendingSource_);
+      memory::MemoryScope scope(engine_->optimizerDomain(s), MemoryCategory::OptimizerState);
+      used += loadOptimizerState(engine_->optimizer(s), engine_->optimizerParameters(s, names),
+                                 pendingOptimizer_, pendingSource_);
     }
     if (used != static_cast<int64_t>(pendingOptimizer_.size()))
       throw UserError(pendingSource_ + ": " +
@@ -302,7 +301,8 @@ CheckpointState Trainer::checkpointState(double lastLoss) {
   const auto names = model_->namedParameters();
   if (engine_) {
     for (int s = 0; s < engine_->numStages(); ++s)
-      for (auto& e : optimizerState(engine_->optimizer(s), names)) cs.optimizer.push_back(e);
+      for (auto& e : optimizerState(engine_->optimizer(s), engine_->optimizerParameters(s, names)))
+        cs.optimizer.push_back(e);
   } else if (optimizer_) {
     cs.optimizer = optimizerState(*optimizer_, names);
   }

@@ -165,6 +165,18 @@ TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalPipeDream) {
                              "--set pipeline.microbatches=2");
 }
 
+// Note [Optimizer offload]: the host optimizer's state (Adam, on host master copies) is
+// saved under the model's names and restored into the host pool.
+TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalWithOptimizerOffload) {
+  killAndResume("pipefb_sync_optoff",
+                "--set pipeline.schedule=pipefb-sync --set devices.count=4 "
+                "--set pipeline.microbatches=2 --set training.optimizer=adam "
+                "--set training.lr=0.01 --set pipeline.optimizer_offload=host");
+  killAndResume("pipedream_optoff", "--set pipeline.schedule=pipedream --set devices.count=2 "
+                                    "--set pipeline.microbatches=2 "
+                                    "--set pipeline.optimizer_offload=[host,none]");
+}
+
 TEST(Checkpoint, DeterministicRunsAreBitwiseIdentical) {
   for (std::string extra : {std::string(""), std::string(kOneF1B)}) {
     SCOPED_TRACE(extra);

@@ -87,6 +87,13 @@ struct PipelineOptions {
   /// own devices.count ranks, each on 1/R of the batch; stage gradients are averaged over
   /// the copies (AR before STEP). Needs one process per device (WORLD_SIZE = count x R).
   int64_t replicas = 1;
+  /// Where each stage's optimizer runs (Note [Optimizer offload] in PipelineEngine.cpp):
+  /// "none" (on its backward device) | "host" (ZeRO-Offload: Adam/SGD state and master
+  /// weights in the host pool; STEP copies the gradients D2H and the new weights H2D).
+  /// One value, or a list with one per stage (then `optimizer_offload` is "host" when any
+  /// stage is and `stage_optimizer_offload` holds them).
+  std::string optimizer_offload = "none";
+  std::vector<std::string> stage_optimizer_offload;
 };
 
 /// One process per device (issue 8; pipefb/dist/ProcessGroup.h): the rendezvous and

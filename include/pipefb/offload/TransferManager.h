@@ -35,6 +35,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -116,6 +118,17 @@ class TransferManager {
                                   MemoryCategory category = MemoryCategory::Stash);
   /// Forgets the key (its copies finish and are freed).
   void drop(TransferKey key);
+  /// Copies src[i] into dst[i] (same sizes, both already allocated: no buffer is made on
+  /// either side) on `device`'s second copy engine (a second stream on a GPU), after the
+  /// copyInPlace() jobs queued before it: the first engine may be blocked by a prefetch
+  /// that waits for an offload, which itself may wait for this copy. Counted as
+  /// one D2H (toHost) or H2D job under `key`. The optimizer offload uses it (Note
+  /// [Optimizer offload] in PipelineEngine.cpp). The returned future is ready when the
+  /// copy is done; wait for it with wait().
+  std::shared_future<void> copyInPlace(int device, TransferKey key, std::vector<at::Tensor> dst,
+                                       std::vector<at::Tensor> src, bool toHost);
+  /// Waits for a copyInPlace() job; the wait is `device`'s stall. Rethrows the copy's error.
+  void wait(int device, const std::shared_future<void>& copy);
   /// Wakes every wait with TransferCancelled; queued copies still run. Idempotent.
   void close();
   /// Waits until every queued copy ran (tests, summaries).
@@ -144,6 +157,7 @@ class TransferManager {
 
   HostPool pool_;
   std::vector<std::unique_ptr<CopyEngine>> engines_;
+  std::vector<std::unique_ptr<CopyEngine>> inPlaceEngines_;  // copyInPlace()
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<TransferKey, std::shared_ptr<Entry>> entries_;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipefb/common/MemoryCategory.h"
@@ -34,6 +35,9 @@
 
 namespace pipefb::dist {
 class ProcessGroup;
+}
+namespace pipefb::memory {
+class MemoryDomain;
 }
 
 namespace pipefb::runtime {
@@ -182,13 +186,22 @@ class PipelineEngine {
   int numStages() const;
   /// The optimizer of a stage (over the model's own parameters of its layers).
   torch::optim::Optimizer& optimizer(int stage);
+  /// `names` (the model's named parameters) as the stage's optimizer knows them: the same
+  /// tensors, or under pipeline.optimizer_offload: host the stage's host master copies
+  /// with the model's names (Note [Optimizer offload] in PipelineEngine.cpp). For
+  /// train::optimizerState() / loadOptimizerState() on optimizer(stage).
+  std::vector<std::pair<std::string, torch::Tensor>> optimizerParameters(
+      int stage, const std::vector<std::pair<std::string, torch::Tensor>>& names) const;
+  /// Where the stage's optimizer state lives: its backward device, or the host pool.
+  memory::MemoryDomain& optimizerDomain(int stage) const;
   /// A stage's buffers as forwards see them: the forward copy's on a split stage (its
   /// BatchNorm statistics run ahead of the master's until finish()), else the master's;
   /// in the order of the stage's layers' buffers().
   std::vector<torch::Tensor> stageBuffers(int stage) const;
   /// Optimizer steps applied to a stage's master weights (its weight version).
   int64_t weightVersion(int stage) const;
-  /// The device a stage's master weights, grads and optimizer state live on.
+  /// The device a stage's master weights, grads and optimizer state live on (the
+  /// optimizer state and a master copy are in the host pool under optimizer offload).
   int backwardDevice(int stage) const;
   int forwardDevice(int stage) const;
 
