@@ -86,6 +86,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
         partitionsOf(L, S, cuts, parts);
         for (const auto& chain : chains) {
           sh.chain = chain;
+          sh.corePace = model.corePace(sh);  // Note [Shared cores]
           for (const auto& cut : parts) {
             // Stage costs per (stage, policy), then every policy combination.
             std::vector<std::vector<StageEstimate>> est(S);

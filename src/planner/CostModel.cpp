@@ -95,9 +95,24 @@ std::vector<StashPolicy> allStashPolicies() {
           StashPolicy::CheckpointOffload};
 }
 
+int PipelineShape::slots() const {
+  return isFlushing(kind) ? microbatches + chainLength() - 1 : microbatches;
+}
+
 double PipelineShape::iterationTime(double tau) const {
-  if (isFlushing(kind)) return (microbatches + chainLength() - 1) * tau;
-  return microbatches * tau;
+  return slots() * std::max(tau, corePace);
+}
+
+double CostModel::corePace(const PipelineShape& shape) const {
+  const int D = shape.chainLength(), C = cluster_.cores;
+  if (C <= 0 || D <= C || static_cast<int>(shape.chain.size()) < D) return 0;
+  const int L = numLayers();
+  double slowest = cluster_.devices[shape.chain[0]].speed;
+  for (int d : shape.chain) slowest = std::min(slowest, cluster_.devices[d].speed);
+  const double excess = std::max(0.0, afterStep_[L] - B_[L]);
+  const double work = (F_[L] + B_[L]) * scale(shape) +
+                      (step_[L] + excess) * stepsPerMicrobatch(shape.kind, shape.microbatches);
+  return work / (C * slowest);
 }
 
 std::int64_t total(const CategoryBytes& b) {

@@ -143,16 +143,21 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
     o << "; the fastest stage takes " << formatSeconds(lo) << " (balance "
       << static_cast<int>(100 * lo / be.time + 0.5) << "%)";
   o << ".\n";
+  if (sh.corePace > plan.tau)  // Note [Shared cores]
+    o << "  The " << sh.chainLength() << " device threads share " << model.cluster().cores
+      << " cores, which need " << formatSeconds(sh.corePace)
+      << " per microbatch for the whole pipeline's work: that, not a stage, sets the pace.\n";
   if (isFlushing(sh.kind)) {
     const int D = sh.chainLength();
     o << "  " << toString(sh.kind) << " flushes every iteration: (" << sh.microbatches << " + "
-      << D << " - 1) x " << formatSeconds(plan.tau) << " = " << formatSeconds(plan.iterationTime)
+      << D << " - 1) x " << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
+      << formatSeconds(plan.iterationTime)
       << ", a bubble of " << static_cast<int>(100.0 * (D - 1) / (sh.microbatches + D - 1) + 0.5)
       << "%.\n";
   } else {
     o << "  " << toString(sh.kind) << " does not flush: " << sh.microbatches << " x "
-      << formatSeconds(plan.tau) << " = " << formatSeconds(plan.iterationTime)
-      << " per iteration in steady state.\n";
+      << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
+      << formatSeconds(plan.iterationTime) << " per iteration in steady state.\n";
   }
   // Memory.
   const int bd = plan.bindingDevice(model, budget);

@@ -205,6 +205,7 @@ int Plan::bindingDevice(const CostModel& m, std::int64_t budget) const {
 }
 
 void evaluatePlan(const CostModel& model, Plan& plan) {
+  plan.shape.corePace = model.corePace(plan.shape);  // Note [Shared cores]
   const PipelineShape& sh = plan.shape;
   plan.tau = 0;
   plan.hostBytes = 0;
@@ -643,6 +644,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
         const double f = double(sh.microbatchSize) / double(prof.microbatch);
         for (const auto& ch : chains(sh.chainLength())) {
           sh.chain = ch;
+          sh.corePace = model.corePace(sh);  // Note [Shared cores]
           double bound;
           if (options.objective == Objective::Time) {
             double sf = 0, sb = 0;
@@ -676,7 +678,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
     double bound = kInf;
     if (!top.empty()) {
       const double worst = objectiveOf(top.front(), options.objective);
-      bound = options.objective == Objective::Time ? worst / job.shape.iterationTime(1.0) : worst;
+      bound = options.objective == Objective::Time ? worst / job.shape.slots() : worst;
       bound *= 1 + 1e-12;
     }
     auto plan = solveShape(model, job.shape, job.family->policies, limits, hostLimit,

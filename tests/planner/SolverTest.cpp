@@ -224,6 +224,45 @@ TEST(SolverLiteral, SnapshotAndBackwardAfterStepTimes) {
   EXPECT_DOUBLE_EQ(m.stage(fb, 0, 0, 1, StashPolicy::Keep).time, 2 * 1 + 2 * 2 + (3 + 0.5) / 4);
 }
 
+TEST(SolverLiteral, SharedCoresBoundThePaceByTheWholeWork) {
+  // Note [Shared cores]: 3 devices on 2 cores, layers F = 2, 2, 0.5 (no B, no step).
+  Cluster c = freeCluster(3);
+  c.cores = 2;
+  CostModel m(timesProfile({2, 2, 0.5}), c);
+  // 1f1b, 3 stages, 4 microbatches: the stages' paces are 2, 2, 0.5, but the cores need
+  // (2 + 2 + 0.5) / 2 = 2.25 per microbatch: (4 + 3 - 1) x 2.25 = 13.5 (the old model,
+  // every device at 2/3 speed, said 6 x 3 = 18).
+  auto p3 = solveShape(m, shapeOf(ScheduleKind::OneFOneB, 3, 4, {0, 1, 2}), {StashPolicy::Keep},
+                       unlimited(3), -1, Objective::Time);
+  ASSERT_TRUE(p3);
+  EXPECT_DOUBLE_EQ(p3->shape.corePace, 2.25);
+  EXPECT_DOUBLE_EQ(p3->tau, 2);
+  EXPECT_DOUBLE_EQ(p3->iterationTime, 13.5);
+  // Two devices fit the two cores: no bound; [0,1) [1,3) at pace 2.5: 5 x 2.5 = 12.5 wins.
+  EXPECT_DOUBLE_EQ(m.corePace(shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1})), 0);
+  SolveResult r = solve(m, only("1f1b-keep", 4));
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best.shape.stages, 2);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 12.5);
+  // A stage slower than the cores' bound sets the pace: F = 3, 0.5, 0.5 gives 4 / 2 = 2 < 3.
+  CostModel heavy(timesProfile({3, 0.5, 0.5}), c);
+  auto h = solveShape(heavy, shapeOf(ScheduleKind::OneFOneB, 3, 4, {0, 1, 2}),
+                      {StashPolicy::Keep}, unlimited(3), -1, Objective::Time);
+  ASSERT_TRUE(h);
+  EXPECT_DOUBLE_EQ(h->shape.corePace, 2);
+  EXPECT_DOUBLE_EQ(h->iterationTime, 6 * 3);
+  // PipeFB's 2 stages are 4 threads; cores = 0 (unknown) never bounds.
+  Cluster c4 = freeCluster(4);
+  c4.cores = 2;
+  EXPECT_DOUBLE_EQ(CostModel(timesProfile({2, 2, 0.5}), c4)
+                       .corePace(shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1, 2, 3})),
+                   2.25);
+  c.cores = 0;
+  EXPECT_DOUBLE_EQ(CostModel(timesProfile({2, 2, 0.5}), c)
+                       .corePace(shapeOf(ScheduleKind::OneFOneB, 3, 4, {0, 1, 2})),
+                   0);
+}
+
 TEST(SolverLiteral, OffloadWinsWhenKeepDoesNotFitAndCopiesHide) {
   // One device, gpipe with 4 microbatches: keep holds 4 stashes of 100 bytes = 400 + 10
   // weights; the limit is 250. Offload with lookahead 0 keeps min(4, 0 + 2) = 2 -> 210 and

@@ -20,9 +20,10 @@
 //   from its forward to its backward device.
 // Copies and transfers hide under compute whenever they are shorter (they are separate
 // resources), so the pipeline's pace tau is the largest of these over all stages, and
-//   iteration time = (M + D - 1) x tau   for flushing schedules (gpipe, 1f1b, pipefb-sync),
+//   iteration time = (M + D - 1) x tau'  for flushing schedules (gpipe, 1f1b, pipefb-sync),
 //                    D = devices along the chain (S, or 2S for PipeFB),
-//                  = M x tau             for asynchronous ones (pipedream, pipefb-async).
+//                  = M x tau'            for asynchronous ones (pipedream, pipefb-async),
+//   tau' = max(tau, corePace): device threads sharing fewer cores (Note [Shared cores]).
 // Memory of a device, by category (the simulator's categories):
 //   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1); grads G and
 //   optimizer state O on the backward
@@ -154,7 +155,12 @@ struct PipelineShape {
     return isSplit(kind) ? chain.at(2 * stages - 1 - k) : chain.at(k);
   }
   int chainLength() const { return isSplit(kind) ? 2 * stages : stages; }
-  /// Iteration time for pace tau (Note [Planner cost model]).
+  /// The least pace the shared cores allow (Note [Shared cores]); CostModel::corePace()
+  /// sets it once the chain is known; 0 = no bound.
+  double corePace = 0;
+  /// Paces per iteration: M + D - 1 (flushing) or M (Note [Planner cost model]).
+  int slots() const;
+  /// Iteration time for pace tau: slots() x max(tau, corePace).
   double iterationTime(double tau) const;
 };
 
@@ -216,17 +222,27 @@ class CostModel {
                                 std::int64_t maxWorking) const;
   /// Note [Shared cores]
   /// Virtual CPU devices are threads on one machine. When a shape runs more device
-  /// threads (its chain length D) than the machine has cores C, in the steady state they
-  /// all compute at once and share the cores, so each runs at C / D of its profiled
-  /// speed (the profile times one layer on one otherwise idle thread). speed() is the
-  /// device's speed times min(1, C / D) when Cluster::cores = C > 0, else its speed.
-  /// This ignores the fill and drain phases (fewer threads busy) and the copy threads,
-  /// and it cannot see other processes on the machine.
+  /// threads (its chain length D) than the machine has cores C (Cluster::cores = C > 0),
+  /// the threads share the cores: every device still computes at its profiled speed when
+  /// it runs, but the cores must do the whole pipeline's work. So the pace is at least
+  ///   corePace = W / (C x the slowest chain device's speed),
+  /// W = the compute work of one microbatch over all layers: (F + B) x scale + (step +
+  /// the excess of the B after it) x steps per microbatch (Note [Backward after a step];
+  /// the excess over the whole model, a lower bound of the stages' sum), and
+  /// iteration time = slots x max(tau, corePace). W does not depend on the partition or
+  /// on the policies (recomputes, snapshots and copies are left out, so it is a lower
+  /// bound), so corePace is a constant of the shape and the DP stays exact.
+  /// The earlier model slowed every device by C / D; it charged 1f1b's 3-stage VGG16 plan
+  /// (a light last stage, fc7..fc8) 1.5x its time (+50% against measured,
+  /// experiments/README.md, planner_fidelity). This one ignores that threads contend
+  /// unevenly (PipeFB's forward devices run their forwards in a burst), and it cannot
+  /// see other processes on the machine.
   double speed(const PipelineShape& shape, int device) const {
-    const double s = cluster_.devices[device].speed;
-    const int D = shape.chainLength();
-    return cluster_.cores > 0 && D > cluster_.cores ? s * cluster_.cores / D : s;
+    (void)shape;
+    return cluster_.devices[device].speed;
   }
+  /// Note [Shared cores]: W / (C x the slowest chain speed) when D > C > 0, else 0.
+  double corePace(const PipelineShape& shape) const;
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 
