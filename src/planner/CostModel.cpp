@@ -420,7 +420,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
-    w(m, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB));
+    // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
+    // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
+    const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
+    w(m, MemoryCategory::WorkingSet,
+      wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
     e.forwardMemory = m;
   }
   e.hostBytes = off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0;

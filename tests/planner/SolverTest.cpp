@@ -150,6 +150,29 @@ TEST(SolverLiteral, MemoryCategoriesOfOneStage) {
   EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 100 + 20);
 }
 
+TEST(SolverLiteral, PipeDreamStepsInTheRoomOfTheCopyItsBackwardFreed) {
+  // Note [Step working set]: one layer per stage, W = G = 100, O = 200, step transient 250,
+  // no working set besides B's gathered gradient (G = 100). PipeDream S=2, stage 0 keeps
+  // 2 weight copies; its STEP follows a B that let go of one: max(100, 250 - 100) = 150.
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) {
+    l.paramBytes = l.gradBytes = 100;
+    l.optimizerBytes = 200;
+    l.stepWorkingBytes = 250;
+  }
+  CostModel m(p, freeCluster(2));
+  using pipefb::MemoryCategory;
+  using pipefb::index;
+  PipelineShape pd = shapeOf(ScheduleKind::PipeDream, 2, 4, {0, 1});
+  StageEstimate s0 = m.stage(pd, 0, 0, 1, StashPolicy::Keep);
+  EXPECT_EQ(s0.backwardMemory[index(MemoryCategory::WeightVersions)], 200);
+  EXPECT_EQ(s0.backwardMemory[index(MemoryCategory::WorkingSet)], 150);
+  // The last stage keeps no copy: the whole transient, 250.
+  StageEstimate s1 = m.stage(pd, 1, 1, 2, StashPolicy::Keep);
+  EXPECT_EQ(s1.backwardMemory[index(MemoryCategory::WeightVersions)], 0);
+  EXPECT_EQ(s1.backwardMemory[index(MemoryCategory::WorkingSet)], 250);
+}
+
 TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
   // Note [Gathered weight gradients]: three layers with G = 10, 20, 30 and (profiled, at
   // microbatch 1) working sets 50, 5, 5; microbatch 2. While B runs through layer 0 the

@@ -44,7 +44,11 @@
 //   flushing schedules step after the last B, when no stash is resident, so the device
 //   needs max(stash + working set, step transient) above its states;
 //   asynchronous ones step between microbatches with stashes in flight, so the transient
-//   is charged on top of the stash: stash + max(working set, step transient).
+//   is charged on top of the stash: stash + max(working set, step transient); PipeDream
+//   steps right after a B that let go of its weight copy (when it keeps copies), so there
+//   the transient also has one copy's room: max(working set, step transient - W)
+//   (measured: fc6 alone on a stage with 2 copies peaks at W + G + O + 2 W + B's working
+//   set, 180.2 MB, not at 2 W + the transient, 205.8 MB).
 // The excess over what the stash and working set already reserve is in WorkingSet.
 //
 // Note [Gathered weight gradients]
