@@ -26,13 +26,12 @@ std::vector<StashPolicy> policiesPerStage(const std::vector<StashPolicy>& polici
 
 std::vector<int> lookaheadPerStage(const std::vector<int>& lookahead, int S) {
   for (int v : lookahead)
-    if (v < 0)
-      throw UserError("pipeline.lookahead: must be >= 0, got " + std::to_string(v));
+    if (v < 0) throw UserError("pipeline.lookahead: must be >= 0, got " + std::to_string(v));
   if (lookahead.empty()) return std::vector<int>(S, 1);
   if (lookahead.size() == 1) return std::vector<int>(S, lookahead[0]);
   if (static_cast<int>(lookahead.size()) != S)
-    throw UserError("pipeline.lookahead: got " + std::to_string(lookahead.size()) +
-                    " values for " + std::to_string(S) + " stages; give one, or one per stage");
+    throw UserError("pipeline.lookahead: got " + std::to_string(lookahead.size()) + " values for " +
+                    std::to_string(S) + " stages; give one, or one per stage");
   return lookahead;
 }
 
@@ -157,7 +156,7 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
     const std::vector<Action>& list = in.devices[d];
     const int n = static_cast<int>(list.size());
     std::map<std::tuple<ActionType, int, int>, int> pos;  // (type, stage, index) -> position
-    std::vector<int> computeIdx, ordinal(n + 1, 0);        // ordinal: compute actions before i
+    std::vector<int> computeIdx, ordinal(n + 1, 0);       // ordinal: compute actions before i
     for (int i = 0; i < n; ++i) {
       const Action& a = list[i];
       if (a.isCompute() || a.type == ActionType::Step) pos[{a.type, a.stage, a.index}] = i;
@@ -183,7 +182,7 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
         lastB = std::max(lastB, b);
       }
       if (!complete || madeAt < 0 || madeAt > firstB) continue;  // not a shape we lower
-      int offAt = madeAt + 1;  // after the F's own OFF
+      int offAt = madeAt + 1;                                    // after the F's own OFF
       if (offAt < n && list[madeAt].type == ActionType::Forward &&
           list[offAt].type == ActionType::Offload && list[offAt].stash == StashKind::Activation &&
           list[offAt].stage == v.stage && list[offAt].index == list[madeAt].index)
@@ -245,8 +244,8 @@ SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& pol
   SchedulePlan out;
   out.schedule = addOffload(addCommunication(plan.schedule), policies, lookahead);
   if (offloadWeights) out.schedule = addWeightOffload(out.schedule, policies, lookahead);
-  out.contract = offloadContract(plan.contract, plan.schedule.placement, policies, lookahead,
-                                 offloadWeights);
+  out.contract =
+      offloadContract(plan.contract, plan.schedule.placement, policies, lookahead, offloadWeights);
   return out;
 }
 

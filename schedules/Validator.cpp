@@ -226,9 +226,10 @@ class AbstractRun {
           std::max(stats_.peakResidentWeightVersions[d][st], w);
       if (c_ && static_cast<int>(c_->residentWeightVersions.size()) == S_ &&
           w > c_->residentWeightVersions[st])
-        failHere(d, "memory contract broken: " + std::to_string(w) + " stashed weight versions of stage " +
-                        std::to_string(st) + " are resident on device " + std::to_string(d) +
-                        ", the contract allows " + std::to_string(c_->residentWeightVersions[st]));
+        failHere(d, "memory contract broken: " + std::to_string(w) +
+                        " stashed weight versions of stage " + std::to_string(st) +
+                        " are resident on device " + std::to_string(d) + ", the contract allows " +
+                        std::to_string(c_->residentWeightVersions[st]));
     }
   }
 
@@ -260,7 +261,8 @@ class AbstractRun {
     const int st = a.stage, v = a.index;
     Stashed* w = stashedVersion(st, v);
     if (!w)
-      failHere(d, wName(st, v) + " is not a stashed weight version of this schedule (no F runs on " +
+      failHere(d, wName(st, v) +
+                      " is not a stashed weight version of this schedule (no F runs on " +
                       "it whose B runs on a later one, Note [Stashed weight versions])");
     if (w->device != d)
       failHere(d, wName(st, v) + " is kept on device " + std::to_string(w->device) + ", not here");
@@ -268,7 +270,10 @@ class AbstractRun {
       case ActionType::Offload:
         if (w->at != WAt::Device)
           failHere(d, wName(st, v) + " is not on this device (" +
-                          (w->at == WAt::Absent ? "not made yet" : w->at == WAt::Host ? "already offloaded" : "dropped") + ")");
+                          (w->at == WAt::Absent ? "not made yet"
+                           : w->at == WAt::Host ? "already offloaded"
+                                                : "dropped") +
+                          ")");
         w->at = WAt::Host;
         --residentW(d, st);
         return;
@@ -529,9 +534,9 @@ class AbstractRun {
   std::vector<std::vector<int>> stagesOf_;
   std::unordered_set<std::uint64_t> have_, sent_, received_;
   std::unordered_map<std::uint64_t, Position> sendPos_;
-  std::map<std::pair<int, int>, Stashed> stashed_;     // (stage, version)
-  std::map<std::pair<int, int>, int> usesVersion_;     // (stage, mb) -> its stashed version
-  std::vector<int> residentW_;                         // [device][stage]
+  std::map<std::pair<int, int>, Stashed> stashed_;  // (stage, version)
+  std::map<std::pair<int, int>, int> usesVersion_;  // (stage, mb) -> its stashed version
+  std::vector<int> residentW_;                      // [device][stage]
   ValidationStats stats_;
 };
 

@@ -405,7 +405,8 @@ class Simulation {
         // The optimizer's temporaries (Note [Step working set] in planner/CostModel.h).
         mem(t, d, MemoryCategory::OptimizerState, cost(st).stepWorkingBytes);
         mem(threadTime_[d], d, MemoryCategory::OptimizerState, -cost(st).stepWorkingBytes);
-        if (auto it = wv_.find({st, i}); it != wv_.end() && it->second.madeByStep && !it->second.made) {
+        if (auto it = wv_.find({st, i});
+            it != wv_.end() && it->second.madeByStep && !it->second.made) {
           it->second.made = true;  // the version this STEP supersedes is kept
           mem(threadTime_[d], d, MemoryCategory::WeightVersions, cost(st).weightVersionBytes);
         }
@@ -608,8 +609,8 @@ class Simulation {
   std::vector<std::map<int, int>> versionRefs_;
   std::vector<int> extraVersions_;
   std::vector<bool> explicitW_;
-  std::map<std::pair<int, int>, Stashed> wv_;   // (stage, version)
-  std::map<std::pair<int, int>, int> usesV_;    // (stage, mb) -> its stashed version
+  std::map<std::pair<int, int>, Stashed> wv_;  // (stage, version)
+  std::map<std::pair<int, int>, int> usesV_;   // (stage, mb) -> its stashed version
   std::vector<int> pc_;
   std::vector<double> threadTime_;
   std::vector<std::vector<int>> copyQueue_;

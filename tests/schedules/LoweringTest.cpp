@@ -154,20 +154,22 @@ TEST(LoweringTest, WeightVersionsOfPipedreamGoToTheHostPool) {
   SchedulePlan plan = lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Offload}, 1);
   using V = std::vector<std::string>;
   EXPECT_EQ(tokens(plan.schedule.devices[0]),
-            (V{"F0.0",    "OFF0.0",  "SA0.0>1", "PRE0.0",  "F0.1",    "OFF0.1",  "OFFW0.0",
-               "SA0.1>1", "RG1.0<1", "B0.0",    "STEP0.0", "PRE0.1",  "PREW0.0", "F0.2",
-               "OFF0.2",  "OFFW0.1", "SA0.2>1", "RG1.1<1", "B0.1",    "DROPW0.0", "STEP0.1",
-               "PRE0.2",  "PREW0.1", "F0.3",    "OFF0.3",  "SA0.3>1", "PRE0.3",  "RG1.2<1",
-               "B0.2",    "DROPW0.1", "STEP0.2", "RG1.3<1", "B0.3",   "DROPW0.2", "STEP0.3"}));
-  for (const Action& a : plan.schedule.devices[1]) EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
+            (V{"F0.0",    "OFF0.0",   "SA0.0>1", "PRE0.0",  "F0.1",    "OFF0.1",   "OFFW0.0",
+               "SA0.1>1", "RG1.0<1",  "B0.0",    "STEP0.0", "PRE0.1",  "PREW0.0",  "F0.2",
+               "OFF0.2",  "OFFW0.1",  "SA0.2>1", "RG1.1<1", "B0.1",    "DROPW0.0", "STEP0.1",
+               "PRE0.2",  "PREW0.1",  "F0.3",    "OFF0.3",  "SA0.3>1", "PRE0.3",   "RG1.2<1",
+               "B0.2",    "DROPW0.1", "STEP0.2", "RG1.3<1", "B0.3",    "DROPW0.2", "STEP0.3"}));
+  for (const Action& a : plan.schedule.devices[1])
+    EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
   EXPECT_EQ(plan.contract.residentWeightVersions, (std::vector<int>{2, 1}));  // min(S-s, L+1)
   EXPECT_EQ(plan.contract.weightVersions, (std::vector<int>{2, 1}));
 
   // pipeline.offload_weights: none, or a policy that keeps: no weight actions.
-  for (const SchedulePlan& p : {lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Offload}, 1,
-                                      /*offloadWeights=*/false),
-                                lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Keep}, 1),
-                                lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Checkpoint}, 1)})
+  for (const SchedulePlan& p :
+       {lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Offload}, 1,
+              /*offloadWeights=*/false),
+        lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Keep}, 1),
+        lower(makeSchedule("pipedream", 2, 2, 2), {StashPolicy::Checkpoint}, 1)})
     for (const auto& list : p.schedule.devices)
       for (const Action& a : list) EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
 }
@@ -176,7 +178,8 @@ TEST(LoweringTest, WeightVersionsOfPipedreamGoToTheHostPool) {
 // (BR), made by STEP s.k; the first B after that STEP needs it, so it is never offloaded,
 // only dropped after the last B of iteration k+1 that ran forward on it.
 TEST(LoweringTest, PipefbAsyncCheckpointOffloadDropsItsVersionsOnly) {
-  SchedulePlan plan = lower(makeSchedule("pipefb-async", 2, 2, 3), {StashPolicy::CheckpointOffload}, 1);
+  SchedulePlan plan =
+      lower(makeSchedule("pipefb-async", 2, 2, 3), {StashPolicy::CheckpointOffload}, 1);
   const Schedule& s = plan.schedule;
   const int b0 = s.placement.backward(0);
   int step0 = indexOf(s.devices[b0], "STEP0.0"), b02 = indexOf(s.devices[b0], "BR0.2"),

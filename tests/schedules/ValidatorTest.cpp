@@ -168,8 +168,9 @@ TEST(ValidatorTest, GridMarksAndWindows) {
 // stages x (largest index + 1), so a file naming F0.100000000 asked for gigabytes. Now a
 // ScheduleError (UserError).
 TEST(ValidatorTest, HugeIndexIsAUserErrorNotAnAllocation) {
-  Schedule s = parseSchedule("stages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
-                             "device 0: F0.100000000\n");
+  Schedule s = parseSchedule(
+      "stages 2\nmicrobatches 1\nplacement 0/0 1/1\n"
+      "device 0: F0.100000000\n");
   EXPECT_THROW(validate(s), pipefb::UserError);
 }
 
