@@ -76,6 +76,8 @@ std::string simReportJson(const schedules::Schedule& s, const schedules::MemoryC
                         {"resident_forward", contract->residentForward[st]},
                         {"resident_backward", contract->residentBackward[st]},
                         {"weight_versions", contract->weightVersions[st]}};
+      if (static_cast<int>(contract->residentWeightVersions.size()) == s.numStages)
+        sj["contract"]["resident_weight_versions"] = contract->residentWeightVersions[st];
     } else {
       sj["contract"] = nullptr;
     }
@@ -154,6 +156,8 @@ std::string simSummaryText(const schedules::Schedule& s, const schedules::Memory
     if (contract)
       os << "   in flight <= " << contract->inFlight[st]
          << ", versions <= " << contract->weightVersions[st];
+    if (contract && static_cast<int>(contract->residentWeightVersions.size()) == s.numStages)
+      os << " (resident <= " << contract->residentWeightVersions[st] << ")";
     os << "\n";
   }
   return os.str();
