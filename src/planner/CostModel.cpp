@@ -296,8 +296,8 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
                                          std::int64_t maxWorking) const {
   // Weights, grads and optimizer state on the backward device, and the working set: all
   // grow with the stage; the stash (which may shrink under a checkpoint) is left out.
-  return range(param_, first, last) + range(grad_, first, last) + range(opt_, first, last) +
-         scaled(maxWorking, scale(shape));
+  return range(param_, first, last) + range(grad_, first, last) +
+         (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + scaled(maxWorking, scale(shape));
 }
 
 StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
@@ -327,7 +327,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
 
   const std::int64_t W = range(param_, first, last);
   const std::int64_t G = range(grad_, first, last);
-  const std::int64_t O = range(opt_, first, last);
+  // Note [Optimizer offload in the cost model]
+  const std::int64_t O = shape.optimizerOnHost ? 0 : range(opt_, first, last);
+  const std::int64_t hostOptimizer = shape.optimizerOnHost ? W + G + range(opt_, first, last) : 0;
   const std::int64_t graph = scaled(range(saved_, first, last), f);
   const std::int64_t input = scaled(inputBytes(first), f);
   e.stashBytes = ckpt ? input : graph;
@@ -339,7 +341,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const double fspeed = speed(shape, fd), bspeed = speed(shape, bd);
   e.forwardTime = range(F_, first, last) * f / fspeed;
   e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f / bspeed;
-  e.stepTime = range(step_, first, last) / bspeed;
+  e.stepTime = range(step_, first, last) / bspeed +
+               (shape.optimizerOnHost ? bdev.host.time(G) + bdev.host.time(W) : 0.0);
   // Not scaled by the microbatch: the excess is parameter-sized.
   e.afterStepTime = std::max(0.0, range(afterStep_, first, last) - range(B_, first, last)) / bspeed;
   const double stepPerMb = (e.stepTime + e.afterStepTime) * stepsPerMicrobatch(shape.kind, M);
@@ -358,7 +361,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
            (ckpt ? graph : 0);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
-  const std::int64_t stepWs = stepWorking(first, last);
+  const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
   const bool flushing = isFlushing(shape.kind);
   auto stepExcess = [&](std::int64_t stash, std::int64_t working) {
     return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
@@ -383,23 +386,22 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     if (timesOnly) return e;
     const std::int64_t wsB = backwardWs();
     // Forward device (Note [Forward device memory]): weights, the stash until its offload
-    // copy is done, F's working set; RecvWeights' message beside the copy. pipefb-async
-    // with a graph stash keeps the old copy beside the new one (not on the backward device).
+    // copy is done, F's working set; RecvWeights copies into place. pipefb-async with a
+    // graph stash keeps the old copy beside the new one (not on the backward device).
     const bool oldCopyOnForward = shape.kind == ScheduleKind::PipeFbAsync && !ckpt;
     const std::int64_t fstash = std::min(e.inFlight, 1) * e.stashBytes;
     const std::int64_t fws = scaled(forwardWorking(first, last), f);
-    const std::int64_t received = oldCopyOnForward ? 2 * W : W;  // message (+ new copy)
     w(e.forwardMemory, MemoryCategory::Weights, W);
     w(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? W : 0);
     w(e.forwardMemory, MemoryCategory::Stash, fstash);
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
-    w(e.forwardMemory, MemoryCategory::CommBuffers,
-      std::max<std::int64_t>(0, received - (oldCopyOnForward ? W : 0) - fstash - fws));
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, W);
     w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : copies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
+    w(e.backwardMemory, MemoryCategory::CommBuffers,
+      shape.kind == ScheduleKind::PipeFbAsync ? W : 0);  // SyncWeights' snapshot
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
     w(e.backwardMemory, MemoryCategory::WorkingSet,
       wsB + stepExcess(resident * e.stashBytes, wsB));
@@ -427,7 +429,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
     e.forwardMemory = m;
   }
-  e.hostBytes = off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0;
+  e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer;
   return e;
 }
 

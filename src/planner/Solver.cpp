@@ -321,14 +321,17 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     const std::int64_t W = model.paramSum(i, j);
     // The backward device's: states, weight versions, working set, one graph (keep and
     // offload keep >= 1 resident stash of it, the checkpoint kinds recompute it in B).
-    return model.staticSum(i, j) + copies[k] * W + ws + scaledBytes(model.savedSum(i, j));
+    // (memoryLowerBound with no working set: the states, without the optimizer's when it is
+    // on the host, Note [Optimizer offload in the cost model].)
+    return model.memoryLowerBound(shape, k, i, j, 0) + copies[k] * W + ws +
+           scaledBytes(model.savedSum(i, j));
   };
   auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
     const std::int64_t mb = memLb(k, i, j, ws);
     if (limB[k] >= 0 && mb > limB[k]) return false;
     if (memCap >= 0 && mb > memCap) return false;
-    if (split) {  // the forward device holds the weights and RecvWeights' message, at least
-      const std::int64_t mf = 2 * model.paramSum(i, j);
+    if (split) {  // the forward device holds the weights at least (Note [Forward device memory])
+      const std::int64_t mf = model.paramSum(i, j);
       if (limF[k] >= 0 && mf > limF[k]) return false;
     }
     return true;

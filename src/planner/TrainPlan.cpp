@@ -1,6 +1,7 @@
 // The planner inside pipefb_train (TrainPlan.h).
 #include "pipefb/planner/TrainPlan.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "pipefb/common/Error.h"
@@ -83,6 +84,12 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
   shape.microbatches = static_cast<int>(cfg.pipeline.microbatches);
   shape.microbatchSize = cfg.training.batch / cfg.pipeline.microbatches;
   shape.lookahead = static_cast<int>(cfg.pipeline.lookahead);
+  // Note [Optimizer offload in the cost model]: one flag for all stages, so a per-stage
+  // list counts as "host" only when every stage is.
+  const auto& perStage = cfg.pipeline.stage_optimizer_offload;
+  shape.optimizerOnHost = perStage.empty() ? cfg.pipeline.optimizer_offload == "host"
+                                           : std::all_of(perStage.begin(), perStage.end(),
+                                                         [](const std::string& v) { return v == "host"; });
   shape.chain.resize(shape.chainLength());
   std::iota(shape.chain.begin(), shape.chain.end(), 0);
   if (shape.chainLength() > model.cluster().numDevices())

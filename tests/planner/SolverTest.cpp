@@ -196,10 +196,10 @@ TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
             150);
 }
 
-TEST(SolverLiteral, ForwardDeviceHoldsReceivedWeights) {
+TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
   // Note [Forward device memory]: pipefb-sync, one stage of W = 100 with a forward working
-  // set of 3 (F alone) and 40 (F or B); the forward device holds max(W + stash + 2 x 3,
-  // 2 W) = 200: RecvWeights' message (CommBuffers) beside the forward copy.
+  // set of 3 (F alone) and 40 (F or B); RecvWeights copies into place, so the forward
+  // device holds W + stash + 2 x 3 = 126 and no message (it was 2 W = 200).
   Profile p = timesProfile({1});
   p.layers[0].paramBytes = p.layers[0].gradBytes = 100;
   p.layers[0].savedBytes = 10;
@@ -212,13 +212,40 @@ TEST(SolverLiteral, ForwardDeviceHoldsReceivedWeights) {
   using pipefb::index;
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::WorkingSet)], 6);
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 20);
-  EXPECT_EQ(total(e.forwardMemory), 200);
-  // A stage whose F-phase exceeds 2 W is charged its F-phase: no message excess.
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::CommBuffers)], 0);
+  EXPECT_EQ(total(e.forwardMemory), 126);
   p.layers[0].forwardWorkingBytes = 60;
   CostModel m2(p, freeCluster(2));
   StageEstimate e2 = m2.stage(sh, 0, 0, 1, StashPolicy::Offload);
-  EXPECT_EQ(e2.forwardMemory[index(MemoryCategory::CommBuffers)], 0);
   EXPECT_EQ(total(e2.forwardMemory), 100 + 20 + 120);
+}
+
+TEST(SolverLiteral, OptimizerOnHostMovesStateToTheHostPool) {
+  // Note [Optimizer offload in the cost model]: 1f1b, W = G = 100, O = 200 per layer; with
+  // the optimizer on the host the backward device keeps W + G, the host pool gets
+  // W + G + O, and the step pays G down and W up over the host link.
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) {
+    l.savedBytes = 10;
+    l.workingBytes = 7;
+    l.paramBytes = l.gradBytes = 100;
+    l.optimizerBytes = 200;
+  }
+  CostModel m(p, freeCluster(2));
+  PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
+  StageEstimate dev = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
+  sh.optimizerOnHost = true;
+  StageEstimate host = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
+  using pipefb::MemoryCategory;
+  using pipefb::index;
+  EXPECT_EQ(host.backwardMemory[index(MemoryCategory::OptimizerState)], 0);
+  EXPECT_EQ(host.backwardMemory[index(MemoryCategory::Weights)], 100);
+  EXPECT_EQ(host.backwardMemory[index(MemoryCategory::Grads)], 100);
+  EXPECT_EQ(host.peakMemory(), dev.peakMemory() - 200);
+  EXPECT_EQ(host.hostBytes, dev.hostBytes + 100 + 100 + 200);
+  const auto& link = m.cluster().devices[0].host;
+  EXPECT_DOUBLE_EQ(host.stepTime, dev.stepTime + 2 * link.time(100));
+  EXPECT_LE(m.memoryLowerBound(sh, 0, 0, 1, 7), host.peakMemory());
 }
 
 TEST(SolverLiteral, SnapshotAndBackwardAfterStepTimes) {

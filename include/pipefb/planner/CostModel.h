@@ -65,12 +65,22 @@
 //
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is the largest forward
-// working set (LayerCost::forwardWorkingBytes). RecvWeights brings the new weights as a
-// message (CommBuffers, W bytes) that is copied into the forward copy; the device then
-// holds 2 W (measured: exactly 2 W is pipefb-sync's forward-device peak). pipefb-async with
-// a graph stash still has stashes referring to the old copy, so RecvWeights builds a new
-// copy (3 W while it copies; the old copy stays until its stashes are consumed, so F runs
-// beside 2 W). The async case follows the code path, it was not measured.
+// working set (LayerCost::forwardWorkingBytes). RecvWeights copies the new weights into
+// the forward copy in place, tensor by tensor (Note [Weight syncs] in PipelineEngine.cpp):
+// no message is held on the forward device (it used to be, and pipefb-sync's forward
+// device then peaked at exactly 2 W). pipefb-async with a graph stash still has stashes
+// referring to the old copy, so RecvWeights builds a new copy: the old copy stays until
+// its stashes are consumed, so F runs beside 2 W. pipefb-async's SyncWeights sends a
+// snapshot that the sender holds until RW took it: W of comm_buffers on the backward
+// device (charged beside its other terms).
+//
+// Note [Optimizer offload in the cost model]
+// PipelineShape::optimizerOnHost (pipeline.optimizer_offload: host, Note [Optimizer
+// offload] in PipelineEngine.cpp): the optimizer state O, a master copy of the weights W
+// and a gradient buffer G go to the host pool (hostBytes) instead of O on the backward
+// device, and so does the step's transient (Note [Step working set]); the step pays its
+// copies, G device->host and W host->device, on top of its compute (they are waited for,
+// tensor by tensor).
 //
 // Note [Backward after a step]
 // The first B after an optimizer step costs more than the others: the runtime zeroes the
@@ -140,6 +150,7 @@ struct PipelineShape {
   int microbatches = 1;
   std::int64_t microbatchSize = 1;
   int lookahead = 1;
+  bool optimizerOnHost = false;  // Note [Optimizer offload in the cost model]
   std::vector<int> chain;
 
   /// A shape before its device chain is chosen; microbatchSize = batch / microbatches.
