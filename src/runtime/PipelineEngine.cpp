@@ -2108,7 +2108,8 @@ std::string PipelineEngine::summaryJson() const {
              {{"in_flight", c.inFlight},
               {"resident_forward", c.residentForward},
               {"resident_backward", c.residentBackward},
-              {"weight_versions", c.weightVersions}}},
+              {"weight_versions", c.weightVersions},
+              {"resident_weight_versions", c.residentWeightVersions}}},
             {"stash_bytes_per_microbatch", stashBytesPerMicrobatch()}};
   // Data-transfer counters per device (issue 5); overlap = copy time under F/B/STEP.
   json transfers = json::array();

@@ -5,6 +5,8 @@
 // between actions than the lookahead allows.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "../PipelineConfig.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryDomain.h"
@@ -157,6 +159,10 @@ TEST(WeightOffload, ResidentVersionsFollowTheLookahead) {
     cfg.pipeline.lookahead = lookahead;
     cfg.pipeline.offload_weights = offloadWeights;
     TrainedRun r = train(cfg, K);
+    // The contract the run checked against, as its summary states it: min(S - s, L + 1).
+    auto contract = nlohmann::json::parse(r.engine->summaryJson())["contract"];
+    EXPECT_EQ(contract["resident_weight_versions"][0].get<int>(),
+              offloadWeights == "none" ? S : std::min(S, lookahead + 1));
     auto records = r.engine->records();
     out.assign(S, 0);
     for (int s = 0; s < S; ++s) {
