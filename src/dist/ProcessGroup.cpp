@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <fstream>
 #include <set>
 #include <thread>
+#include <unistd.h>
 
 #include "pipefb/common/Error.h"
 
@@ -104,7 +106,10 @@ class GlooGroup final : public ProcessGroup {
     for (size_t i = 0; i < ranks.size(); ++i)
       if (ranks[i] == env_.rank) sub.rank = static_cast<int>(i);
     PIPEFB_ASSERT(sub.rank >= 0, "rank " << env_.rank << " is not in subgroup " << name);
-    return std::make_shared<GlooGroup>(sub, timeout_, store_, name + "/");
+    auto g = std::make_shared<GlooGroup>(sub, timeout_, store_, name + "/");
+    g->processes_ = processes_;
+    for (int r : ranks) g->worldRanks_.push_back(worldRanks_.at(r));
+    return g;
   }
 
   ~GlooGroup() override {
@@ -186,9 +191,9 @@ class GlooGroup final : public ProcessGroup {
     try {
       coll_->allreduce(tensors)->wait();
     } catch (const std::exception& e) {
-      throw PeerError("c10d all-reduce failed (a rank died or timed out after " +
-                          seconds(timeout_.count() / 1000.0) + "): " + firstLine(e.what()),
-                      -1);
+      throw collectiveError("c10d all-reduce failed (a rank died or timed out after " +
+                                seconds(timeout_.count() / 1000.0) + ")",
+                            firstLine(e.what()));
     }
   }
 
@@ -198,22 +203,24 @@ class GlooGroup final : public ProcessGroup {
       c10::intrusive_ptr<c10d::Work> work;
       std::vector<at::Tensor> tensors;  // kept alive until done
       std::string what;
+      GlooGroup* group = nullptr;
       void wait() override {
         try {
           work->wait();
         } catch (const std::exception& e) {
-          throw PeerError(what + ": " + firstLine(e.what()), -1);
+          throw group->collectiveError(what, firstLine(e.what()));
         }
       }
     };
     auto p = std::make_shared<Pending>();
+    p->group = this;
     p->tensors = std::move(tensors);
     p->what = "c10d all-reduce failed (a rank died or timed out after " +
               seconds(timeout_.count() / 1000.0) + ")";
     try {
       p->work = coll_->allreduce(p->tensors);
     } catch (const std::exception& e) {
-      throw PeerError(p->what + ": " + firstLine(e.what()), -1);
+      throw collectiveError(p->what, firstLine(e.what()));
     }
     return p;
   }
@@ -222,7 +229,7 @@ class GlooGroup final : public ProcessGroup {
     try {
       coll_->barrier()->wait();
     } catch (const std::exception& e) {
-      throw PeerError("c10d barrier failed: " + firstLine(e.what()), -1);
+      throw collectiveError("c10d barrier failed", firstLine(e.what()));
     }
   }
 
@@ -374,6 +381,10 @@ class GlooGroup final : public ProcessGroup {
         throw UserError("WORLD_SIZE=" + ws + " on rank " + std::to_string(env_.rank) +
                         " but rank 0 has WORLD_SIZE=" + theirs +
                         "; every rank must be started with the same WORLD_SIZE");
+      // Note [Gone ranks]: where each rank's process runs, to tell later which ones died.
+      const std::string me = hostName() + " " + std::to_string(::getpid());
+      store_->set("pipefb/process/" + std::to_string(env_.rank),
+                  std::vector<uint8_t>(me.begin(), me.end()));
       store_->add("pipefb/arrived", 1);
       const auto deadline = std::chrono::steady_clock::now() + timeout_;
       for (;;) {
@@ -388,6 +399,13 @@ class GlooGroup final : public ProcessGroup {
                           "; start every rank (pipefb_launch -n " + ws + ") with the same MASTER_PORT");
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
+      auto procs = std::make_shared<std::vector<std::string>>();
+      for (int r = 0; r < env_.worldSize; ++r) {
+        auto v = store_->get("pipefb/process/" + std::to_string(r));
+        procs->emplace_back(v.begin(), v.end());
+      }
+      processes_ = procs;
+      for (int r = 0; r < env_.worldSize; ++r) worldRanks_.push_back(r);
     } catch (const UserError&) {
       throw;
     } catch (const std::exception& e) {
@@ -396,7 +414,56 @@ class GlooGroup final : public ProcessGroup {
     }
   }
 
+  // Note [Gone ranks]
+  // Every rank writes "<host> <pid>" to the store at the rendezvous and reads everyone's
+  // once all arrived (the store dies with rank 0, so it is read early). After a failed
+  // collective, which rank failed is not in gloo's message; a rank on this host whose
+  // process is gone (no /proc/<pid>, or a zombie) is named instead. Ranks on other hosts
+  // cannot be checked this way and are not named.
+  static std::string hostName() {
+    char buf[256] = {0};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+    return buf;
+  }
+  static bool processGone(int pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    if (!in) return true;
+    std::string line;
+    std::getline(in, line);
+    const auto close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+  }
+
+ public:
+  std::vector<int> goneRanks() override {
+    std::vector<int> out;
+    if (!processes_) return out;
+    const std::string host = hostName();
+    for (int w : worldRanks_) {
+      const std::string& p = (*processes_)[w];
+      const auto sp = p.rfind(' ');
+      if (sp == std::string::npos || p.substr(0, sp) != host) continue;
+      const int pid = std::atoi(p.c_str() + sp + 1);
+      if (pid > 0 && pid != ::getpid() && processGone(pid)) out.push_back(w);
+    }
+    return out;
+  }
+
+ private:
+  // A collective failed: PeerError naming the gone ranks of this host, if any.
+  PeerError collectiveError(const std::string& what, const std::string& gloo) {
+    const auto gone = goneRanks();
+    if (gone.empty()) return PeerError(what + ": " + gloo, -1);
+    std::string names;
+    for (int r : gone) names += (names.empty() ? "rank " : ", rank ") + std::to_string(r);
+    return PeerError(what + ": " + names + (gone.size() > 1 ? " are" : " is") +
+                         " gone (the process exited) [gloo: " + gloo + "]",
+                     gone.front());
+  }
+
   DistEnv env_;
+  std::shared_ptr<const std::vector<std::string>> processes_;  // per world rank
+  std::vector<int> worldRanks_;  // this group's ranks as world ranks
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> p2p_, coll_;

@@ -1733,6 +1733,15 @@ void PipelineEngine::Impl::raiseFailure() {
   if (options.group) {  // name where a cascade of failures started
     const std::string origin = options.group->firstFailure();
     if (!origin.empty() && origin != published) what += "; the job's first failure: " + origin;
+    // Note [Gone ranks] (ProcessGroup.cpp): no first failure (the store went with rank 0, or
+    // a rank was killed): name the ranks of this host whose process is gone.
+    if (origin.empty()) {
+      std::string gone;
+      for (int r : options.group->goneRanks())
+        if (what.find("rank " + std::to_string(r) + " is gone") == std::string::npos)
+          gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r);
+      if (!gone.empty()) what += "; gone on this host: " + gone;
+    }
   }
   std::string msg = "pipeline " + kind + " failed on " + where + ": " + what + "\n" + grid;
   if (auto oom = memory::findOutOfMemory(f.error))

@@ -395,6 +395,35 @@ TEST(Dist, KilledRankIsNamedByAllOthersOfFour) {
   fs::remove_all(dir);
 }
 
+// Note [Gone ranks]: rank 0 hosts the rendezvous store, so when it dies nobody can read the
+// job's first failure; every other rank still names rank 0 (its neighbour as the peer it
+// waited on, the others from the processes gone on this host).
+TEST(Dist, KilledRankZeroIsNamedByAllOthersOfFour) {
+  const fs::path dir = workDir("kill0");
+  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 4 --microbatches 4 "
+                        "--iterations 3 --timeout 10 --fault-rank 0 --kill-at 9 --out " +
+                        dir.string();
+  std::vector<std::string> ranks;
+  for (int k = 0; k < 4; ++k) ranks.push_back("RANK=" + std::to_string(k) + " WORLD_SIZE=4 " + w);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::runCommand("cd " + dir.string() + " && timeout 60 sh -c '" +
+                            shellRanks(freePort(), ranks) + "'");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 10) << r.out;
+  EXPECT_NE(r.out.find("exit 0 137"), std::string::npos) << r.out;
+  for (int k : {1, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_NE(r.out.find("exit " + std::to_string(k) + " 1"), std::string::npos) << r.out;
+    std::ifstream in(dir / ("r" + std::to_string(k) + ".log"));
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(log.find("rank 0 is gone") != std::string::npos ||
+                std::regex_search(log, std::regex("gone on this host: (rank [0-9], )*rank 0")))
+        << log;
+  }
+  EXPECT_TRUE(survivors(dir.string()).empty());
+  fs::remove_all(dir);
+}
+
 // The hybrid lowering pass alone: AR(s,n) right before every STEP(s,n), nothing else
 // moved, and the result still validates.
 TEST(Dist, AddAllReducePutsOneArBeforeEachStep) {

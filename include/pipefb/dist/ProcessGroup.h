@@ -96,6 +96,9 @@ class ProcessGroup {
   virtual void publishFailure(const std::string& text) = 0;
   /// The first failure a rank published, or "" (none, or the store is gone).
   virtual std::string firstFailure() = 0;
+  /// Ranks (world numbering) of this group on this host whose process is gone (Note
+  /// [Gone ranks] in ProcessGroup.cpp); a failed collective names them.
+  virtual std::vector<int> goneRanks() = 0;
   /// A group of `ranks` (this rank among them; ranks are renumbered 0..n-1 in their
   /// order), e.g. the replicas of one device. Every rank in `ranks` calls it with the same
   /// name and list.
