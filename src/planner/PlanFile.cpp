@@ -206,13 +206,15 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
   return p;
 }
 
-PlanSpec readPlanFile(const std::string& path) {
+std::string readPlanText(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UserError("plan file '" + path + "' cannot be read (does it exist?)");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parsePlan(ss.str(), path);
+  return ss.str();
 }
+
+PlanSpec readPlanFile(const std::string& path) { return parsePlan(readPlanText(path), path); }
 
 Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
   if (spec.numLayers != model.numLayers())

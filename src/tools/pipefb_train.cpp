@@ -23,8 +23,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <iostream>
 
 #include "pipefb/common/Program.h"
@@ -145,9 +143,8 @@ int main(int argc, char** argv) {
           "), or set pipeline.replicas: 1");
     std::string planYaml;
     if (!planPath.empty()) {
-      const auto spec = pipefb::planner::readPlanFile(planPath);
-      std::ifstream planFile(planPath);
-      planYaml.assign(std::istreambuf_iterator<char>(planFile), std::istreambuf_iterator<char>());
+      planYaml = pipefb::planner::readPlanText(planPath);  // copied to RUN_DIR/plan.yaml
+      const auto spec = pipefb::planner::parsePlan(planYaml, planPath);
       pipefb::planner::applyPlan(config, spec, planPath);
       spdlog::info("plan {}: {} x {} stages, {} microbatches, stash {}, partition {}", planPath,
                    config.pipeline.schedule, config.pipeline.stages, config.pipeline.microbatches,

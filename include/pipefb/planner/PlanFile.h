@@ -52,6 +52,8 @@ struct PlanSpec {
 /// and policies, devices matching the schedule's placement). Errors are UserError naming
 /// the file and key.
 PlanSpec parsePlan(const std::string& yaml, const std::string& source);
+/// The text of a plan file; a missing or unreadable file is a UserError naming it.
+std::string readPlanText(const std::string& path);
 PlanSpec readPlanFile(const std::string& path);
 
 /// The solver's Plan for a plan file under a cost model (to re-check or re-explain it).
