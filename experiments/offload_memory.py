@@ -55,6 +55,9 @@ def run(run_dir, row, checks_path, label):
     for d in devs:
         out.append(f"  {d['name']}: {d['peak_bytes'] / MIB:.1f} = {breakdown(d['peak_by_category'])}"
                    f"  (stash's own peak {d['category_peaks']['stash'] / MIB:.1f})")
+    for d in p["devices"]:
+        if d["name"] == "host":  # the host domain: the pool's stashes and any host optimizer
+            out.append(f"  host domain: {d['peak_bytes'] / MIB:.1f} = {breakdown(d['peak_by_category'])}")
     top = max(devs, key=lambda d: d["peak_bytes"])
     topcat = max(top["peak_by_category"].items(), key=lambda kv: kv[1])
     tr = p["transfers"]
@@ -70,7 +73,7 @@ def run(run_dir, row, checks_path, label):
     check = ""
     if row == "1f1b-offload":
         check = check_1f1b(run_dir, p, devs, out)
-    elif row == "pipefb-sync-offload":
+    elif row.startswith("pipefb-sync-offload"):
         check = check_pipefb(run_dir, out)
     with open(checks_path, "a") as f:
         f.write("\n".join(out) + "\n\n")
@@ -191,13 +194,14 @@ def table(runs_csv, table_csv):
                     f"{max(float(r['host_pool_mib']) for r in rs):.1f},{checks}\n")
     for line in csv.reader(open(table_csv)):
         print("  ".join(f"{c:>14}" if i else c for i, c in enumerate(line)))
-    for size in sorted({k[0] for k in res}, key=int):
-        keep, fb = res.get((size, "1f1b-keep")), res.get((size, "pipefb-sync-offload"))
+    for size, fbrow in ((s, r) for s in sorted({k[0] for k in res}, key=int)
+                        for r in ("pipefb-sync-offload", "pipefb-sync-offload-optoff")):
+        keep, fb = res.get((size, "1f1b-keep")), res.get((size, fbrow))
         if not keep or not fb:
             continue
         pr, tr = fb["peak"] / keep["peak"], fb["tp"] / keep["tp"]
         ov = float(fb["ov"]) if fb["ov"] else 0.0
-        print(f"GOAL {size}px: pipefb-sync peak {fb['peak']:.1f} / 1f1b-keep {keep['peak']:.1f} MiB = {pr:.3f}x "
+        print(f"GOAL {size}px {fbrow}: peak {fb['peak']:.1f} / 1f1b-keep {keep['peak']:.1f} MiB = {pr:.3f}x "
               f"(goal <= 0.5: {'met' if pr <= 0.5 else 'missed'}); throughput {fb['tp']:.2f} / {keep['tp']:.2f} "
               f"= {tr:.3f}x (goal >= 0.9: {'met' if tr >= 0.9 else 'missed'}); copy time hidden {ov:.1f}% "
               f"(goal >= 90: {'met' if ov >= 90 else 'missed'})")

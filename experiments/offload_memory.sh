@@ -3,6 +3,10 @@
 # on VGG16 width 1/2 (Adam), batch 32 in 8 microbatches, 4 virtual devices, in ONE run:
 #   1f1b            4 stages on 4 devices (forward and backward of a stage together)
 #   pipefb-sync     2 stages on 4 devices (F0 F1 on cpu:0,1; B1 B0 on cpu:2,3: "0/3 1/2")
+# Rows ending in -optoff add pipeline.optimizer_offload: host (Note [Optimizer offload]:
+# Adam's state and the master weights in the host pool); they are not in the default ROWS:
+#   SIZES=224 ROUNDS=1 ROWS="1f1b-keep 1f1b-keep-optoff pipefb-sync-offload pipefb-sync-offload-optoff" \
+#     OUT=experiments/results/offload_memory/optimizer_offload experiments/offload_memory.sh
 # Partition: the planner's (pipeline.partition_by: planner, unlimited budget). Lookahead 1.
 # Every image size in SIZES is run with the three rows back to back, in ROUNDS rounds
 # (rows alternate, so that a change of the machine's load hits every row alike).
@@ -47,11 +51,14 @@ if ! plot_only; then
     if ((size < 100)); then ITERS=$ITERS_SMALL; WARMUP=$WARMUP_SMALL; else ITERS=$ITERS_LARGE; WARMUP=$WARMUP_LARGE; fi
     for round in $(seq 1 "$ROUNDS"); do
       for row in $ROWS; do
+        optoff=none
         case $row in
           1f1b-keep) sched=1f1b; pol=keep ;;
           1f1b-offload) sched=1f1b; pol=offload ;;
           pipefb-sync-offload) sched=pipefb-sync; pol=offload ;;
-          *) echo "$(basename "$0"): unknown row '$row'; allowed: 1f1b-keep 1f1b-offload pipefb-sync-offload" >&2; exit 2 ;;
+          1f1b-keep-optoff) sched=1f1b; pol=keep; optoff=host ;;
+          pipefb-sync-offload-optoff) sched=pipefb-sync; pol=offload; optoff=host ;;
+          *) echo "$(basename "$0"): unknown row '$row'; allowed: 1f1b-keep 1f1b-offload pipefb-sync-offload 1f1b-keep-optoff pipefb-sync-offload-optoff" >&2; exit 2 ;;
         esac
         name=$size-$row-r$round
         dir=$OUT/runs/$name
@@ -65,7 +72,7 @@ if ! plot_only; then
           --set training.iterations="$ITERS" --set training.eval=false --set training.checkpoint=false \
           --set output.progress=false --set training.log_every=1000 \
           --set pipeline.schedule=$sched --set devices.count=4 --set pipeline.microbatches=8 \
-          --set pipeline.stash=$pol --set output.dir="$dir"
+          --set pipeline.stash=$pol --set pipeline.optimizer_offload=$optoff --set output.dir="$dir"
         tp=$(steady_throughput "$dir/metrics.csv" 32 "$WARMUP")
         row_csv=$("$PY" "$ROOT/experiments/offload_memory.py" run "$dir" "$row" "$OUT/checks.txt" "$size-$row round $round")
         echo "$size,$row,$round,$tp,$row_csv" >>"$RUNS"
