@@ -69,15 +69,19 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
       StashPolicy e = schedules::effectivePolicy(p, isSplit(fam.kind));
       if (std::find(pols.begin(), pols.end(), e) == pols.end()) pols.push_back(e);
     }
-    const std::vector<int> Ms = options.microbatches > 0
-                                    ? std::vector<int>{options.microbatches}
-                                    : microbatchCounts(options.batch, options.maxMicrobatches);
+   for (int R : replicaCounts(cl, options)) {  // Note [Replicated pipelines]
+    const std::int64_t sub = options.batch / R;
+    std::vector<int> Ms = microbatchCounts(sub, options.maxMicrobatches);
+    if (options.microbatches > 0)
+      Ms = sub % options.microbatches == 0 ? std::vector<int>{options.microbatches}
+                                           : std::vector<int>{};
     for (int M : Ms) {
       for (int S = 1; S <= L; ++S) {
         if (options.maxStages > 0 && S > options.maxStages) break;
-        PipelineShape sh = PipelineShape::of(fam.kind, S, M, options.batch, options.lookahead);
+        PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
+        sh.replicas = R;
         const int len = sh.chainLength();
-        if (len > D) break;
+        if (R * len > D) break;
         std::vector<std::vector<int>> chains, parts;
         std::vector<int> cur;
         std::vector<bool> used(D, false);
@@ -150,6 +154,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
         }
       }
     }
+   }
   }
   return res;
 }

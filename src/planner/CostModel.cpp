@@ -345,7 +345,17 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
                (shape.optimizerOnHost ? bdev.host.time(G) + bdev.host.time(W) : 0.0);
   // Not scaled by the microbatch: the excess is parameter-sized.
   e.afterStepTime = std::max(0.0, range(afterStep_, first, last) - range(B_, first, last)) / bspeed;
-  const double stepPerMb = (e.stepTime + e.afterStepTime) * stepsPerMicrobatch(shape.kind, M);
+  // Note [Replicated pipelines] (Solver.h): a ring all-reduce of the stage's gradients
+  // over the R replicas' backward devices before every step, charged to the backward
+  // device like the step (not hidden under the backward: the bound is conservative).
+  if (shape.replicas > 1) {
+    const int R = shape.replicas;
+    const Link ring = cluster_.link(bd, (bd + 1) % cluster_.numDevices());
+    e.allReduceTime = 2.0 * (R - 1) * ring.latency +
+                      (ring.bandwidth > 0 ? 2.0 * (R - 1) / R * double(G) / ring.bandwidth : 0.0);
+  }
+  const double stepPerMb =
+      (e.stepTime + e.afterStepTime + e.allReduceTime) * stepsPerMicrobatch(shape.kind, M);
   // Note [Weight snapshots]: one per F when PipeDream keeps copies (a STEP after every B).
   if (shape.kind == ScheduleKind::PipeDream && copies > 0)
     e.snapshotTime = range(snapshot_, first, last) / fspeed;
@@ -401,7 +411,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,
-      shape.kind == ScheduleKind::PipeFbAsync ? W : 0);  // SyncWeights' snapshot
+      (shape.kind == ScheduleKind::PipeFbAsync ? W : 0) +  // SyncWeights' snapshot
+          (shape.replicas > 1 ? G : 0));  // the gradient buckets (Note [Gradient buckets])
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
     w(e.backwardMemory, MemoryCategory::WorkingSet,
       wsB + stepExcess(resident * e.stashBytes, wsB));
@@ -421,6 +432,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::WeightVersions, copies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
+    w(m, MemoryCategory::CommBuffers, shape.replicas > 1 ? G : 0);  // Note [Gradient buckets]
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.

@@ -60,8 +60,11 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
   o << "family: " << plan.family << "\n";
   o << "microbatches: " << sh.microbatches << "\n";
   o << "microbatch_size: " << sh.microbatchSize << "\n";
-  o << "batch: " << sh.microbatches * sh.microbatchSize << "\n";
+  o << "batch: " << sh.replicas * sh.microbatches * sh.microbatchSize << "\n";
   o << "lookahead: " << sh.lookahead << "\n";
+  if (sh.replicas > 1)  // Note [Replicated pipelines]
+    o << "replicas: " << sh.replicas
+      << "   # copies of the pipeline, each on batch / replicas samples; devices are replica 0's\n";
   o << "stages:\n";
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     const StagePlan& s = plan.stages[k];
@@ -112,6 +115,7 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
   o << "  - pipeline.microbatches=" << sh.microbatches << "\n";
   o << "  - pipeline.lookahead=" << sh.lookahead << "\n";
   o << "  - devices.count=" << sh.chainLength() << "\n";
+  if (sh.replicas > 1) o << "  - pipeline.replicas=" << sh.replicas << "\n";
   std::ostringstream part;
   for (size_t k = 1; k < plan.stages.size(); ++k)
     part << (k > 1 ? "," : "") << plan.stages[k].first;
@@ -158,15 +162,20 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     p.microbatchSize = need("microbatch_size").as<std::int64_t>();
     p.batch = need("batch").as<std::int64_t>();
     p.lookahead = n["lookahead"] ? n["lookahead"].as<int>() : 1;
+    p.replicas = n["replicas"] ? n["replicas"].as<int>() : 1;
+    if (p.replicas < 1 || p.replicas > 1024)
+      throw UserError(source + ": replicas must be in [1, 1024], got " + std::to_string(p.replicas));
     p.numLayers = need("layers").as<int>();
     // The bound on microbatch_size keeps the product from overflowing (a signed-overflow
     // UB, seen under fuzz/PlanFuzzer's UBSan with microbatch_size: 4611686018427387904).
     if (p.microbatches < 1 || p.microbatchSize < 1 ||
         p.microbatchSize > std::numeric_limits<std::int64_t>::max() / p.microbatches ||
-        p.batch != p.microbatches * p.microbatchSize)
-      throw UserError(source + ": batch must equal microbatches x microbatch_size (got " +
+        p.microbatches * p.microbatchSize > std::numeric_limits<std::int64_t>::max() / p.replicas ||
+        p.batch != p.replicas * p.microbatches * p.microbatchSize)
+      throw UserError(source + ": batch must equal microbatches x microbatch_size x replicas (got " +
                       std::to_string(p.batch) + ", " + std::to_string(p.microbatches) + " x " +
-                      std::to_string(p.microbatchSize) + ")");
+                      std::to_string(p.microbatchSize) + " x " + std::to_string(p.replicas) +
+                      ")");
     int expect = 0;
     for (const auto& s : need("stages")) {
       PlanStage st;
@@ -227,6 +236,7 @@ Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
   p.shape.microbatches = spec.microbatches;
   p.shape.microbatchSize = spec.microbatchSize;
   p.shape.lookahead = spec.lookahead;
+  p.shape.replicas = spec.replicas;
   const int S = p.shape.stages;
   p.shape.chain.assign(p.shape.chainLength(), 0);
   for (int k = 0; k < S; ++k) {

@@ -182,6 +182,16 @@ std::vector<std::vector<int>> greedyChains(const Cluster& c, int length) {
   return out;
 }
 
+std::vector<int> replicaCounts(const Cluster& c, const SolverOptions& o) {
+  std::vector<int> out{1};
+  bool uniform = c.cores == 0;
+  for (int d = 1; d < c.numDevices() && uniform; ++d) uniform = interchangeable(c, 0, d);
+  if (!uniform) return out;
+  for (int R = 2; R <= std::min(o.maxReplicas, c.numDevices()); ++R)
+    if (o.batch % R == 0) out.push_back(R);
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------
 // Plan evaluation
 
@@ -225,8 +235,10 @@ void evaluatePlan(const CostModel& model, Plan& plan) {
     }
   }
   plan.iterationTime = sh.iterationTime(plan.tau);
-  plan.throughput =
-      plan.iterationTime > 0 ? double(sh.microbatches * sh.microbatchSize) / plan.iterationTime : 0;
+  plan.throughput = plan.iterationTime > 0
+                        ? double(sh.replicas * sh.microbatches * sh.microbatchSize) /
+                              plan.iterationTime
+                        : 0;
   plan.peakMemory = 0;
   for (auto m : plan.deviceMemory) plan.peakMemory = std::max(plan.peakMemory, m);
 }
@@ -633,17 +645,21 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   };
 
   std::vector<Job> jobs;
-  for (const ScheduleFamily& fam : families) {
+  for (const ScheduleFamily& fam : families)
+   for (int R : replicaCounts(cl, options)) {
     const bool split = isSplit(fam.kind);
-    int maxS = split ? D / 2 : D;
+    int maxS = (split ? D / 2 : D) / R;
     maxS = std::min(maxS, L);
     if (options.maxStages > 0) maxS = std::min(maxS, options.maxStages);
-    const std::vector<int> Ms = options.microbatches > 0
-                                    ? std::vector<int>{options.microbatches}
-                                    : microbatchCounts(options.batch, options.maxMicrobatches);
+    const std::int64_t sub = options.batch / R;  // Note [Replicated pipelines]
+    std::vector<int> Ms = microbatchCounts(sub, options.maxMicrobatches);
+    if (options.microbatches > 0)
+      Ms = sub % options.microbatches == 0 ? std::vector<int>{options.microbatches}
+                                           : std::vector<int>{};
     for (int M : Ms) {
       for (int S = 1; S <= maxS; ++S) {
-        PipelineShape sh = PipelineShape::of(fam.kind, S, M, options.batch, options.lookahead);
+        PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
+        sh.replicas = R;
         const double f = double(sh.microbatchSize) / double(prof.microbatch);
         for (const auto& ch : chains(sh.chainLength())) {
           sh.chain = ch;
@@ -797,7 +813,7 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     c.recompute = r * f / sb;
     // Note [Backward after a step]: the first B after a STEP pays the excess; charged to
     // the STEP, on the same device and once per step.
-    c.step = e.stepTime + e.afterStepTime;
+    c.step = e.stepTime + e.afterStepTime + e.allReduceTime;  // Note [Replicated pipelines]
     c.activationBytes = std::llround(model.profile().layers[st.last - 1].outputBytes * f);
     c.gradientBytes = std::llround(model.inputBytes(st.first) * f);
     std::int64_t saved = 0, W = 0, G = 0, O = 0, stepWs = 0;

@@ -68,6 +68,7 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   p.partition = spec.partition();
   p.microbatches = spec.microbatches;
   p.lookahead = spec.lookahead;
+  p.replicas = spec.replicas;  // Note [Replicated pipelines]
   p.stash = stash;
   cfg.devices.count = (split ? 2 : 1) * p.stages;
   try {
@@ -82,7 +83,10 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
   shape.kind = parseScheduleKind(cfg.pipeline.schedule);
   shape.stages = stages;
   shape.microbatches = static_cast<int>(cfg.pipeline.microbatches);
-  shape.microbatchSize = cfg.training.batch / cfg.pipeline.microbatches;
+  // Note [Replicated pipelines]: each of pipeline.replicas copies runs batch / replicas.
+  shape.replicas = static_cast<int>(std::max<std::int64_t>(1, cfg.pipeline.replicas));
+  shape.microbatchSize = std::max<std::int64_t>(
+      1, cfg.training.batch / (cfg.pipeline.microbatches * shape.replicas));
   shape.lookahead = static_cast<int>(cfg.pipeline.lookahead);
   // Note [Optimizer offload in the cost model]: one flag for all stages, so a per-stage
   // list counts as "host" only when every stage is.

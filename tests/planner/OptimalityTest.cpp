@@ -151,6 +151,44 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   EXPECT_GE(processBound, 5);
 }
 
+// Note [Replicated pipelines]: with replicas the DP still equals the exhaustive search, on
+// clusters of identical devices (the only ones where R > 1 is tried) with random links,
+// memory limits and batches.
+TEST(SolverOptimality, ReplicasEqualExhaustiveSearch) {
+  std::mt19937 rng(777);
+  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  int feasible = 0, replicated = 0, pipelined = 0;
+  for (int id = 0; id < 150; ++id) {
+    Instance in = randomInstance(rng, id);
+    const int D = pick(2, 4);
+    const ClusterDevice dev = in.cluster.devices[0];
+    const Link link = in.cluster.links[0].back();
+    in.cluster.devices.assign(D, dev);
+    const bool perDevice = pick(0, 1) == 0;  // Note [Devices and processes]
+    for (int d = 0; d < D; ++d) in.cluster.devices[d].process = perDevice ? d : 0;
+    in.cluster.links.assign(D, std::vector<Link>(D, link));
+    in.cluster.cores = 0;
+    in.options.maxReplicas = pick(2, 4);
+    in.options.batch = std::vector<int>{2, 4, 6, 8}[pick(0, 3)];
+    CostModel m(in.profile, in.cluster);
+    SolveResult dp = solve(m, in.options);
+    BruteForceResult bf = bruteForce(m, in.options);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << id;
+    if (!bf.feasible) continue;
+    ++feasible;
+    ASSERT_TRUE(sameValue(dp.best.iterationTime, bf.objective))
+        << "instance " << id << ": dp " << dp.best.iterationTime << " (R=" << dp.best.shape.replicas
+        << ") vs brute force " << bf.objective << " (R=" << bf.plan.shape.replicas << ")";
+    if (bf.plan.shape.replicas > 1) ++replicated;
+    if (bf.plan.shape.stages > 1) ++pipelined;
+  }
+  std::printf("replicas: %d feasible, %d optima replicated, %d pipelined\n", feasible, replicated,
+              pipelined);
+  EXPECT_GE(feasible, 40);
+  EXPECT_GE(replicated, 10);
+  EXPECT_GE(pipelined, 10);
+}
+
 TEST(SolverOptimality, SmallestBudgetEqualsExhaustiveSearch) {
   std::mt19937 rng(7);
   int checked = 0;

@@ -547,3 +547,50 @@ TEST(SolverProcesses, ChainsPairEachStageWithinAProcess) {
   for (const auto& st : r2.best.stages) EXPECT_EQ(st.policy, StashPolicy::CheckpointOffload);
   EXPECT_DOUBLE_EQ(r2.best.tau, 2);
 }
+
+// Note [Replicated pipelines]: the solver chooses how many copies of the pipeline to run.
+TEST(SolverReplicas, ReplicationAgainstPipeliningOnLiteralNumbers) {
+  // Two layers, F = B = 1 s per sample, 100 gradient bytes each; batch 8 on 4 identical
+  // devices; 1f1b. Without replicas the best is 2 stages x 8 microbatches of 1 sample:
+  // pace 2 s, (8 + 1) x 2 = 18 s. Free links: 4 replicas of 1 stage (2 samples each; one
+  // microbatch of 2, pace 8 s, or 2 of 1 at 4 s: 2 x 4 = 8 s) -> 8 s.
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) l.backward = 1, l.paramBytes = l.gradBytes = 100;
+  SolverOptions o = only("1f1b-keep", 8);
+  {
+    CostModel m(p, freeCluster(4));
+    SolveResult one = solve(m, o);
+    ASSERT_TRUE(one.feasible);
+    EXPECT_EQ(one.best.shape.replicas, 1);
+    EXPECT_DOUBLE_EQ(one.best.iterationTime, 18);
+    o.maxReplicas = 4;
+    SolveResult r = solve(m, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.shape.replicas, 4);
+    EXPECT_EQ(r.best.shape.stages, 1);
+    EXPECT_DOUBLE_EQ(r.best.iterationTime, 8);
+    EXPECT_DOUBLE_EQ(r.best.throughput, 1);  // 8 samples in 8 s
+    EXPECT_DOUBLE_EQ(bruteForce(m, o).objective, 8);
+  }
+  // 50 B/s links, no latency: a ring all-reduce of G bytes over R takes 2(R-1)/R x G / 50
+  // per iteration. 4 x 1 stage: G = 200 B, 6 s: pace (8 + 6) / M, M x pace = 14 s.
+  // 2 x 2 stages (4 samples each, M = 4): G = 100 B, 2 s -> pace 2 + 2/4, (4 + 1) x 2.5 =
+  // 12.5 s. The planner takes 2 replicas of 2 stages.
+  {
+    Cluster c = Cluster::uniform(4, 1.0, -1, Link{50, 0}, Link{});
+    CostModel m(p, c);
+    SolveResult r = solve(m, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_EQ(r.best.shape.replicas, 2);
+    EXPECT_EQ(r.best.shape.stages, 2);
+    EXPECT_DOUBLE_EQ(r.best.iterationTime, 12.5);
+    EXPECT_DOUBLE_EQ(r.best.stages[0].estimate.allReduceTime, 2);
+    EXPECT_DOUBLE_EQ(bruteForce(m, o).objective, 12.5);
+  }
+  // Devices that differ: no replicas (the replicas would not see the same costs).
+  {
+    Cluster c = freeCluster(4);
+    c.devices[3].speed = 2;
+    EXPECT_EQ(replicaCounts(c, o), std::vector<int>{1});
+  }
+}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <regex>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/PlanFile.h"
@@ -145,6 +146,44 @@ TEST(TrainPlan, MultiProcessRunsPlanWithAProcessPerDevice) {
   cfg.pipeline.stash = "checkpoint-offload";
   PlannedPartition p = plannerPartition(*many.model, cfg, 2);
   for (const auto& st : p.plan.stages) EXPECT_EQ(st.policy, StashPolicy::CheckpointOffload);
+}
+
+// Note [Replicated pipelines]: a plan with replicas writes them, reads them back (same
+// predicted time) and sets pipeline.replicas; pipefb_plan --max-replicas searches them.
+TEST(TrainPlan, ReplicasRoundTripIntoTheConfig) {
+  config::Config cfg = config::parseConfig(kVgg);
+  SetupOptions setup;
+  setup.cores = 0;  // devices that do not share cores: replicas may be tried
+  Planning pl = setupPlanning(cfg, setup);
+  SolverOptions o = pl.solver;
+  o.schedules = parseScheduleFamilies({"1f1b-keep"});
+  o.simulateTop = 0;
+  o.maxReplicas = 1;
+  o.maxStages = 2;
+  o.microbatches = 4;
+  SolveResult r = solve(*pl.model, o);
+  ASSERT_TRUE(r.feasible);
+  Plan q = r.best;  // the same pipeline, twice, each on half the batch
+  q.shape.replicas = 2;
+  q.shape.microbatchSize /= 2;
+  ASSERT_EQ(q.shape.microbatchSize * q.shape.microbatches * 2, cfg.training.batch);
+  evaluatePlan(*pl.model, q);
+  EXPECT_GT(q.stages[0].estimate.allReduceTime, 0);
+  const std::string yaml =
+      planToYaml(*pl.model, q, PlanContext{cfg.source, pl.model->profile().model});
+  EXPECT_NE(yaml.find("replicas: 2"), std::string::npos) << yaml;
+  PlanSpec spec = parsePlan(yaml, "plan.yaml");
+  EXPECT_EQ(spec.replicas, 2);
+  EXPECT_EQ(spec.batch, cfg.training.batch);
+  EXPECT_DOUBLE_EQ(planFromSpec(*pl.model, spec).iterationTime, q.iterationTime);
+  applyPlan(cfg, spec, "plan.yaml");
+  EXPECT_EQ(cfg.pipeline.replicas, 2);
+  EXPECT_EQ(cfg.devices.count, q.shape.chainLength());  // one replica's devices
+  // A replicated plan whose batch is not replicas x microbatches x size is refused.
+  const std::string bad = std::regex_replace(yaml, std::regex("replicas: 2"), "replicas: 3");
+  EXPECT_NE(errorOf([&] { parsePlan(bad, "plan.yaml"); })
+                .find("batch must equal microbatches x microbatch_size x replicas"),
+            std::string::npos);
 }
 
 // Seen under fuzz/PlanFuzzer (UBSan) while writing it: microbatches x microbatch_size overflowed

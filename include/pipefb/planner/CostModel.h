@@ -151,6 +151,10 @@ struct PipelineShape {
   std::int64_t microbatchSize = 1;
   int lookahead = 1;
   bool optimizerOnHost = false;  // Note [Optimizer offload in the cost model]
+  /// Note [Replicated pipelines] (Solver.h): R copies of the pipeline (pipeline.replicas),
+  /// each on its own chainLength() devices and batch / R samples; microbatchSize is per
+  /// replica. The chain is replica 0's.
+  int replicas = 1;
   std::vector<int> chain;
 
   /// A shape before its device chain is chosen; microbatchSize = batch / microbatches.
@@ -194,6 +198,7 @@ struct StageEstimate {
   double backwardTime = 0;  // incl. recompute
   double stepTime = 0;      // per iteration
   double afterStepTime = 0; // extra of the first B after a step, per step (Note [Backward after a step])
+  double allReduceTime = 0; // replicas > 1: the gradient all-reduce before each step (Note [Replicated pipelines])
   double snapshotTime = 0;  // weight snapshot per microbatch (Note [Weight snapshots])
   double forwardCompute = 0, backwardCompute = 0;  // busy time per microbatch per device
   double forwardCopy = 0, backwardCopy = 0;         // copy-engine time per microbatch

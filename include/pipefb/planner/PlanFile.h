@@ -36,8 +36,9 @@ struct PlanSpec {
   std::string schedule;  // schedule kind name
   int microbatches = 1;
   std::int64_t microbatchSize = 1;
-  std::int64_t batch = 1;
+  std::int64_t batch = 1;  // replicas x microbatches x microbatchSize
   int lookahead = 1;
+  int replicas = 1;  // pipeline.replicas (Note [Replicated pipelines], Solver.h)
   int numLayers = 0;
   std::vector<PlanStage> stages;
   double predictedIterationTime = 0;

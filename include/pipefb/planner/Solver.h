@@ -34,6 +34,21 @@
 // (8 identical T4s give one chain per length). When the count of distinct chains exceeds
 // SolverOptions::maxChains, it falls back to greedy chains (highest-bandwidth next hop
 // from every start device, and the cluster order) and says so in the result.
+//
+// Note [Replicated pipelines]
+// Hybrid data + pipeline parallelism as the runtime runs it (pipeline.replicas = R,
+// PipeDream's and the hybrid-parallel papers' replication, here of the whole pipeline):
+// R copies of one pipeline shape, each on its own devices and batch / R samples, average
+// their stage gradients before every STEP. The solver tries R = 1..maxReplicas (R x
+// chain length <= devices, R divides the batch) and costs a copy as one pipeline on
+// batch / R plus, per stage, a ring all-reduce of its gradient bytes over the link
+// between its backward device and the next device, 2(R-1) latencies + 2(R-1)/R x G /
+// bandwidth, charged to the backward device once per step (CostModel, allReduceTime) and
+// G bytes of gradient buckets (CommBuffers). That stays exact (the all-reduce is a per-stage
+// cost, like the step) but it only holds when every replica sees the same devices and links:
+// R > 1 is tried only on clusters whose devices are all interchangeable (same speed,
+// capacity, host link, links and processes) and whose devices do not share cores
+// (Cluster::cores == 0). The brute force (BruteForce.h) enumerates the same R.
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -70,6 +85,8 @@ struct SolverOptions {
   int maxStages = 0;             // 0 = as many as devices (and layers) allow
   int lookahead = 1;             // prefetch distance of offloaded stashes
   int maxChains = 5000;          // per chain length; beyond it, greedy chains
+  /// Note [Replicated pipelines]: R in 1..maxReplicas copies of the pipeline are tried.
+  int maxReplicas = 1;
   int keepTop = 4;               // candidates kept (distinct shapes) for re-scoring
   int simulateTop = 4;           // re-score this many with the simulator (0 = DP only)
   Objective objective = Objective::Time;
@@ -137,6 +154,10 @@ SolveResult minimalBudget(const CostModel& model, const SolverOptions& options);
 
 /// Microbatch counts tried: divisors of batch, at most maxMicrobatches.
 std::vector<int> microbatchCounts(std::int64_t batch, int maxMicrobatches);
+
+/// Replica counts tried (Note [Replicated pipelines]): 1, and up to maxReplicas dividing the
+/// batch when every device of `c` is interchangeable and none share cores.
+std::vector<int> replicaCounts(const Cluster& c, const SolverOptions& options);
 
 /// Chains of `length` distinct devices, up to swaps of interchangeable devices; empty
 /// with *heuristic = true when more than maxChains exist (then: greedyChains()).

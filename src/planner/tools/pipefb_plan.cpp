@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   std::string configPath, budgetText, hostText, out = "plan.yaml";
   std::vector<std::string> overrides, schedules;
   SetupOptions setup;
-  int fixedMicrobatches = 0, maxMicrobatches = 64, maxStages = 0, simulateTop = 4;
+  int fixedMicrobatches = 0, maxMicrobatches = 64, maxStages = 0, simulateTop = 4, maxReplicas = 1;
   bool quiet = false;
   addConfigOptions(app, configPath, overrides);
   app.add_option("--budget,-b", budgetText,
@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", fixedMicrobatches,
                  "only this microbatch count (default: search)");
   app.add_option("--max-stages", maxStages, "most stages tried (default: all devices)");
+  app.add_option("--max-replicas", maxReplicas,
+                 "also try up to this many copies of the pipeline (pipeline.replicas; only on "
+                 "clusters of identical devices that do not share cores; default 1)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--simulate-top", simulateTop,
                  "re-score this many candidates with the simulator (4)");
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
@@ -69,6 +73,7 @@ int main(int argc, char** argv) {
     o.maxMicrobatches = maxMicrobatches;
     o.microbatches = fixedMicrobatches;
     o.maxStages = maxStages;
+    o.maxReplicas = maxReplicas;
     o.simulateTop = simulateTop;
     const CostModel& model = *pl.model;
     std::cout << "model " << model.profile().model << ": " << model.numLayers() << " layers, "
@@ -125,7 +130,10 @@ int main(int argc, char** argv) {
                 << explainPlan(model, r.best, o.budget, free) << "\n";
     writePlanFile(out, model, r.best, ctx);
     std::cout << "plan written to " << out << ": " << toString(r.best.shape.kind) << ", "
-              << r.best.shape.stages << " stages, " << r.best.shape.microbatches
+              << r.best.shape.stages << " stages, "
+              << (r.best.shape.replicas > 1 ? std::to_string(r.best.shape.replicas) + " replicas, "
+                                            : std::string())
+              << r.best.shape.microbatches
               << " microbatches, " << formatSeconds(r.best.iterationTime) << " per iteration\n";
     return 0;
   });
