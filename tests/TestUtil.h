@@ -2,6 +2,7 @@
 // Helpers shared by the tests that run programs (pipefb_train, pipefb_sim,
 // /usr/bin/python3) the way a user does.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,21 @@
 #include <vector>
 
 namespace pipefb::test {
+
+/// temp_directory_path() / "pipefb_<name>_<pid>": this process's own scratch path, so that
+/// test runs at the same time (two build folders, ctest -j) never share files.
+inline std::filesystem::path scratchPath(const std::string& name) {
+  return std::filesystem::temp_directory_path() /
+         ("pipefb_" + name + "_" + std::to_string(::getpid()));
+}
+
+/// scratchPath(name) as an empty, existing folder.
+inline std::string freshDir(const std::string& name) {
+  const std::filesystem::path p = scratchPath(name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
 
 struct CommandResult {
   int code = -1;    // exit code, or 128 + signal

@@ -49,7 +49,7 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
   std::sort(cases.begin(), cases.end());
   ASSERT_GE(cases.size(), 30u);
 
-  const fs::path work = fs::temp_directory_path() / "pipefb_bad_inputs";
+  const fs::path work = pipefb::test::scratchPath("bad_inputs");
   for (const auto& c : cases) {
     SCOPED_TRACE(c.filename().string());
     std::string text = readFile(c);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "../PipelineConfig.h"
+#include "../TestUtil.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/runtime/PipelineEngine.h"
@@ -608,7 +609,7 @@ TEST(TrainerPipeline, ScheduleMatchesSingleDeviceAndWritesTrace) {
     }
     return config::loadConfig(std::string(PIPEFB_SOURCE_DIR) + "/configs/mlp-tiny.yaml", sets);
   };
-  const fs::path root = fs::temp_directory_path() / "pipefb_runtime_trainer";
+  const fs::path root = test::scratchPath("runtime_trainer");
   fs::remove_all(root);
   train::Trainer ref(cfgFor("none", (root / "none").string()));
   ref.run();

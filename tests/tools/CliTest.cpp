@@ -20,7 +20,7 @@ std::string cfg(const std::string& name) {
 }
 
 std::string writeTemp(const std::string& name, const std::string& text) {
-  fs::path p = fs::temp_directory_path() / ("pipefb_cli_" + name);
+  fs::path p = pipefb::test::scratchPath("cli_" + name);
   std::ofstream(p) << text;
   return p.string();
 }
@@ -54,7 +54,7 @@ TEST(PipefbTrain, BadInputExitsTwoWithOneLine) {
 }
 
 TEST(PipefbTrain, TinyRunSucceedsAndWritesRunFolder) {
-  fs::path dir = fs::temp_directory_path() / "pipefb_cli_run";
+  fs::path dir = pipefb::test::scratchPath("cli_run");
   fs::remove_all(dir);
   CommandResult r = run("pipefb_train --config " + cfg("mlp-tiny.yaml") +
                  " --set training.iterations=5 --set output.dir=" + dir.string());

@@ -161,7 +161,7 @@ TEST(DetectedCluster, WrittenSpecPlans) {
   planner::DetectedClusterOptions o;
   o.devices = 2;
   const planner::ClusterSpec c = planner::detectedClusterSpec(topology::machine(), cpu, o);
-  const fs::path file = fs::temp_directory_path() / "pipefb_topology_cluster.yaml";
+  const fs::path file = test::scratchPath("topology_cluster.yaml");
   std::ofstream(file) << planner::clusterSpecToYaml(c);
   const config::Config cfg = config::parseConfig(kTinyPipeline);
   planner::SetupOptions setup;
@@ -188,7 +188,7 @@ TEST(DetectedCluster, PlannerDefaultSharesDetectedCores) {
 }
 
 TEST(PipefbTopology, PrintsAndWritesASpec) {
-  const fs::path file = fs::temp_directory_path() / "pipefb_topology_cli.yaml";
+  const fs::path file = test::scratchPath("topology_cli.yaml");
   fs::remove(file);
   auto r = test::runProgram("pipefb_topology --out " + file.string() + " --devices 3");
   ASSERT_EQ(r.code, 0) << r.out;

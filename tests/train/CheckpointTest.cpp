@@ -18,12 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string tempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("pipefb_ckpt_test_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string tempDir(const std::string& name) { return test::freshDir("ckpt_test_" + name); }
 
 std::string readFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

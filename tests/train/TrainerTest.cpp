@@ -17,12 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string tempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("pipefb_train_test_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string tempDir(const std::string& name) { return test::freshDir("train_test_" + name); }
 
 config::Config mlpConfig(const std::string& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {"output.dir=" + dir, "output.progress=false"};
