@@ -26,4 +26,27 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
       ->check(CLI::IsMember({"auto", "one", "per_device"}));
 }
 
+/// The solver's search flags that pipefb_plan and pipefb_sweep both take.
+struct SearchFlags {
+  int maxMicrobatches = 64;
+  int microbatches = 0;  // 0: search
+  int simulateTop = 0;   // candidates re-scored with the simulator
+  void applyTo(SolverOptions& o) const {
+    o.maxMicrobatches = maxMicrobatches;
+    o.microbatches = microbatches;
+    o.simulateTop = simulateTop;
+  }
+};
+
+/// --max-microbatches, --microbatches and --simulate-top; the help shows `flags`' defaults.
+inline void addSearchOptions(CLI::App& app, SearchFlags& flags) {
+  app.add_option("--max-microbatches", flags.maxMicrobatches,
+                 "largest microbatch count tried (" + std::to_string(flags.maxMicrobatches) + ")");
+  app.add_option("--microbatches", flags.microbatches,
+                 "only this microbatch count (default: search)");
+  app.add_option("--simulate-top", flags.simulateTop,
+                 "re-score this many candidates with the simulator (" +
+                     std::to_string(flags.simulateTop) + ")");
+}
+
 }  // namespace pipefb::planner

@@ -39,7 +39,9 @@ int main(int argc, char** argv) {
   std::string configPath, budgetText, hostText, out = "plan.yaml";
   std::vector<std::string> overrides, schedules;
   SetupOptions setup;
-  int fixedMicrobatches = 0, maxMicrobatches = 64, maxStages = 0, simulateTop = 4, maxReplicas = 1;
+  int maxStages = 0, maxReplicas = 1;
+  SearchFlags search;
+  search.simulateTop = 4;
   bool quiet = false;
   addConfigOptions(app, configPath, overrides);
   app.add_option("--budget,-b", budgetText,
@@ -51,16 +53,12 @@ int main(int argc, char** argv) {
   app.add_option("--schedules", schedules,
                  "schedule families, e.g. 1f1b,pipefb-sync,1f1b-keep (default: all)")
       ->delimiter(',');
-  app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
-  app.add_option("--microbatches", fixedMicrobatches,
-                 "only this microbatch count (default: search)");
+  addSearchOptions(app, search);
   app.add_option("--max-stages", maxStages, "most stages tried (default: all devices)");
   app.add_option("--max-replicas", maxReplicas,
                  "also try up to this many copies of the pipeline (pipeline.replicas; only on "
                  "clusters of identical devices that do not share cores; default 1)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--simulate-top", simulateTop,
-                 "re-score this many candidates with the simulator (4)");
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
   app.add_flag("--quiet,-q", quiet, "print only the summary line");
   return runProgram("pipefb_plan", app, argc, argv, [&] {
@@ -70,11 +68,9 @@ int main(int argc, char** argv) {
     o.budget = sizeFlag(budgetText, "--budget");
     o.hostBudget = sizeFlag(hostText, "--host-budget");
     o.schedules = parseScheduleFamilies(schedules);
-    o.maxMicrobatches = maxMicrobatches;
-    o.microbatches = fixedMicrobatches;
+    search.applyTo(o);
     o.maxStages = maxStages;
     o.maxReplicas = maxReplicas;
-    o.simulateTop = simulateTop;
     const CostModel& model = *pl.model;
     std::cout << "model " << model.profile().model << ": " << model.numLayers() << " layers, "
               << pl.profileText << " profile; cluster " << model.cluster().name << " ("

@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
   std::string configPath, budgetsText, out = "sweep";
   std::vector<std::string> overrides, families;
   SetupOptions setup;
-  int measure = 0, fixedMicrobatches = 0, maxMicrobatches = 64, simulate = 0;
+  int measure = 0;
+  SearchFlags search;
   addConfigOptions(app, configPath, overrides);
   app.add_option("--budgets", budgetsText,
                  "LOW:HIGH:COUNT (geometric) or a list, e.g. 256MiB:4GiB:12")
@@ -107,10 +108,7 @@ int main(int argc, char** argv) {
                  "1f1b,gpipe,pipedream,pipefb-sync,pipefb-async)")
       ->delimiter(',');
   addSetupOptions(app, setup);
-  app.add_option("--max-microbatches", maxMicrobatches, "largest microbatch count tried (64)");
-  app.add_option("--microbatches", fixedMicrobatches,
-                 "only this microbatch count (default: search)");
-  app.add_option("--simulate-top", simulate, "re-score candidates with the simulator (0)");
+  addSearchOptions(app, search);
   app.add_option("--measure", measure,
                  "also train each point's plan N iterations (>= 3) with pipefb_train --plan");
   app.add_option("--out,-o", out, "output folder (sweep)");
@@ -127,9 +125,7 @@ int main(int argc, char** argv) {
     config::Config cfg = config::loadConfig(configPath, overrides);
     Planning pl = setupPlanning(cfg, setup);
     SolverOptions o = pl.solver;
-    o.maxMicrobatches = maxMicrobatches;
-    o.microbatches = fixedMicrobatches;
-    o.simulateTop = simulate;
+    search.applyTo(o);
     if (families.empty()) families = defaultSweepFamilies();
     parseScheduleFamilies(families);  // check names before any work
     const auto budgets = parseBudgets(budgetsText);
