@@ -6,6 +6,11 @@
 # and iteration time are set against the measured ones.
 #
 #   experiments/planner_fidelity.sh            # BUILD=build ITERS=8 BUDGETS=150MiB,165MiB,180MiB,1GiB
+#                                              # KEEP_FREED_MEMORY=true
+#
+# KEEP_FREED_MEMORY=false profiles and trains with glibc's malloc defaults
+# (devices.keep_freed_memory, Note [Keeping freed memory] in pipefb/memory/FreedMemory.h):
+# freed memory goes back to the system and the next step page-faults it in again.
 #
 # The default budgets change the plans where the budget can: 1f1b has 3 stages at 150 MiB
 # (fc6 alone on a device) and 2 above; pipefb-sync does not fit at 150 MiB, has 2 stages
@@ -30,7 +35,8 @@ mkdir -p "$OUT/plans" "$WORK"
 rm -f "$OUT"/plans/*.yaml  # only the plans of this run
 
 SETS=(--set model.width=0.25 --set training.batch=32 --set pipeline.microbatches=8
-      --set pipeline.schedule=1f1b --set devices.count=4)
+      --set pipeline.schedule=1f1b --set devices.count=4
+      --set devices.keep_freed_memory=${KEEP_FREED_MEMORY:-true})
 CONFIG=$ROOT/configs/vgg16.yaml
 
 echo "== profile (microbatch 32/8 = 4) =="
