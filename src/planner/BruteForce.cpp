@@ -102,8 +102,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
               // take a checkpoint kind.
               bool allowed = true;
               for (int k = 0; k < S; ++k)
-                if (!cl.sameProcess(sh.forwardDevice(k), sh.backwardDevice(k)) &&
-                    !schedules::isCheckpoint(pols[choice[k]]))
+                if (inputStashOnly(cl, sh, k) && !schedules::isCheckpoint(pols[choice[k]]))
                   allowed = false;
               ++res.visited;
               std::vector<std::int64_t> mem(D, 0);

@@ -445,4 +445,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   return e;
 }
 
+bool inputStashOnly(const Cluster& cluster, const PipelineShape& shape, int k) {
+  const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);
+  return fd != bd && (shape.replicas > 1 || !cluster.sameProcess(fd, bd));
+}
+
 }  // namespace pipefb::planner

@@ -279,7 +279,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   // Note [Devices and processes]: a stage split across processes stashes its input only.
   std::vector<char> crossProcess(S);
   for (int k = 0; k < S; ++k)
-    crossProcess[k] = !model.cluster().sameProcess(shape.forwardDevice(k), shape.backwardDevice(k));
+    crossProcess[k] = inputStashOnly(model.cluster(), shape, k);
   auto allowed = [&](int k, StashPolicy p) { return !crossProcess[k] || schedules::isCheckpoint(p); };
   auto fits = [&](const StageEstimate& e, int k) {
     const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);

@@ -109,7 +109,7 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
   // Note [Devices and processes]: the runtime refuses a graph stash across processes too;
   // saying so here keeps the planner from being asked for a plan that cannot exist.
   for (int k = 0; k < stages && !schedules::isCheckpoint(policy); ++k)
-    if (!model.cluster().sameProcess(shape.forwardDevice(k), shape.backwardDevice(k)))
+    if (inputStashOnly(model.cluster(), shape, k))
       throw UserError(cfg.source + ": pipeline.stash: " + cfg.pipeline.stash +
                       " cannot cross processes: stage " + std::to_string(k) + " runs F on rank " +
                       std::to_string(shape.forwardDevice(k)) + " and B on rank " +

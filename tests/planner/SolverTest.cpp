@@ -548,6 +548,30 @@ TEST(SolverProcesses, ChainsPairEachStageWithinAProcess) {
   EXPECT_DOUBLE_EQ(r2.best.tau, 2);
 }
 
+// Note [Devices and processes]: replicated pipelines run one process per device, so a
+// replicated pipefb stage only stashes its input, even on a cluster spec of one process.
+TEST(SolverReplicas, ReplicatedSplitStagesOnlyCheckpoint) {
+  // One pipefb stage of two layers, F on device 0 and B on device 1, on a cluster spec of
+  // one process. Offload (pace max(F, B) = 2 s) beats checkpoint-offload (B + recompute,
+  // 4 s) for one pipeline; two replicas may only checkpoint.
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) l.backward = 1, l.recompute = 1, l.savedBytes = 100;
+  p.inputBytes = 1;
+  CostModel m(p, freeCluster(4));
+  const std::vector<StashPolicy> both{StashPolicy::Offload, StashPolicy::CheckpointOffload};
+  PipelineShape sh = shapeOf(ScheduleKind::PipeFbSync, 1, 2, {0, 1});
+  auto one = solveShape(m, sh, both, unlimited(4), -1, Objective::Time);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->stages.at(0).policy, StashPolicy::Offload);
+  EXPECT_DOUBLE_EQ(one->tau, 2);
+  sh.replicas = 2;
+  auto two = solveShape(m, sh, both, unlimited(4), -1, Objective::Time);
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->stages.at(0).policy, StashPolicy::CheckpointOffload);
+  EXPECT_DOUBLE_EQ(two->tau, 4);
+  EXPECT_FALSE(solveShape(m, sh, {StashPolicy::Offload}, unlimited(4), -1, Objective::Time));
+}
+
 // Note [Replicated pipelines]: the solver chooses how many copies of the pipeline to run.
 TEST(SolverReplicas, ReplicationAgainstPipeliningOnLiteralNumbers) {
   // Two layers, F = B = 1 s per sample, 100 gradient bytes each; batch 8 on 4 identical

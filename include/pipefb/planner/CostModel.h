@@ -183,6 +183,12 @@ struct PipelineShape {
   double iterationTime(double tau) const;
 };
 
+/// Note [Devices and processes]: stage k of `shape` can only stash its input (a checkpoint
+/// kind) when its forward and backward devices are in different processes. Replicated
+/// pipelines (shape.replicas > 1) run one process per device, so there every split stage
+/// is such a stage, whatever the cluster spec says.
+bool inputStashOnly(const Cluster& cluster, const PipelineShape& shape, int k);
+
 using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
 std::int64_t total(const CategoryBytes& b);
 
