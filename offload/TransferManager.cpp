@@ -303,7 +303,8 @@ int TransferManager::numDevices() const { return static_cast<int>(engines_.size(
 
 void TransferManager::runOnCopyEngine(int device, std::function<void()> job) {
   PIPEFB_ASSERT(device >= 0 && device < numDevices(), "copy engine of unknown device " << device);
-  engines_[device]->submit(std::move(job));
+  engines_[device]->submit(job);
+  inPlaceEngines_[device]->submit(std::move(job));
 }
 
 size_t TransferManager::pending() const {

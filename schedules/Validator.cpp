@@ -367,6 +367,10 @@ class AbstractRun {
         updateVersions(d, st);
         if (auto u = usesVersion_.find({st, i}); u != usesVersion_.end()) {
           Stashed& w = stashed_.at({st, u->second});
+          if (!w.madeByStep && (w.at == WAt::Host || w.at == WAt::Gone))
+            failHere(d, toString(a) + " runs on " + wName(st, u->second) + ", which is " +
+                            (w.at == WAt::Host ? "in the host pool (OFFW before its last F)"
+                                               : "dropped"));
           if (!w.madeByStep) makeVersion(d, w);
         }
         return true;

@@ -941,6 +941,10 @@ ReplicaPtr PipelineEngine::Impl::forwardReplica(StageState& st, int mb) {
   // the master's, so that the forwards it runs update the stage's BatchNorm statistics
   // (with copies, pipedream lost every update made on a snapshot).
   ReplicaPtr snap = st.snapshot.lock();
+  // The validator refuses an OFFW before the version's last F; its storage is gone.
+  PIPEFB_ASSERT(!(snap && snap->version == st.masterVersion && st.away.count(st.masterVersion)),
+                "F" << st.index << "." << mb << " runs on weight version " << st.masterVersion
+                    << ", which is in the host pool");
   if (!snap || snap->version != st.masterVersion) {
     snap = makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
                        *devices[st.fDev].domain, MemoryCategory::WeightVersions,

@@ -196,6 +196,18 @@ TEST(ValidatorTest, WeightVersionActionsAreChecked) {
     EXPECT_TRUE(contains(msg, "1 backward(s) still need it")) << msg;
   }
   {
+    // An OFFW before the last F on the version: on 3 stages F0.1 and F0.2 run on version 0
+    // (F0.1 makes the snapshot), and OFFW0.0 follows F0.2.
+    SchedulePlan three = lower(makeSchedule("pipedream", 3, 3, 2), {StashPolicy::Offload}, 1);
+    Schedule s = three.schedule;
+    removeToken(s, 0, "OFFW0.0");
+    auto& list = s.devices[0];
+    list.insert(list.begin() + indexOfToken(list, "F0.2"), offload(0, 0, StashKind::Weights));
+    std::string msg = rejection(s, &three.contract);
+    EXPECT_TRUE(contains(msg, "F0.2 runs on weight version 0 of stage 0, which is in the host pool"))
+        << msg;
+  }
+  {
     Schedule t = plan.schedule;  // a version the schedule does not stash
     t.devices[1].push_back(offload(1, 0, StashKind::Weights));
     std::string msg = rejection(t, &plan.contract);

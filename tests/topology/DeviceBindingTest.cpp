@@ -4,8 +4,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
-#include <future>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -108,9 +109,19 @@ TEST_F(DeviceBinding, CopyEngineFollowsItsDevice) {
   for (int d = 0; d < 2; ++d) {
     std::thread worker([&] { runtime::bindDeviceThreads("cores", d, &transfers); });
     worker.join();
-    std::promise<std::vector<int>> bound;
-    transfers.runOnCopyEngine(d, [&] { bound.set_value(topology::thisThreadBinding()); });
-    EXPECT_EQ(bound.get_future().get(), t.cores[topology::coreForDevice(d, t.numCores())].pus)
-        << "copy:" << d;
+    // Both copy threads of the device: the stash engine and copyInPlace's engine.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::vector<int>> bound;
+    transfers.runOnCopyEngine(d, [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      bound.push_back(topology::thisThreadBinding());
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(10), [&] { return bound.size() == 2; });
+    ASSERT_EQ(bound.size(), 2u) << "copy:" << d;
+    for (const auto& b : bound)
+      EXPECT_EQ(b, t.cores[topology::coreForDevice(d, t.numCores())].pus) << "copy:" << d;
   }
 }

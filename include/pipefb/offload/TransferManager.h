@@ -138,8 +138,9 @@ class TransferManager {
   HostPoolStats hostPoolStats() const;
   HostMemoryKind hostMemoryKind() const;
   int numDevices() const;
-  /// Runs `job` on `device`'s copy-engine thread after the copies queued before it (the
-  /// runtime binds that thread to its device's core with it; Note [Device binding]).
+  /// Runs `job` on each of `device`'s copy-engine threads (the stash engine and the
+  /// in-place engine of copyInPlace), after the copies queued before it there (the runtime
+  /// binds those threads to its device's core with it; Note [Device binding]).
   /// `job` must not throw.
   void runOnCopyEngine(int device, std::function<void()> job);
   /// Keys offloaded or prefetched and not yet acquired or dropped.
