@@ -210,6 +210,10 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
   return out;
 }
 
+int residentStashedVersions(int versions, int lookahead) {
+  return std::min(versions, lookahead + 1);
+}
+
 MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
                                const std::vector<StashPolicy>& policiesIn, int lookahead,
                                bool offloadWeights) {
@@ -229,7 +233,7 @@ MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
     c.residentBackward[s] = nearB;
     c.residentForward[s] = p.split(s) ? 0 : nearB;
     if (offloadWeights && static_cast<int>(c.residentWeightVersions.size()) == S)
-      c.residentWeightVersions[s] = std::min(c.weightVersions[s], lookahead[s] + 1);
+      c.residentWeightVersions[s] = residentStashedVersions(c.weightVersions[s], lookahead[s]);
   }
   return c;
 }

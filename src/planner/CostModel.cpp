@@ -6,6 +6,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
+#include "pipefb/schedules/Lowering.h"
 
 namespace pipefb::planner {
 
@@ -336,6 +337,15 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   e.inFlight = inFlightStashes(shape.kind, S, k, M);
   e.versions = weightVersions(shape.kind, S, k, M);
   const int copies = weightCopies(shape.kind, S, k, M);
+  // Note [Weight-version offload] (Lowering.h): an offloaded stage's stashed versions go to
+  // the host pool; the contract's count stays on the device (pipefb-async's one copy always
+  // stays). PipeDream moves one version per microbatch (OFFW after its F, PREW lookahead
+  // compute actions before its B) when compute runs in between: 2 (copies - 1) compute
+  // actions separate F(s,m) from B(s,m) in the steady state.
+  const bool offW = off && shape.offloadWeights;
+  const int deviceCopies = offW ? schedules::residentStashedVersions(copies, shape.lookahead) : copies;
+  const bool movesCopies = offW && shape.kind == ScheduleKind::PipeDream && copies > 0 &&
+                           2 * (copies - 1) > shape.lookahead;
 
   // Times (Note [Planner cost model]).
   const double fspeed = speed(shape, fd), bspeed = speed(shape, bd);
@@ -407,7 +417,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, W);
-    w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : copies * W);
+    w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : deviceCopies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,
@@ -419,7 +429,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   } else {
     e.forwardCompute = e.backwardCompute =
         e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;
-    e.forwardCopy = e.backwardCopy = off ? 2 * fdev.host.time(e.stashBytes) : 0;
+    e.forwardCopy = e.backwardCopy = (off ? 2 * fdev.host.time(e.stashBytes) : 0) +
+                                     (movesCopies ? 2 * fdev.host.time(W) : 0);  // OFFW + PREW
     e.time = e.forwardCompute;
     e.binding = Resource::Compute;
     if (e.forwardCopy > e.time) e.time = e.forwardCopy, e.binding = Resource::Copy;
@@ -429,7 +440,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const int resident = off ? std::min(e.inFlight, shape.lookahead + 2) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, W);
-    w(m, MemoryCategory::WeightVersions, copies * W);
+    w(m, MemoryCategory::WeightVersions, deviceCopies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     w(m, MemoryCategory::CommBuffers, shape.replicas > 1 ? G : 0);  // Note [Gradient buckets]
@@ -441,7 +452,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
     e.forwardMemory = m;
   }
-  e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer;
+  e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer +
+                (copies - deviceCopies) * W;  // Note [Weight-version offload]
   return e;
 }
 

@@ -306,6 +306,8 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   const double stepShare = stepsPerMicrobatch(shape.kind, shape.microbatches);
   std::vector<double> invF(S), invB(S);
   std::vector<std::int64_t> copies(S), limF(S), limB(S);
+  const bool offloadsWeights =
+      shape.offloadWeights && std::any_of(policies.begin(), policies.end(), schedules::isOffloaded);
   for (int k = 0; k < S; ++k) {
     invF[k] = 1.0 / model.speed(shape, shape.forwardDevice(k));
     invB[k] = 1.0 / model.speed(shape, shape.backwardDevice(k));
@@ -314,6 +316,9 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     copies[k] = shape.kind == ScheduleKind::PipeFbAsync
                     ? 0
                     : weightCopies(shape.kind, S, k, shape.microbatches);
+    // Note [Weight-version offload]: an offloaded stage keeps only the contract's count on
+    // the device; the bound takes the least over the policies tried.
+    if (offloadsWeights) copies[k] = schedules::residentStashedVersions(copies[k], shape.lookahead);
     limF[k] = limits[shape.forwardDevice(k)];
     limB[k] = limits[shape.backwardDevice(k)];
   }
@@ -850,7 +855,7 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     K = std::max(K, (2 * S + sh.microbatches - 1) / sh.microbatches + 1);
   auto plan3 =
       schedules::makeSchedule(toString(sh.kind), S, sh.microbatches, schedules::Placement(sp), K);
-  auto lowered = schedules::lower(plan3, policies, sh.lookahead);
+  auto lowered = schedules::lower(plan3, policies, sh.lookahead, sh.offloadWeights);
   sim::SimOptions so;
   so.recordMemoryTimeline = false;
   sim::SimResult r = sim::simulate(lowered.schedule, ct, so);

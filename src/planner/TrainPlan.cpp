@@ -88,6 +88,7 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
   shape.microbatchSize = std::max<std::int64_t>(
       1, cfg.training.batch / (cfg.pipeline.microbatches * shape.replicas));
   shape.lookahead = static_cast<int>(cfg.pipeline.lookahead);
+  shape.offloadWeights = cfg.pipeline.offload_weights != "none";  // Note [Weight-version offload]
   // Note [Optimizer offload in the cost model]: one flag for all stages, so a per-stage
   // list counts as "host" only when every stage is.
   const auto& perStage = cfg.pipeline.stage_optimizer_offload;

@@ -25,8 +25,10 @@
 //                  = M x tau'            for asynchronous ones (pipedream, pipefb-async),
 //   tau' = max(tau, corePace): device threads sharing fewer cores (Note [Shared cores]).
 // Memory of a device, by category (the simulator's categories):
-//   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1); grads G and
-//   optimizer state O on the backward
+//   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1), with an offload
+//   kind and offloadWeights only min(c, lookahead + 1) x W (the contract's
+//   residentStashedVersions, Note [Weight-version offload]) and the other copies in the host
+//   pool, their OFFW/PREW on the copy engine; grads G and optimizer state O on the backward
 //   device; stash = resident x stash bytes; working set = B's, with the gathered weight
 //   gradients (Note [Gathered weight gradients]), plus one recomputed graph while a
 //   checkpointed B runs; a split stage's forward device: Note [Forward device memory].
@@ -34,7 +36,7 @@
 //   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
 //   (min(n, lookahead + 2) on a same device; min(n, 1) on a split forward device).
-//   host pool: n x stash bytes for each offloaded stage.
+//   host pool: n x stash bytes for each offloaded stage, and its weight copies off the device.
 //
 // Note [Step working set]
 // The optimizer step allocates temporaries beyond its state (Adam: about 2x the largest
@@ -151,6 +153,9 @@ struct PipelineShape {
   std::int64_t microbatchSize = 1;
   int lookahead = 1;
   bool optimizerOnHost = false;  // Note [Optimizer offload in the cost model]
+  /// pipeline.offload_weights: auto (true) moves an offloaded stage's stashed weight
+  /// versions to the host pool (Note [Weight-version offload]); none (false) keeps them.
+  bool offloadWeights = true;
   /// Note [Replicated pipelines] (Solver.h): R copies of the pipeline (pipeline.replicas),
   /// each on its own chainLength() devices and batch / R samples; microbatchSize is per
   /// replica. The chain is replica 0's.

@@ -53,6 +53,12 @@ Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& po
 Schedule addWeightOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
                           const std::vector<int>& lookahead);
 
+/// Stashed weight versions of an offloaded stage resident on the device that keeps them
+/// (at compute starts) when `versions` are stashed at once and weights are offloaded:
+/// min(versions, lookahead + 1). The contract's residentWeightVersions (offloadContract)
+/// and the planner's cost model both count with it.
+int residentStashedVersions(int versions, int lookahead);
+
 /// The contract after addOffload: offloaded stages have 0 resident on a forward device
 /// that is not the backward device, and at most lookahead+1 resident on the backward
 /// device. With `offloadWeights` (addWeightOffload ran) at most lookahead+1 stashed weight
