@@ -409,7 +409,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // copy is done, F's working set; RecvWeights copies into place. pipefb-async with a
     // graph stash keeps the old copy beside the new one (not on the backward device).
     const bool oldCopyOnForward = shape.kind == ScheduleKind::PipeFbAsync && !ckpt;
-    const std::int64_t fstash = std::min(e.inFlight, 1) * e.stashBytes;
+    // Note [Offloads in flight]: the stash F is building plus, through the copy engine,
+    // up to kOffloadsInFlight earlier ones whose D2H copy has not finished.
+    const int viaCopyEngine = inputStashOnly(cluster_, shape, k) ? 0 : kOffloadsInFlight;
+    const std::int64_t fstash = std::min(e.inFlight, 1 + viaCopyEngine) * e.stashBytes;
     const std::int64_t fws = scaled(forwardWorking(first, last), f);
     w(e.forwardMemory, MemoryCategory::Weights, W);
     w(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? W : 0);

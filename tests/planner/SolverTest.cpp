@@ -253,7 +253,8 @@ TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
 TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
   // Note [Forward device memory]: pipefb-sync, one stage of W = 100 with a forward working
   // set of 3 (F alone) and 40 (F or B); RecvWeights copies into place, so the forward
-  // device holds W + stash + 2 x 3 = 126 and no message (it was 2 W = 200).
+  // device holds W + 2 stashes (Note [Offloads in flight]) + 2 x 3 = 146 and no message
+  // (it was 2 W = 200).
   Profile p = timesProfile({1});
   p.layers[0].paramBytes = p.layers[0].gradBytes = 100;
   p.layers[0].savedBytes = 10;
@@ -265,13 +266,45 @@ TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
   using pipefb::MemoryCategory;
   using pipefb::index;
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::WorkingSet)], 6);
-  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 20);
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 40);
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::CommBuffers)], 0);
-  EXPECT_EQ(total(e.forwardMemory), 126);
+  EXPECT_EQ(total(e.forwardMemory), 146);
   p.layers[0].forwardWorkingBytes = 60;
   CostModel m2(p, freeCluster(2));
   StageEstimate e2 = m2.stage(sh, 0, 0, 1, StashPolicy::Offload);
-  EXPECT_EQ(total(e2.forwardMemory), 100 + 20 + 120);
+  EXPECT_EQ(total(e2.forwardMemory), 100 + 40 + 120);
+}
+
+TEST(SolverLiteral, ForwardDeviceHoldsTheStashesBeingCopiedOut) {
+  // Note [Offloads in flight]: pipefb-sync, one stage, W = 100, saved 10 and input 4 per
+  // sample, microbatch 2, forward working set 3 per sample. The forward device holds the
+  // stash F builds plus kOffloadsInFlight (1) whose D2H copy is unfinished:
+  // 100 + 2 x 20 + 6 = 146 (it was charged 100 + 20 + 6 = 126, one stash short, as
+  // pipefb-sync's stage 0 measured on VGG16). With one microbatch there is no earlier
+  // stash (126); checkpoint-offload stashes the input (100 + 2 x 8 + 6 = 122); with the
+  // devices in two processes only the input is sent, never copied out (100 + 8 + 6).
+  ASSERT_EQ(kOffloadsInFlight, 1);
+  Profile p = timesProfile({1});
+  p.layers[0].paramBytes = p.layers[0].gradBytes = 100;
+  p.layers[0].savedBytes = 10;
+  p.inputBytes = 4;
+  p.layers[0].workingBytes = 40;
+  p.layers[0].forwardWorkingBytes = 3;
+  CostModel m(p, freeCluster(2));
+  using pipefb::MemoryCategory;
+  using pipefb::index;
+  PipelineShape sh = shapeOf(ScheduleKind::PipeFbSync, 1, 4, {0, 1}, 2);
+  StageEstimate e = m.stage(sh, 0, 0, 1, StashPolicy::Offload);
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 40);
+  EXPECT_EQ(total(e.forwardMemory), 146);
+  PipelineShape one = shapeOf(ScheduleKind::PipeFbSync, 1, 1, {0, 1}, 2);
+  EXPECT_EQ(total(m.stage(one, 0, 0, 1, StashPolicy::Offload).forwardMemory), 126);
+  EXPECT_EQ(total(m.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory), 122);
+  Cluster two = freeCluster(2);
+  two.processPerDevice();
+  CostModel apart(p, two);
+  EXPECT_EQ(total(apart.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory),
+            114);
 }
 
 TEST(SolverLiteral, OptimizerOnHostMovesStateToTheHostPool) {

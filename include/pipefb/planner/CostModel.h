@@ -35,7 +35,8 @@
 //   stash bytes: keep/offload = saved bytes of the stage; checkpoint kinds = its input.
 //   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
-//   (min(n, lookahead + 2) on a same device; min(n, 1) on a split forward device).
+//   (min(n, lookahead + 2) on a same device; min(n, 1 + kOffloadsInFlight) on a split
+//   forward device, Note [Offloads in flight]).
 //   host pool: n x stash bytes for each offloaded stage, and its weight copies off the device.
 //
 // Note [Step working set]
@@ -75,6 +76,25 @@
 // its stashes are consumed, so F runs beside 2 W. pipefb-async's SyncWeights sends a
 // snapshot that the sender holds until RW took it: W of comm_buffers on the backward
 // device (charged beside its other terms).
+//
+// Note [Offloads in flight]
+// Everything a split stage's forward device stashes leaves it through OFF and the
+// device's copy engine (within one process; across processes the input is sent). The
+// D2H copy releases each device tensor only when that tensor is copied (Note [Release
+// as copied] in TransferManager.h), and the next F starts right after OFF, so a
+// forward device holds the stash F is building plus the earlier ones still being
+// copied out. How many those can be is not a matter of timing: a copy is usually much
+// shorter than F (VGG16 width 1/4, stage 0: 1.5 ms against 5-8 ms), but the first copy
+// of a run faults in the host pool's pages: 35 ms, over all of the next F (and the OFF
+// after it waited 29 ms for it).
+// The bound is the runtime's backpressure: OFF waits while kOffloadsInFlight D2H copies
+// of the device are unfinished (TransferOptions::maxOffloadsInFlight), so the forward
+// device holds at most min(n, 1 + kOffloadsInFlight) stashes. Measured (planner_fidelity,
+// pipefb-sync, stage 0 on cpu:0): peak W + 2.375 stashes, the 0.375 being F's working
+// set (allocated inside the saved-tensor hooks, so counted as stash): W + 2 stashes +
+// F's working set + 128 KiB of comm buffers, 7.02 MiB; this charge predicts 6.96 MiB (it
+// was W + 1 stash + working set, 5.53 MiB, -21%; the 2 W that pipefb-sync's forward
+// device was charged until RecvWeights copied in place happened to cover the 2nd stash).
 //
 // Note [Optimizer offload in the cost model]
 // PipelineShape::optimizerOnHost (pipeline.optimizer_offload: host, Note [Optimizer
@@ -193,6 +213,10 @@ struct PipelineShape {
 /// pipelines (shape.replicas > 1) run one process per device, so there every split stage
 /// is such a stage, whatever the cluster spec says.
 bool inputStashOnly(const Cluster& cluster, const PipelineShape& shape, int k);
+
+/// Note [Offloads in flight]: D2H copies a device may have unfinished before OFF waits;
+/// the runtime's TransferOptions::maxOffloadsInFlight (PipelineEngine.cpp passes 1).
+inline constexpr int kOffloadsInFlight = 1;
 
 using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
 std::int64_t total(const CategoryBytes& b);
