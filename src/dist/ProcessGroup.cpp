@@ -60,7 +60,7 @@ constexpr int64_t kHeader = 1024;
 constexpr int64_t kMagic = 0x70666231;  // "pfb1"
 const std::string kFailureKey = "pipefb/first_failure";
 
-class GlooGroup final : public ProcessGroup {
+class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this<GlooGroup> {
  public:
   GlooGroup(const DistEnv& env, const GroupOptions& options)
       : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)) {
@@ -203,7 +203,7 @@ class GlooGroup final : public ProcessGroup {
       c10::intrusive_ptr<c10d::Work> work;
       std::vector<at::Tensor> tensors;  // kept alive until done
       std::string what;
-      GlooGroup* group = nullptr;
+      std::shared_ptr<GlooGroup> group;  // a pending bucket may outlive its owner's handle
       void wait() override {
         try {
           work->wait();
@@ -213,7 +213,7 @@ class GlooGroup final : public ProcessGroup {
       }
     };
     auto p = std::make_shared<Pending>();
-    p->group = this;
+    p->group = shared_from_this();
     p->tensors = std::move(tensors);
     p->what = "c10d all-reduce failed (a rank died or timed out after " +
               seconds(timeout_.count() / 1000.0) + ")";
