@@ -177,9 +177,10 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   // Note [Weight-version offload]: pipedream S=2, M=4, one layer per stage, W = 100, 10
   // saved bytes, host link 1000 B/s. Stage 0 stashes 2 weight versions. Keep: 2 x 100 on
   // the device. Offload with lookahead 0: min(2, 0 + 1) = 1 stays (100), the other goes to
-  // the host pool (100, beside the 2 x 10 stash bytes), and each microbatch copies one
-  // version out and back: 2 x 100 / 1000 = 0.2 s on the copy engine beside the stash's
-  // 2 x 10 / 1000 = 0.02 s. pipeline.offload_weights none keeps both copies on the device.
+  // the host pool (2 - 1 - 0 / 2 = 1: 100, beside the 2 x 10 stash bytes), and each
+  // microbatch copies one version out and back: 2 x 100 / 1000 = 0.2 s on the copy engine
+  // beside the stash's 2 x 10 / 1000 = 0.02 s. pipeline.offload_weights none keeps both
+  // copies on the device.
   Profile p = timesProfile({1, 1});
   for (auto& l : p.layers) {
     l.paramBytes = 100;
@@ -204,15 +205,19 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   EXPECT_EQ(ckoff.backwardMemory[wv], 100);
   EXPECT_EQ(ckoff.hostBytes, 100);
   // Lookahead 1: both versions may be back at once (min(2, 2)); they still move, since
-  // B(0,m-1) runs between F(0,m)'s OFFW and the PREW one compute action before B(0,m).
+  // B(0,m-1) runs between F(0,m)'s OFFW and the PREW one compute action before B(0,m), and
+  // while it runs one version is in the host pool (2 - 1 - 1 / 2 = 1).
   pd.lookahead = 1;
   StageEstimate l1 = m.stage(pd, 0, 0, 1, StashPolicy::Offload);
   EXPECT_EQ(l1.backwardMemory[wv], 200);
-  EXPECT_EQ(l1.hostBytes, 2 * 10);
+  EXPECT_EQ(l1.hostBytes, 2 * 10 + 100);
   EXPECT_NEAR(l1.forwardCopy, 0.22, 1e-12);
   // Lookahead 2: the PREW would follow its OFFW directly; nothing moves.
   pd.lookahead = 2;
-  EXPECT_NEAR(m.stage(pd, 0, 0, 1, StashPolicy::Offload).forwardCopy, 0.02, 1e-12);
+  StageEstimate l2 = m.stage(pd, 0, 0, 1, StashPolicy::Offload);
+  EXPECT_EQ(l2.backwardMemory[wv], 200);
+  EXPECT_EQ(l2.hostBytes, 2 * 10);
+  EXPECT_NEAR(l2.forwardCopy, 0.02, 1e-12);
   // offload_weights none: the stash offloads, the versions stay.
   pd.lookahead = 0;
   pd.offloadWeights = false;

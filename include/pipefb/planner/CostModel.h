@@ -27,8 +27,9 @@
 // Memory of a device, by category (the simulator's categories):
 //   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1), with an offload
 //   kind and offloadWeights only min(c, lookahead + 1) x W (the contract's
-//   residentStashedVersions, Note [Weight-version offload]) and the other copies in the host
-//   pool, their OFFW/PREW on the copy engine; grads G and optimizer state O on the backward
+//   residentStashedVersions, Note [Weight-version offload]) and, when PipeDream's copies
+//   move, c - 1 - floor(lookahead / 2) x W in the host pool (CostModel.cpp), their
+//   OFFW/PREW on the copy engine; grads G and optimizer state O on the backward
 //   device; stash = resident x stash bytes; working set = B's, with the gathered weight
 //   gradients (Note [Gathered weight gradients]), plus one recomputed graph while a
 //   checkpointed B runs; a split stage's forward device: Note [Forward device memory].
