@@ -23,7 +23,10 @@
 //    free: arrival = start + bytes/bandwidth + latency (the link is busy for bytes/bandwidth).
 //  * A receive blocks the thread until the data arrived.
 //  * OFF/PRE are issued without blocking; the copy starts when the copy engine is free (and,
-//    for PRE, when the OFF of that stash finished, possibly on another device).
+//    for PRE, when the OFF of that stash finished, possibly on another device). Except that
+//    an OFF waits, on the thread, while kOffloadsInFlight earlier D2H copies of its device
+//    are unfinished (the runtime's backpressure, Note [Offloads in flight] in
+//    planner/CostModel.h).
 // Memory is charged per device and category (pipefb/common/MemoryCategory.h):
 //  * weights on F(s) and B(s), grads and optimizer state on B(s), from time 0;
 //  * working set while F/B runs (plus the recomputed graph stash during BR);
@@ -69,8 +72,15 @@ enum KeyKind : int {
   kPreEnd,
   kOffEndW,
   kPreEndW,
+  kOffDone,   // = kOffEnd, waited for by the device's next OFF (Note [Offloads in flight])
+  kOffDoneW,  // = kOffEndW, likewise
   kNumKinds
 };
+
+// Note [Offloads in flight] (planner/CostModel.h): D2H copies a device may have unfinished
+// before its OFF waits; the runtime's TransferOptions::maxOffloadsInFlight and the
+// planner's kOffloadsInFlight (the simulator does not depend on the planner).
+constexpr size_t kOffloadsInFlight = 1;
 
 struct MemEvent {
   double time;
@@ -135,6 +145,7 @@ class Simulation {
     copyQueue_.assign(D_, {});
     copyHead_.assign(D_, 0);
     copyFree_.assign(D_, 0.0);
+    offIssued_.assign(D_, {});
     issueTime_.assign(D_, {});
     linkFree_.assign(static_cast<size_t>(D_) * D_, 0.0);
     result_.spans.resize(D_);
@@ -353,6 +364,17 @@ class Simulation {
       }
       case ActionType::Offload:
       case ActionType::Prefetch: {
+        const bool weights = a.stash == StashKind::Weights;
+        if (a.type == ActionType::Offload && offIssued_[d].size() >= kOffloadsInFlight) {
+          // Note [Offloads in flight]: wait for the copy kOffloadsInFlight OFFs back.
+          const auto& issued = offIssued_[d];
+          double done = need(issued[issued.size() - kOffloadsInFlight], agent, d, step);
+          if (done == kUnknown) return false;
+          t = std::max(t, done);
+          threadTime_[d] = t;
+        }
+        if (a.type == ActionType::Offload)
+          offIssued_[d].push_back(key(weights ? kOffDoneW : kOffDone, st, i));
         if (a.type == ActionType::Prefetch && a.stash == StashKind::Activation) {
           if (preIssuedOn_[at(st, i)] != kNowhere) fail(d, step, "prefetched twice");
           preIssuedOn_[at(st, i)] = d;
@@ -451,6 +473,7 @@ class Simulation {
         mem(start, -1, MemoryCategory::WeightVersions, bytes);
         mem(end, d, MemoryCategory::WeightVersions, -bytes);
         resolve(key(kOffEndW, st, i), end);
+        resolve(key(kOffDoneW, st, i), end);
         return true;
       }
       if (stashAt_[at(st, i)] != d) fail(d, step, "offloads a stash that is not on this device");
@@ -459,6 +482,7 @@ class Simulation {
       count(end, d, st, -1);
       stashAt_[at(st, i)] = kHost;
       resolve(key(kOffEnd, st, i), end);
+      resolve(key(kOffDone, st, i), end);
       return true;
     }
     PIPEFB_ASSERT(a.type == ActionType::Prefetch, "copy engine got " << toString(a));
@@ -616,6 +640,7 @@ class Simulation {
   std::vector<std::vector<int>> copyQueue_;
   std::vector<size_t> copyHead_;
   std::vector<double> copyFree_;
+  std::vector<std::vector<size_t>> offIssued_;  // per device: kOffDone(W) keys of its OFFs
   std::vector<std::vector<double>> issueTime_;
   std::vector<double> linkFree_;
   std::vector<MemEvent> mem_;

@@ -206,6 +206,26 @@ TEST(SimulatorTest, SlowPrefetchStallsTheBackward) {
   EXPECT_EQ(r.peakStashCount[fd], 2);
 }
 
+// Note [Offloads in flight] (planner/CostModel.h): an OFF waits, on the thread, while
+// kOffloadsInFlight (1) earlier D2H copies of its device are unfinished, as the runtime's
+// does. With copies far slower than F, the forward device holds the stash being copied
+// and the one just made: 2 at most, not all 8 of the iteration.
+TEST(SimulatorTest, SlowOffloadsHoldBackTheForwardDevice) {
+  CostTable c = CostTable::uniform(2);
+  c.defaultHostLink = {1e8, 0};  // 4 MiB stash: ~42 ms each way, far longer than compute
+  SchedulePlan pl = plan("pipefb-sync", 2, 8, 1, StashPolicy::Offload, 1);
+  SimResult r = simulate(pl.schedule, c);
+  const Schedule& s = pl.schedule;
+  int fd = s.placement.forward(0);
+  EXPECT_EQ(r.peakStashCount[fd], 2);
+  EXPECT_EQ(r.peakStashBytes[fd], 2 * c.stages[0].stashBytes);
+  // F0.2 runs after OFF0.1, which waited for OFF0.0's copy to end.
+  int off0 = find(s, fd, "OFF0.0"), f2 = find(s, fd, "F0.2");
+  ASSERT_GE(off0, 0);
+  ASSERT_GE(f2, 0);
+  EXPECT_GE(r.spans[fd][f2].start, r.spans[fd][off0].end - 1e-12);
+}
+
 TEST(SimulatorTest, CheckpointStashIsSmallerAndRecomputeCostsTime) {
   CostTable c = CostTable::uniform(3);
   SimResult keep = simulate(plan("1f1b", 3, 6).schedule, c);
