@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "../PipelineConfig.h"
+#include "EngineRun.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryDomain.h"
 #include "pipefb/memory/TrackingAllocator.h"
@@ -16,11 +17,7 @@ using namespace pipefb;
 
 namespace {
 
-class RuntimeEnv : public ::testing::Environment {
- public:
-  void SetUp() override { memory::installTrackingAllocator(); }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new RuntimeEnv);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new test::TrackingAllocatorEnv);
 
 // Four layers whose first one is much larger than any activation of a microbatch.
 model::ModelOptions mlp() {
@@ -43,41 +40,7 @@ config::Config makeConfig(const std::string& schedule, const std::string& optimi
   return c;
 }
 
-std::vector<data::Batch> batches(const model::Model& m, int n) {
-  std::vector<data::Batch> out;
-  torch::manual_seed(11);
-  std::vector<int64_t> shape = {8};
-  for (auto s : m.sampleShape()) shape.push_back(s);
-  for (int k = 0; k < n; ++k) {
-    data::Batch b;
-    b.input = torch::randn(shape);
-    b.target = torch::randint(5, {8}, torch::kLong);
-    out.push_back(b);
-  }
-  return out;
-}
-
-struct TrainedRun {
-  std::shared_ptr<model::Model> model;
-  std::unique_ptr<runtime::PipelineEngine> engine;
-  std::vector<double> losses;
-};
-
-TrainedRun trainRun(const config::Config& c, int iterations) {
-  TrainedRun r;
-  torch::manual_seed(7);
-  r.model = model::buildModel(c.model);
-  r.model->train(true);
-  runtime::EngineOptions o;
-  o.iterations = iterations;
-  o.log = false;
-  o.recordMemoryEvents = false;
-  o.stallTimeoutSeconds = 30;
-  r.engine = std::make_unique<runtime::PipelineEngine>(*r.model, c, o);
-  for (const auto& b : batches(*r.model, iterations)) r.losses.push_back(r.engine->step(b));
-  r.engine->finish();
-  return r;
-}
+using test::TrainedRun;
 
 int64_t bytesOf(const std::vector<torch::Tensor>& ts) {
   int64_t b = 0;
@@ -104,8 +67,8 @@ TEST(OptimizerOffload, WeightsEqualTheDeviceOptimizers) {
     for (const std::string opt : {"adam", "sgd"}) {
       SCOPED_TRACE(sched + " " + opt);
       constexpr int kIters = 4;
-      TrainedRun dev = trainRun(makeConfig(sched, opt, "none"), kIters);
-      TrainedRun host = trainRun(makeConfig(sched, opt, "host"), kIters);
+      TrainedRun dev = test::trainEngine(makeConfig(sched, opt, "none"), kIters);
+      TrainedRun host = test::trainEngine(makeConfig(sched, opt, "host"), kIters);
       for (int k = 0; k < kIters; ++k) EXPECT_EQ(dev.losses[k], host.losses[k]) << "loss " << k;
       auto a = dev.model->namedParameters(), b = host.model->namedParameters();
       ASSERT_EQ(a.size(), b.size());
@@ -132,7 +95,7 @@ TEST(OptimizerOffload, StateIsChargedToTheHostPoolNotTheDevice) {
     std::vector<runtime::DeviceStats> withDev;
     std::vector<std::vector<std::pair<std::string, torch::Tensor>>> wantState;
     {
-      TrainedRun dev = trainRun(makeConfig(sched, "adam", "none"), kIters);
+      TrainedRun dev = test::trainEngine(makeConfig(sched, "adam", "none"), kIters);
       withDev = dev.engine->deviceStats();
       for (int s = 0; s < dev.engine->numStages(); ++s) {
         wantState.emplace_back();
@@ -142,7 +105,7 @@ TEST(OptimizerOffload, StateIsChargedToTheHostPoolNotTheDevice) {
           wantState.back().emplace_back(n, t.clone());
       }
     }
-    TrainedRun host = trainRun(makeConfig(sched, "adam", "host"), kIters);
+    TrainedRun host = test::trainEngine(makeConfig(sched, "adam", "host"), kIters);
     auto withHost = host.engine->deviceStats();
     const int S = host.engine->numStages();
     int64_t total = 0;
@@ -195,7 +158,7 @@ TEST(OptimizerOffload, StateIsChargedToTheHostPoolNotTheDevice) {
 TEST(OptimizerOffload, RecvWeightsMakesNoSecondCopyOnTheForwardDevice) {
   for (const std::string where : {"none", "host"}) {
     SCOPED_TRACE(where);
-    TrainedRun r = trainRun(makeConfig("pipefb-sync", "sgd", where), 3);
+    TrainedRun r = test::trainEngine(makeConfig("pipefb-sync", "sgd", where), 3);
     auto stats = r.engine->deviceStats();
     const int f = r.engine->forwardDevice(0);
     const int64_t w = stageParamBytes(r, 0);

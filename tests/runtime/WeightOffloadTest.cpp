@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../PipelineConfig.h"
+#include "EngineRun.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryDomain.h"
 #include "pipefb/memory/TrackingAllocator.h"
@@ -18,11 +19,7 @@ using namespace pipefb;
 
 namespace {
 
-class RuntimeEnv : public ::testing::Environment {
- public:
-  void SetUp() override { memory::installTrackingAllocator(); }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new RuntimeEnv);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new test::TrackingAllocatorEnv);
 
 // Weights much larger than a microbatch's activations, so that versions dominate.
 model::ModelOptions mlp() {
@@ -35,42 +32,7 @@ model::ModelOptions mlp() {
   return o;
 }
 
-std::vector<data::Batch> batches(const model::Model& m, int n, int64_t batch) {
-  std::vector<data::Batch> out;
-  torch::manual_seed(11);
-  std::vector<int64_t> shape = {batch};
-  for (auto s : m.sampleShape()) shape.push_back(s);
-  for (int k = 0; k < n; ++k) {
-    data::Batch b;
-    b.input = torch::randn(shape);
-    b.target = torch::randint(5, {batch}, torch::kLong);
-    out.push_back(b);
-  }
-  return out;
-}
-
-struct TrainedRun {
-  std::shared_ptr<model::Model> model;
-  std::unique_ptr<runtime::PipelineEngine> engine;
-  std::vector<double> losses;
-};
-
-TrainedRun train(const config::Config& c, int iterations) {
-  TrainedRun r;
-  torch::manual_seed(7);
-  r.model = model::buildModel(c.model);
-  r.model->train(true);
-  runtime::EngineOptions o;
-  o.iterations = iterations;
-  o.log = false;
-  o.recordMemoryEvents = false;
-  o.stallTimeoutSeconds = 30;
-  r.engine = std::make_unique<runtime::PipelineEngine>(*r.model, c, o);
-  for (const auto& b : batches(*r.model, iterations, c.training.batch))
-    r.losses.push_back(r.engine->step(b));
-  r.engine->finish();
-  return r;
-}
+using test::TrainedRun;
 
 int countWeightActions(const schedules::Schedule& s, schedules::ActionType t) {
   int n = 0;
@@ -104,8 +66,8 @@ TEST(WeightOffload, PipedreamMatchesKeepWithVersionsInTheHostPool) {
     SCOPED_TRACE(stash);
     auto keepCfg = test::pipelineConfig(mlp(), "pipedream", S, M, "keep", 16);
     auto offCfg = test::pipelineConfig(mlp(), "pipedream", S, M, stash, 16);
-    TrainedRun keep = train(keepCfg, K);
-    TrainedRun off = train(offCfg, K);
+    TrainedRun keep = test::trainEngine(keepCfg, K);
+    TrainedRun off = test::trainEngine(offCfg, K);
     const auto& sched = off.engine->schedule();
     ASSERT_GT(countWeightActions(sched, schedules::ActionType::Offload), 0);
     ASSERT_GT(countWeightActions(sched, schedules::ActionType::Prefetch), 0);
@@ -119,9 +81,11 @@ TEST(WeightOffload, PipedreamMatchesKeepWithVersionsInTheHostPool) {
     int64_t d2h = 0;
     for (const auto& t : off.engine->transferStats()) d2h += t.bytesD2H;
     EXPECT_GT(d2h, 0);
-    for (auto* dom : memory::allDomains())
-      if (dom->name().rfind("cpu:", 0) == 0)
+    for (auto* dom : memory::allDomains()) {
+      if (dom->name().rfind("cpu:", 0) == 0) {
         EXPECT_EQ(dom->liveBytes(MemoryCategory::WeightVersions), 0) << dom->name();
+      }
+    }
     EXPECT_EQ(off.engine->hostPool().liveBytes, 0);
   }
 }
@@ -138,8 +102,8 @@ TEST(WeightOffload, PipefbAsyncCheckpointOffloadMatchesKeep) {
     keepCfg.pipeline.async_lag = lag;
     auto offCfg = keepCfg;
     offCfg.pipeline.stash = "checkpoint-offload";
-    TrainedRun keep = train(keepCfg, K);
-    TrainedRun off = train(offCfg, K);
+    TrainedRun keep = test::trainEngine(keepCfg, K);
+    TrainedRun off = test::trainEngine(offCfg, K);
     EXPECT_GT(countWeightActions(off.engine->schedule(), schedules::ActionType::Drop), 0);
     for (size_t k = 0; k < keep.losses.size(); ++k)
       EXPECT_NEAR(off.losses[k], keep.losses[k], 1e-6 * std::max(1.0, std::abs(keep.losses[k])));
@@ -158,7 +122,7 @@ TEST(WeightOffload, ResidentVersionsFollowTheLookahead) {
     auto cfg = test::pipelineConfig(mlp(), "pipedream", S, M, "checkpoint-offload", 16);
     cfg.pipeline.lookahead = lookahead;
     cfg.pipeline.offload_weights = offloadWeights;
-    TrainedRun r = train(cfg, K);
+    TrainedRun r = test::trainEngine(cfg, K);
     // The contract the run checked against, as its summary states it: min(S - s, L + 1).
     auto contract = nlohmann::json::parse(r.engine->summaryJson())["contract"];
     EXPECT_EQ(contract["resident_weight_versions"][0].get<int>(),
