@@ -31,6 +31,7 @@
 #include "pipefb/report/ChromeTrace.h"
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/StashPolicy.h"
 #include "pipefb/schedules/Validator.h"
@@ -734,7 +735,7 @@ void PipelineEngine::Impl::build() {
   host = &memory::configureDomain(memory::kHostDomain,
                                   config.devices.host_memory.value_or(memory::kUnlimited));
   host->resetPeak();
-  transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true, 1});
+  transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true, schedules::kOffloadsInFlight});
 
   // Stages: the master replica is the model's own layers, moved to the backward device.
   pool = std::make_shared<ShellPool>(model.options(), partition, true);

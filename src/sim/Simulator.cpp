@@ -8,6 +8,7 @@
 #include <string>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/WeightVersions.h"
 
@@ -78,9 +79,8 @@ enum KeyKind : int {
 };
 
 // Note [Offloads in flight] (planner/CostModel.h): D2H copies a device may have unfinished
-// before its OFF waits; the runtime's TransferOptions::maxOffloadsInFlight and the
-// planner's kOffloadsInFlight (the simulator does not depend on the planner).
-constexpr size_t kOffloadsInFlight = 1;
+// before its OFF waits, as the runtime's copy engine has them (schedules/MemoryContract.h).
+constexpr size_t kOffloadsInFlight = schedules::kOffloadsInFlight;
 
 struct MemEvent {
   double time;

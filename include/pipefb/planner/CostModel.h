@@ -131,6 +131,7 @@
 #include "pipefb/common/MemoryCategory.h"
 #include "pipefb/planner/Cluster.h"
 #include "pipefb/planner/LayerCost.h"
+#include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/StashPolicy.h"
 
 namespace pipefb::planner {
@@ -215,9 +216,8 @@ struct PipelineShape {
 /// is such a stage, whatever the cluster spec says.
 bool inputStashOnly(const Cluster& cluster, const PipelineShape& shape, int k);
 
-/// Note [Offloads in flight]: D2H copies a device may have unfinished before OFF waits;
-/// the runtime's TransferOptions::maxOffloadsInFlight (PipelineEngine.cpp passes 1).
-inline constexpr int kOffloadsInFlight = 1;
+/// Note [Offloads in flight]: D2H copies a device may have unfinished before OFF waits.
+using schedules::kOffloadsInFlight;
 
 using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
 std::int64_t total(const CategoryBytes& b);

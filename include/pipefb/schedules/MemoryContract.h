@@ -25,4 +25,10 @@ struct MemoryContract {
   std::vector<int> residentWeightVersions;
 };
 
+/// Note [Offloads in flight] (planner/CostModel.h): the D2H copies a device may have
+/// unfinished before its next OFF waits (the runtime's copy-engine backpressure,
+/// TransferOptions::maxOffloadsInFlight). The runtime, the simulator and the planner's
+/// cost model all take it from here.
+inline constexpr int kOffloadsInFlight = 1;
+
 }  // namespace pipefb::schedules
