@@ -364,64 +364,76 @@ TEST(Dist, PipefbTrainUnderTheLauncherMatchesTheThreadedRun) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// 1f1b over 4 ranks (4 stages x 4 microbatches, 3 iterations, distributed.timeout 10 s)
+// whose rank `victim` is SIGKILLed at its 9th action. Each rank k logs to dir/rk.log.
+struct KillRun {
+  fs::path dir;
+  test::CommandResult r;
+  double seconds = 0;
+};
+KillRun killOneOfFour(const std::string& name, int victim) {
+  KillRun k;
+  k.dir = workDir(name);
+  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 4 --microbatches 4 "
+                        "--iterations 3 --timeout 10 --fault-rank " + std::to_string(victim) +
+                        " --kill-at 9 --out " + k.dir.string();
+  std::vector<std::string> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back("RANK=" + std::to_string(r) + " WORLD_SIZE=4 " + w);
+  const auto t0 = std::chrono::steady_clock::now();
+  k.r = test::runCommand("cd " + k.dir.string() + " && timeout 60 sh -c '" +
+                         shellRanks(freePort(), ranks) + "'");
+  k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return k;
+}
+
+std::string rankLog(const fs::path& dir, int rank) {
+  std::ifstream in(dir / ("r" + std::to_string(rank) + ".log"));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
 // The same with 4 ranks: rank 3 only sees rank 2 go (rank 2 failed because rank 1 died),
 // and names rank 1 through the job's first failure in the rendezvous store.
 TEST(Dist, KilledRankIsNamedByAllOthersOfFour) {
-  const fs::path dir = workDir("kill4");
-  const double timeout = 10;
-  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 4 --microbatches 4 "
-                        "--iterations 3 --timeout 10 --fault-rank 1 --kill-at 9 --out " +
-                        dir.string();
-  std::vector<std::string> ranks;
-  for (int k = 0; k < 4; ++k) ranks.push_back("RANK=" + std::to_string(k) + " WORLD_SIZE=4 " + w);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = test::runCommand("cd " + dir.string() + " && timeout 60 sh -c '" +
-                            shellRanks(freePort(), ranks) + "'");
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(secs, timeout) << r.out;
+  const KillRun k = killOneOfFour("kill4", 1);
+  const auto& r = k.r;
+  EXPECT_LT(k.seconds, 10) << r.out;
   EXPECT_NE(r.out.find("exit 1 137"), std::string::npos) << r.out;
-  for (int k : {0, 2, 3}) {
-    SCOPED_TRACE("rank " + std::to_string(k));
-    EXPECT_NE(r.out.find("exit " + std::to_string(k) + " 1"), std::string::npos) << r.out;
-    std::ifstream in(dir / ("r" + std::to_string(k) + ".log"));
-    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_TRUE(std::regex_search(log, std::regex("failed on device " + std::to_string(k) +
-                                                  " \\(cpu:" + std::to_string(k) +
+  for (int rank : {0, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_NE(r.out.find("exit " + std::to_string(rank) + " 1"), std::string::npos) << r.out;
+    const std::string log = rankLog(k.dir, rank);
+    EXPECT_TRUE(std::regex_search(log, std::regex("failed on device " + std::to_string(rank) +
+                                                  " \\(cpu:" + std::to_string(rank) +
                                                   "\\) at action [A-Z]+[0-9.<>]+ \\(step")))
         << log;
     EXPECT_NE(log.find("rank 1 is gone"), std::string::npos) << log;
   }
-  EXPECT_TRUE(survivors(dir.string()).empty());
-  fs::remove_all(dir);
+  EXPECT_TRUE(survivors(k.dir.string()).empty());
+  fs::remove_all(k.dir);
 }
 
 // Note [Gone ranks]: rank 0 hosts the rendezvous store, so when it dies nobody can read the
 // job's first failure; every other rank still names rank 0 (its neighbour as the peer it
 // waited on, the others from the processes gone on this host).
 TEST(Dist, KilledRankZeroIsNamedByAllOthersOfFour) {
-  const fs::path dir = workDir("kill0");
-  const std::string w = std::string(DIST_WORKER) + " --schedule 1f1b --stages 4 --microbatches 4 "
-                        "--iterations 3 --timeout 10 --fault-rank 0 --kill-at 9 --out " +
-                        dir.string();
-  std::vector<std::string> ranks;
-  for (int k = 0; k < 4; ++k) ranks.push_back("RANK=" + std::to_string(k) + " WORLD_SIZE=4 " + w);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = test::runCommand("cd " + dir.string() + " && timeout 60 sh -c '" +
-                            shellRanks(freePort(), ranks) + "'");
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(secs, 10) << r.out;
+  const KillRun k = killOneOfFour("kill0", 0);
+  const auto& r = k.r;
+  EXPECT_LT(k.seconds, 10) << r.out;
   EXPECT_NE(r.out.find("exit 0 137"), std::string::npos) << r.out;
-  for (int k : {1, 2, 3}) {
-    SCOPED_TRACE("rank " + std::to_string(k));
-    EXPECT_NE(r.out.find("exit " + std::to_string(k) + " 1"), std::string::npos) << r.out;
-    std::ifstream in(dir / ("r" + std::to_string(k) + ".log"));
-    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (int rank : {1, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_NE(r.out.find("exit " + std::to_string(rank) + " 1"), std::string::npos) << r.out;
+    const std::string log = rankLog(k.dir, rank);
     EXPECT_TRUE(log.find("rank 0 is gone") != std::string::npos ||
                 std::regex_search(log, std::regex("gone on this host: (rank [0-9], )*rank 0")))
         << log;
   }
-  EXPECT_TRUE(survivors(dir.string()).empty());
-  fs::remove_all(dir);
+  EXPECT_TRUE(survivors(k.dir.string()).empty());
+  fs::remove_all(k.dir);
 }
 
 // The hybrid lowering pass alone: AR(s,n) right before every STEP(s,n), nothing else
