@@ -2,10 +2,23 @@
 // The config the pipeline tests (tests/runtime, tests/dist) build their cases from.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pipefb/config/Config.h"
 
 namespace pipefb::test {
+
+/// The mlp model on `inputSize` features (one channel) with `hidden` layer widths and 5
+/// classes: hidden.size() + 1 layers.
+inline model::ModelOptions mlpOptions(int64_t inputSize, std::vector<int64_t> hidden) {
+  model::ModelOptions o;
+  o.name = "mlp";
+  o.input_size = inputSize;
+  o.channels = 1;
+  o.num_classes = 5;
+  o.hidden = std::move(hidden);
+  return o;
+}
 
 /// SGD 0.05 with momentum 0.9, S stages x M microbatches of `batch` under `stash`, on S
 /// devices (2S for pipefb-*).

@@ -20,15 +20,7 @@ namespace {
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new test::TrackingAllocatorEnv);
 
 // Four layers whose first one is much larger than any activation of a microbatch.
-model::ModelOptions mlp() {
-  model::ModelOptions o;
-  o.name = "mlp";
-  o.input_size = 8;
-  o.channels = 1;
-  o.num_classes = 5;
-  o.hidden = {256, 64, 32};
-  return o;
-}
+model::ModelOptions mlp() { return test::mlpOptions(8, {256, 64, 32}); }
 
 config::Config makeConfig(const std::string& schedule, const std::string& optimizer,
                           const std::string& where) {

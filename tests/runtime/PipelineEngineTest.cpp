@@ -28,15 +28,7 @@ struct Case {
   int64_t batch = 8;
 };
 
-model::ModelOptions mlpOptions() {
-  model::ModelOptions o;
-  o.name = "mlp";
-  o.input_size = 6;
-  o.channels = 1;
-  o.num_classes = 5;
-  o.hidden = {24, 20, 16};  // 4 layers
-  return o;
-}
+model::ModelOptions mlpOptions() { return test::mlpOptions(6, {24, 20, 16}); }  // 4 layers
 
 model::ModelOptions visionOptions(const std::string& name) {
   model::ModelOptions o;

@@ -22,15 +22,7 @@ namespace {
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new test::TrackingAllocatorEnv);
 
 // Weights much larger than a microbatch's activations, so that versions dominate.
-model::ModelOptions mlp() {
-  model::ModelOptions o;
-  o.name = "mlp";
-  o.input_size = 16;
-  o.channels = 1;
-  o.num_classes = 5;
-  o.hidden = {128, 96, 64, 32};
-  return o;
-}
+model::ModelOptions mlp() { return test::mlpOptions(16, {128, 96, 64, 32}); }
 
 using test::TrainedRun;
 
