@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     cpu.pcieBandwidth = 8e9;
     cpu.efficiency = 0.3;
     auto t0 = std::chrono::steady_clock::now();
-    Profile p = analyticProfile(modelWork(mo), 1, cpu, 2);
+    Profile p = analyticProfile(modelWork(mo), 1, cpu, optimizerMemory("adam", 0, 0));
     CostModel m(p, uniformClusterSpec(cpu, 4, Link{8e9, 2e-6}).toCluster({}));
     SolverOptions o;
     o.batch = 64;

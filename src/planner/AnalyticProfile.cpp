@@ -15,6 +15,12 @@ namespace {
 
 constexpr std::int64_t kF = 4;  // bytes per fp32 element
 constexpr std::int64_t kL = 8;  // bytes per int64 (pooling indices, token ids)
+// Note [Analytic step transient]: the 0-dim tensors LibTorch wraps an optimizer's scalars
+// in (beta1, momentum, ...) while a parameter's update runs; measured 12 bytes on every
+// layer of VGG16 under Adam, Adam with weight decay and SGD with momentum, 0 under plain
+// SGD. A plan at the smallest feasible budget has no room for them otherwise (1f1b:
+// needed 154,157,068 bytes at a 154,157,056 budget).
+constexpr std::int64_t kStepScalarBytes = 12;
 
 std::string key(const model::ModelOptions& o) {
   std::ostringstream s;
@@ -42,6 +48,7 @@ LayerWork convRelu(const std::string& name, int64_t cin, int64_t cout, int64_t& 
   const double in = double(cin) * h * h, pre = double(cout) * ho * ho;
   w.flops = 2.0 * cin * k * k * cout * ho * ho + 2 * pre;  // MACs + bias + ReLU
   w.params = cin * k * k * cout + cout;
+  w.largestParam = cin * k * k * cout;
   int64_t hout = ho;
   std::int64_t indices = 0;
   if (pk > 0) {
@@ -65,6 +72,7 @@ LayerWork linear(const std::string& name, int64_t in, int64_t out, bool relu,
   w.name = name;
   w.flops = 2.0 * in * out + (relu ? out : 0);
   w.params = in * out + out;
+  w.largestParam = in * out;
   w.outputBytes = out * kF;
   w.savedBytes = (in + (relu ? out : 0)) * kF;
   w.workingBytes = 2 * std::max(in + pooledFrom, out) * kF;
@@ -128,6 +136,7 @@ void convBn(LayerWork& w, int64_t cin, int64_t cout, int64_t h, int64_t k, int64
   const double in = double(cin) * h * h, out = double(cout) * ho * ho;
   w.flops += 2.0 * cin * k * k * cout * ho * ho + 8 * out;
   w.params += cin * k * k * cout + 2 * cout;
+  w.largestParam = std::max(w.largestParam, cin * k * k * cout);
   // conv input, BN input (+ stats), ReLU output.
   w.savedBytes += static_cast<std::int64_t>(in + out + (relu ? out : 0)) * kF;
   w.workingBytes = std::max<std::int64_t>(w.workingBytes, static_cast<std::int64_t>(2 * out) * kF);
@@ -186,6 +195,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
     LayerWork w;
     w.name = "embed";
     w.params = (V + c.n_ctx) * E;
+    w.largestParam = std::max(V, c.n_ctx) * E;  // wte
     w.flops = double(T) * E;
     w.outputBytes = T * E * kF;
     w.savedBytes = 2 * T * kL;  // token and position ids
@@ -197,6 +207,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
     LayerWork w;
     w.name = "block" + std::to_string(l);
     w.params = 12 * E * E + 13 * E;
+    w.largestParam = 4 * E * E;  // c_attn (E x 3E) < c_fc, c_proj (E x 4E)
     // QKV, projection and MLP matmuls (24 E^2 per token) and the two attention matmuls.
     w.flops = double(T) * (24.0 * E * E + 4.0 * T * E);
     w.outputBytes = T * E * kF;
@@ -211,6 +222,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
     LayerWork w;
     w.name = "head";
     w.params = E * V + 2 * E;
+    w.largestParam = E * V;  // lm_head
     w.flops = 2.0 * T * E * V;
     w.outputBytes = T * V * kF;
     w.savedBytes = (2 * T * E + T * V) * kF;  // LN input, lm_head input, log-softmax
@@ -249,9 +261,10 @@ ModelWork modelWork(const model::ModelOptions& o) {
   return m;
 }
 
-int optimizerStatesPerParam(const std::string& optimizer, double momentum) {
-  if (optimizer == "adam") return 2;
-  return momentum != 0 ? 1 : 0;
+OptimizerMemory optimizerMemory(const std::string& optimizer, double momentum, double weightDecay) {
+  const int decay = weightDecay != 0 ? 1 : 0;
+  if (optimizer == "adam") return {2, 2 + decay};
+  return {momentum != 0 ? 1 : 0, decay};
 }
 
 namespace {
@@ -261,7 +274,8 @@ double layerTime(double flops, double bytes, const DeviceSpec& d) {
 }  // namespace
 
 Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const DeviceSpec& d,
-                        int statesPerParam) {
+                        OptimizerMemory optimizer) {
+  const int statesPerParam = optimizer.statesPerParam;
   Profile p;
   p.model = work.model;
   p.device = d.name;
@@ -281,6 +295,9 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.paramBytes = w.params * kF;
     c.gradBytes = c.paramBytes;
     c.optimizerBytes = c.paramBytes * statesPerParam;
+    // Note [Analytic step transient]
+    c.stepWorkingBytes = w.largestParam * kF * optimizer.stepTransients +
+                         (optimizer.statesPerParam + optimizer.stepTransients > 0 ? kStepScalarBytes : 0);
     // Read weights, grads and states, write weights and states.
     c.step = double(c.paramBytes) * (3 + 2 * statesPerParam) / (d.hbmBandwidth * d.efficiency);
     // A weight snapshot (Note [Weight snapshots] in CostModel.h) reads and writes the
@@ -300,7 +317,7 @@ std::vector<double> analyticSpeeds(const ModelWork& work, std::int64_t microbatc
   std::vector<double> out;
   if (devices.empty()) return out;
   auto total = [&](const DeviceSpec& d) {
-    Profile p = analyticProfile(work, microbatch, d, 0);
+    Profile p = analyticProfile(work, microbatch, d, OptimizerMemory{});
     double t = 0;
     for (const auto& l : p.layers) t += l.forward + l.backward;
     return t;

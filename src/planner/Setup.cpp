@@ -73,8 +73,9 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
                       std::to_string(work.layers.size()) +
                       " layers); profile it with: pipefb_profile --config " + cfg.source);
   } else {
-    const int states = optimizerStatesPerParam(cfg.training.optimizer, cfg.training.momentum);
-    profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), states);
+    profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(),
+                              optimizerMemory(cfg.training.optimizer, cfg.training.momentum,
+                                              cfg.training.weight_decay));
     pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;
   }
   auto speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);

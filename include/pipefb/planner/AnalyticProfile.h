@@ -28,6 +28,7 @@ struct LayerWork {
   double flops = 0;              // forward
   double bytesMoved = 0;         // forward, for the memory-bound roofline
   std::int64_t params = 0;       // parameter count (fp32)
+  std::int64_t largestParam = 0; // elements of the largest parameter tensor (Note [Analytic step transient])
   std::int64_t outputBytes = 0;
   std::int64_t savedBytes = 0;
   std::int64_t workingBytes = 0;
@@ -42,11 +43,27 @@ struct ModelWork {
 /// The zoo's layer chain for these options (same layers as model::buildModel).
 ModelWork modelWork(const model::ModelOptions& options);
 
-/// Optimizer state per parameter: "sgd" with momentum -> 1, "sgd" without -> 0, "adam" -> 2.
-int optimizerStatesPerParam(const std::string& optimizer, double momentum);
+/// Note [Analytic step transient]
+/// What LibTorch 1.13's optimizers hold per parameter tensor p: `statesPerParam` state
+/// tensors of p's size for good, and while p's update runs `stepTransients` temporaries of
+/// p's size (Adam: exp_avg_sq.sqrt() and its quotient by sqrt(bias_correction2) before
+/// the sqrt is freed; weight decay adds grad + wd * p to either optimizer). The step walks
+/// the parameters one by one, so a layer's step transient is stepTransients x its largest
+/// parameter tensor (LayerCost::stepWorkingBytes, Note [Step working set] in CostModel.h),
+/// plus the 12 bytes of 0-dim scalar tensors an optimizer with state or temporaries makes.
+/// Measured with pipefb_profile on VGG16 width 1/4, fc6 (weight 25,690,112 bytes):
+/// Adam 51,380,236 (2 x), Adam with weight decay 77,070,348 (3 x), SGD with momentum 12,
+/// SGD with momentum and weight decay 25,690,124 (1 x), SGD without momentum 0.
+struct OptimizerMemory {
+  int statesPerParam = 0;
+  int stepTransients = 0;
+};
+/// "sgd": momentum -> 1 state, weight decay -> 1 transient; "adam": 2 states, 2 transients
+/// (+1 with weight decay).
+OptimizerMemory optimizerMemory(const std::string& optimizer, double momentum, double weightDecay);
 
 Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const DeviceSpec& device,
-                        int statesPerParam);
+                        OptimizerMemory optimizer);
 
 /// Compute speed of each device relative to the first, from the analytic time of the
 /// whole model (forward + backward) on each spec.
