@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -477,9 +478,21 @@ void applyDocument(Config& config, const YAML::Node& root, const std::string& so
   if (!root.IsMap())
     throw UserError(whereOf(source, root).text +
                     ": the config must be a mapping with sections " + joinAllowed(kSections));
+  // yaml-cpp keeps every pair of a mapping, duplicates included (a lookup finds the
+  // first, iteration applies both, so the later one would silently win): refuse a
+  // repeated section or key, naming both lines from the nodes' marks.
+  std::map<std::string, YAML::Mark> seen;
+  auto once = [&](const std::string& what, const std::string& name, const YAML::Node& key) {
+    auto [it, fresh] = seen.emplace(name, key.Mark());
+    if (fresh) return;
+    throw UserError(whereOf(source, key).text + ": duplicate " + what + " '" + name +
+                    "' (first at line " + std::to_string(it->second.line + 1) +
+                    "); give it once, as YAML keeps only one of them");
+  };
   for (const auto& sec : root) {
     const std::string section = keyName(source, sec.first, "section");
     Where secWhere = whereOf(source, sec.first);
+    once("section", section, sec.first);
     bool known = false;
     for (const auto& k : kSections) known = known || k == section;
     if (!known)
@@ -491,6 +504,7 @@ void applyDocument(Config& config, const YAML::Node& root, const std::string& so
                       shown(sec.second));
     for (const auto& kv : sec.second) {
       const std::string key = keyName(source, kv.first, section + " key");
+      once("key", section + "." + key, kv.first);
       const KeySpec* spec = findSpec(section + "." + key);
       if (!spec) {
         auto keys = keysOf(section);
@@ -629,11 +643,27 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
 }
 
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError(path + ": is a directory; --config takes a YAML file such as " +
+                    "configs/vgg16.yaml");
   std::ifstream in(path);
   if (!in) throw UserError(path + ": cannot open config file (does it exist?)");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parseConfig(ss.str(), overrides, path);
+  const std::string text = ss.str();
+  // An empty file (or one of comments only) would train every default, a full-width
+  // VGG16 at 224 px: refuse it. parseConfig("") stays the defaults, for tests and --set.
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException&) {
+    root = YAML::Node(YAML::NodeType::Map);  // parseConfig reports it with its line
+  }
+  if (root.IsNull())
+    throw UserError(path + ": the config file is empty; give at least one section (" +
+                    joinAllowed(kSections) + "), e.g. start from configs/vgg16.yaml");
+  return parseConfig(text, overrides, path);
 }
 
 std::string toYaml(const Config& config) {

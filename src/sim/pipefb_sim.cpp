@@ -67,6 +67,20 @@ int run(int argc, char** argv) {
                            placementArg + "\n";
         placement = ps::parseSchedule(text, "--placement").placement;
       }
+      // Note [Simulation size limit]: actions grow as stages x microbatches x iterations
+      // (about 4 to 10 per pair once lowered). 1f1b at S=100, M=10000 took 19 s and 1 GB;
+      // pipedream with checkpoint-offload at the limit below takes about 9 s and 0.5 GB
+      // on a busy 2-core machine. Refuse sizes past it rather than run for minutes.
+      constexpr int64_t kMaxPairs = 250000;
+      const int64_t pairs = int64_t{std::max(stages, 1)} * std::max(microbatches, 1) *
+                            std::max(iterations, 1);
+      if (pairs > kMaxPairs)
+        throw pipefb::UserError(
+            "--stages x --microbatches x --iterations: " + std::to_string(stages) + " x " +
+            std::to_string(microbatches) + " x " + std::to_string(iterations) + " = " +
+            std::to_string(pairs) + " (stage, microbatch) pairs; the limit is " +
+            std::to_string(kMaxPairs) + " (the schedule would not fit in memory or would take " +
+            "minutes); lower one of them");
       if (lookahead < 0)
         throw pipefb::UserError("--lookahead must be >= 0, got " + std::to_string(lookahead));
       auto policies = ps::policiesPerStage(parsePolicies(policyArg), std::max(stages, 1));

@@ -445,7 +445,13 @@ RunSummary Trainer::run() {
   const auto& t = config_.training;
   RunSummary summary;
   summary.run_dir = config_.output.dir;
-  fs::create_directories(config_.output.dir);
+  try {
+    fs::create_directories(config_.output.dir);
+  } catch (const fs::filesystem_error& e) {
+    throw UserError(config_.source + ": output.dir: cannot create '" + config_.output.dir +
+                    "' (" + e.code().message() + "); give a folder you can write, such as runs/" +
+                    config_.model.name);
+  }
   writeFileAtomically(config_.output.dir + "/config.yaml", config::toYaml(config_));
   if (!planYaml_.empty()) writeFileAtomically(config_.output.dir + "/plan.yaml", planYaml_);
   const std::string metricsPath = config_.output.dir + "/metrics.csv";

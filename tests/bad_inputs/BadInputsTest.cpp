@@ -9,7 +9,8 @@
 //                  with a broken checkpoint, say)
 //   # args: ARGS   the arguments instead of `--config CASE`; @CASE@ is the case file,
 //                  @WORK@ the work folder, @DATA@ tests/bad_inputs/data
-// Every case must be listed in the README's "Troubleshooting" section (second test).
+//   # program: NAME  runs another pipefb program (pipefb_sim, pipefb_plan) instead
+// Every case must be listed in docs/troubleshooting.md (second test).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -63,6 +64,7 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
     std::ofstream(config) << replaceAll(text, "@SOURCE@", PIPEFB_SOURCE_DIR);
 
     std::string args = "--config " + config.string();
+    std::string program = "pipefb_train";
     std::istringstream header(text);
     std::string line;
     std::getline(header, line);  // # expect:
@@ -75,11 +77,13 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
         args = replaceAll(args, "@CASE@", config.string());
         args = replaceAll(args, "@WORK@", work.string());
         args = replaceAll(args, "@DATA@", (corpus / "data").string());
+      } else if (line.rfind("# program: ", 0) == 0) {
+        program = line.substr(11);
       }
     }
 
     auto r = pipefb::test::runCommand("cd " + work.string() + " && " + PIPEFB_BINARY_DIR +
-                                      "/pipefb_train " + args);
+                                      "/" + program + " " + args);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_EQ(pipefb::test::countLines(r.out), 1u) << r.out;
     EXPECT_NE(r.out.find(expect), std::string::npos) << "expected '" << expect << "' in: " << r.out;
@@ -87,22 +91,19 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
   }
 }
 
-// README.md's "Troubleshooting" section lists every case file (so that it cannot go
-// stale): each name appears in the section, and the section names no case that is gone.
-TEST(BadInputs, ReadmeTroubleshootingListsEveryCase) {
+// docs/troubleshooting.md lists every case file (so that it cannot go stale): each name
+// appears in it, and it names no case that is gone.
+TEST(BadInputs, TroubleshootingListsEveryCase) {
   const fs::path root(PIPEFB_SOURCE_DIR);
-  const std::string readme = readFile(root / "README.md");
-  const auto start = readme.find("\n## Troubleshooting");
-  ASSERT_NE(start, std::string::npos) << "README.md has no '## Troubleshooting' section";
-  const auto end = readme.find("\n## ", start + 1);
-  const std::string section = readme.substr(start, end == std::string::npos ? end : end - start);
+  const std::string section = readFile(root / "docs" / "troubleshooting.md");
+  ASSERT_FALSE(section.empty()) << "docs/troubleshooting.md is missing or empty";
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(root / "tests" / "bad_inputs"))
     if (e.path().extension() == ".yaml") names.push_back(e.path().filename().string());
   ASSERT_GE(names.size(), 30u);
   for (const auto& n : names)
     EXPECT_NE(section.find("`" + n + "`"), std::string::npos)
-        << n << " is not listed in README.md's Troubleshooting section";
+        << n << " is not listed in docs/troubleshooting.md";
   // And no listed case that does not exist.
   for (size_t at = section.find(".yaml`"); at != std::string::npos;
        at = section.find(".yaml`", at + 1)) {
@@ -111,6 +112,6 @@ TEST(BadInputs, ReadmeTroubleshootingListsEveryCase) {
     if (listed.find('/') != std::string::npos || listed.find(' ') != std::string::npos) continue;
     if (listed.size() < 3 || !std::isdigit(static_cast<unsigned char>(listed[0]))) continue;
     EXPECT_TRUE(fs::exists(root / "tests" / "bad_inputs" / listed))
-        << "README.md lists " << listed << ", which is not in tests/bad_inputs";
+        << "docs/troubleshooting.md lists " << listed << ", which is not in tests/bad_inputs";
   }
 }
