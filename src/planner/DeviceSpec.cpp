@@ -210,9 +210,17 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
   if (!n["devices"] || !n["devices"].IsSequence())
     throw UserError(source + ": 'devices' must be a list of {spec: <device>, count: <n>}");
   for (const auto& d : n["devices"]) {
-    checkKeys(d, {"spec", "count"}, source, "devices.");
+    checkKeys(d, {"spec", "count", "memory"}, source, "devices.");
     if (!d["spec"]) throw UserError(where(source, d) + ": devices entry without 'spec'");
     DeviceSpec spec = findDeviceSpec(d["spec"].as<std::string>(), devicesDir);
+    if (d["memory"]) {  // the spec's capacity overridden; `unlimited` as Setup's cpu domain
+      const std::string t = d["memory"].as<std::string>();
+      auto v = t == "unlimited" ? std::optional<std::int64_t>(std::int64_t(1) << 50) : parseSize(t);
+      if (!v || *v <= 0)
+        throw UserError(where(source, d["memory"]) +
+                        ": devices.memory must be a size such as 16GiB or unlimited, got '" + t + "'");
+      spec.memory = *v;
+    }
     int count = d["count"] ? d["count"].as<int>() : 1;
     if (count < 1) throw UserError(where(source, d) + ": devices.count must be >= 1");
     for (int i = 0; i < count; ++i) c.devices.push_back(spec);
@@ -286,8 +294,10 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
       Link l;
       if (!it->second["bandwidth"])
         throw UserError(where(source, it->second) + ": link_kinds." + k + " needs a bandwidth");
-      l.bandwidth = parseBandwidth(it->second["bandwidth"].as<std::string>(),
-                                   source + ": link_kinds." + k + ".bandwidth");
+      // `unlimited`: transfers take no time (Link::bandwidth 0), for compute-only clusters.
+      const std::string bw = it->second["bandwidth"].as<std::string>();
+      if (bw != "unlimited")
+        l.bandwidth = parseBandwidth(bw, source + ": link_kinds." + k + ".bandwidth");
       if (it->second["latency"])
         l.latency = parseSeconds(it->second["latency"].as<std::string>(),
                                  source + ": link_kinds." + k + ".latency");
@@ -440,7 +450,8 @@ std::string clusterSpecToYaml(const ClusterSpec& c) {
     out << YAML::Key << "link_kinds" << YAML::Value << YAML::BeginMap;
     for (const auto& [k, l] : kinds)
       out << YAML::Key << k << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key
-          << "bandwidth" << YAML::Value << exact(l.bandwidth) << YAML::Key << "latency"
+          << "bandwidth" << YAML::Value
+          << (l.bandwidth > 0 ? exact(l.bandwidth) : std::string("unlimited")) << YAML::Key << "latency"
           << YAML::Value << exact(l.latency) << YAML::EndMap;
     out << YAML::EndMap;
     out << YAML::Key << "matrix" << YAML::Value << YAML::BeginSeq;

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/AnalyticProfile.h"
 #include "pipefb/planner/DetectedCluster.h"
+#include "pipefb/planner/PipeDreamProfile.h"
 #include "pipefb/planner/ProfileFile.h"
 #include "pipefb/topology/Topology.h"
 
@@ -57,28 +60,52 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
                                           Link{spec.pcieBandwidth, spec.hostLatency}, hostPool);
     }
   }
-  const ModelWork work = modelWork(cfg.model);
+  const OptimizerMemory optimizer =
+      optimizerMemory(cfg.training.optimizer, cfg.training.momentum, cfg.training.weight_decay);
   const std::int64_t mb = opt.profileMicrobatch > 0 ? opt.profileMicrobatch : 1;
-  Profile profile;
+  std::string profileText;
   if (!opt.profile.empty()) {
-    profile = readProfileFile(opt.profile);
-    pl.profileText = "measured " + opt.profile;
-    // A profile of another model would plan nonsense; pipefb_profile writes
-    // "<modelWork key> optimizer=..." as the model (Profiler.h).
-    if (profile.numLayers() != static_cast<int>(work.layers.size()) ||
-        profile.model.compare(0, work.model.size(), work.model) != 0)
-      throw UserError("--profile: " + opt.profile + " is for '" + profile.model + "' (" +
-                      std::to_string(profile.numLayers()) +
-                      " layers), but the config's model is '" + work.model + "' (" +
-                      std::to_string(work.layers.size()) +
-                      " layers); profile it with: pipefb_profile --config " + cfg.source);
-  } else {
-    profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(),
-                              optimizerMemory(cfg.training.optimizer, cfg.training.momentum,
-                                              cfg.training.weight_decay));
-    pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;
+    std::ifstream in(opt.profile);
+    if (!in) throw UserError("--profile: file '" + opt.profile + "' cannot be read (does it exist?)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    profileText = ss.str();
   }
-  auto speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
+  Profile profile;
+  std::vector<double> speeds;
+  if (!opt.profile.empty() && isPipeDreamGraph(profileText)) {
+    // Note [PipeDream profiles]: no zoo model; the config gives the batch and the optimizer.
+    PipeDreamImport imp;
+    imp.batch = opt.profileBatch;
+    imp.optimizer = optimizer;
+    imp.device = pl.clusterSpec.devices.front().name;
+    profile = importPipeDreamProfile(profileText, opt.profile, imp);
+    pl.profileText = "pipedream " + opt.profile;
+    // The times are taken as measured on the cluster's first device; others scale by
+    // their sustained FLOP rate.
+    const DeviceSpec& ref = pl.clusterSpec.devices.front();
+    for (const auto& d : pl.clusterSpec.devices)
+      speeds.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
+  } else {
+    const ModelWork work = modelWork(cfg.model);
+    if (!opt.profile.empty()) {
+      profile = parseProfile(profileText, opt.profile);
+      pl.profileText = "measured " + opt.profile;
+      // A profile of another model would plan nonsense; pipefb_profile writes
+      // "<modelWork key> optimizer=..." as the model (Profiler.h).
+      if (profile.numLayers() != static_cast<int>(work.layers.size()) ||
+          profile.model.compare(0, work.model.size(), work.model) != 0)
+        throw UserError("--profile: " + opt.profile + " is for '" + profile.model + "' (" +
+                        std::to_string(profile.numLayers()) +
+                        " layers), but the config's model is '" + work.model + "' (" +
+                        std::to_string(work.layers.size()) +
+                        " layers); profile it with: pipefb_profile --config " + cfg.source);
+    } else {
+      profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), optimizer);
+      pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;
+    }
+    speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
+  }
   Cluster cluster = pl.clusterSpec.toCluster(speeds);
   // Virtual CPU devices share this machine's cores (Note [Shared cores] in CostModel.h): the
   // detected ones (hwloc cores this process may use), or --cores.

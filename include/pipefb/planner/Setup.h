@@ -18,7 +18,9 @@ namespace pipefb::planner {
 struct SetupOptions {
   std::string cluster;         // cluster spec path or name in configs/clusters; "" = from config
   std::string device = "cpu";  // device spec used when no cluster is given
-  std::string profile;         // profile file; "" = analytic
+  std::string profile;         // profile file (pipefb's, or a PipeDream graph.txt); "" = analytic
+  /// A PipeDream graph.txt's profiling batch; 0 = inferred (Note [PipeDream profiles]).
+  std::int64_t profileBatch = 0;
   std::string configsDir;      // holds devices/ and clusters/ (default: next to the config)
   std::int64_t profileMicrobatch = 0;  // analytic profile microbatch; 0 = 1
   /// Cores the virtual CPU devices of a config-derived `cpu` cluster share (Note [Shared
@@ -36,7 +38,7 @@ struct Planning {
   ClusterSpec clusterSpec;
   std::unique_ptr<CostModel> model;
   SolverOptions solver;  // batch, lookahead from the config; schedules empty (= all)
-  std::string profileText;  // "analytic t4-16g" or "measured <path>"
+  std::string profileText;  // "analytic t4-16g", "measured <path>" or "pipedream <path>"
 };
 
 Planning setupPlanning(const config::Config& config, const SetupOptions& options);

@@ -13,7 +13,11 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
   app.add_option("--device", setup.device,
                  "device spec for a config-derived cluster (default cpu)");
   app.add_option("--profile", setup.profile,
-                 "profile file from pipefb_profile (default: analytic)");
+                 "profile file from pipefb_profile, or a PipeDream graph.txt (told apart by its "
+                 "content; default: analytic)");
+  app.add_option("--profile-batch", setup.profileBatch,
+                 "profiling batch of a PipeDream graph.txt (default: inferred from its Input node)")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
   app.add_option("--cores", setup.cores,
                  "cores the virtual cpu devices share; compute slows by cores/devices when "
                  "more devices run (default: this machine's cores, detected by hwloc; 0: each device "
