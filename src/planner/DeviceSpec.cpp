@@ -428,7 +428,8 @@ std::string clusterSpecToYaml(const ClusterSpec& c) {
   out << YAML::Key << "devices" << YAML::Value << YAML::BeginSeq;
   for (const auto& d : c.devices)
     out << YAML::Flow << YAML::BeginMap << YAML::Key << "spec" << YAML::Value << d.name << YAML::Key
-        << "count" << YAML::Value << 1 << YAML::EndMap;
+        << "count" << YAML::Value << 1 << YAML::Key << "memory" << YAML::Value
+        << std::to_string(d.memory) << YAML::EndMap;  // the capacity, which may be overridden
   out << YAML::EndSeq;
   out << YAML::Key << "host_pool" << YAML::Value
       << (c.hostPool < 0 ? std::string("unlimited") : std::to_string(c.hostPool));

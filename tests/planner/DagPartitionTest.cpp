@@ -10,6 +10,7 @@
 #include <cmath>
 #include <random>
 
+#include "PlannerTestUtil.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/BruteForce.h"
 #include "pipefb/planner/LayerDag.h"
@@ -69,7 +70,6 @@ TEST(DagPartition, NodeListNotInTopologicalOrderAndCycles) {
 }
 
 LayerDag randomDag(std::mt19937& rng, int n) {
-  auto uni = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
   auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
   // Edges go forward in a hidden order `rank`; node indices are a shuffle of it.
   std::vector<int> rank(n);
@@ -78,18 +78,8 @@ LayerDag randomDag(std::mt19937& rng, int n) {
   LayerDag g;
   g.successors.assign(n, {});
   for (int i = 0; i < n; ++i) {
-    LayerCost c;
-    c.name = "n" + std::to_string(i);
-    c.forward = uni(0.1, 2);
-    c.backward = uni(0.1, 4);
-    c.recompute = c.forward;
-    c.outputBytes = pick(1, 400);
-    c.savedBytes = pick(0, 800);
-    c.workingBytes = pick(0, 200);
-    c.paramBytes = pick(0, 400);
-    c.gradBytes = c.paramBytes;
-    c.optimizerBytes = c.paramBytes * pick(0, 2);
-    g.nodes.push_back(c);
+    g.nodes.push_back(pipefb::planner::testing::randomLayer(rng));
+    g.nodes.back().name = "n" + std::to_string(i);
   }
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b)

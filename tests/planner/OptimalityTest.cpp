@@ -35,23 +35,7 @@ Instance randomInstance(std::mt19937& rng, int id) {
   p.microbatch = pick(1, 2);
   p.inputBytes = pick(1, 400);
   for (int l = 0; l < L; ++l) {
-    LayerCost c;
-    c.forward = uni(0.1, 2);
-    c.backward = uni(0.1, 4);
-    c.recompute = c.forward * uni(0.8, 1.2);
-    c.step = uni(0, 0.5);
-    c.outputBytes = pick(1, 400);
-    c.savedBytes = pick(0, 1000);
-    c.workingBytes = pick(0, 300);
-    c.paramBytes = pick(0, 500);
-    c.gradBytes = c.paramBytes;
-    c.optimizerBytes = c.paramBytes * pick(0, 2);
-    c.stepWorkingBytes = pick(0, 2) == 0 ? pick(0, 2 * int(c.paramBytes)) : 0;
-    // Note [Backward after a step], [Weight snapshots], [Forward device memory].
-    c.backwardAfterStep = pick(0, 1) == 0 ? c.backward + uni(0, 1) : 0;
-    c.snapshot = uni(0, 0.3);
-    c.forwardWorkingBytes = pick(0, 1) == 0 ? pick(0, int(c.workingBytes)) : -1;
-    p.layers.push_back(c);
+    p.layers.push_back(pipefb::planner::testing::randomLayer(rng));
   }
   Cluster& cl = in.cluster;
   cl.name = "random";
