@@ -169,6 +169,18 @@ TEST(PipeDreamCli, MalformedGraphExits2NamingFileAndLine) {
   EXPECT_NE(slurp((dir / "plan.yaml").string()).find("profile: \"pipedream " + dataFile("vgg16")),
             std::string::npos)
       << slurp((dir / "plan.yaml").string());
+  // pipefb_sweep reads it the same way: at 4e9 bytes, where PipeDream's optimizer finds no
+  // plan, pipedream with microbatches still fits at PipeDream's unconstrained time.
+  const auto sweep = pipefb::test::runProgram(
+      "pipefb_sweep --config " + cfg + " --cluster 4x-v100-pcie --budgets 4GB:8GB:2 --profile " +
+      dataFile("vgg16") + " -o " + (dir / "sweep").string());
+  ASSERT_EQ(sweep.code, 0) << sweep.out;
+  const std::string csv = slurp((dir / "sweep" / "sweep.csv").string());
+  EXPECT_NE(csv.find("\npipedream,4000000000,"), std::string::npos) << csv;
+  const size_t row = csv.find("\npipedream,4000000000,");
+  const std::string line = csv.substr(row + 1, csv.find('\n', row + 1) - row - 1);
+  EXPECT_NE(line.find(",1,pipedream,4,"), std::string::npos) << line;  // feasible, 4 stages
+  EXPECT_NE(line.find(",0.21645,"), std::string::npos) << line;
   fs::remove_all(dir);
 }
 
