@@ -1,6 +1,5 @@
 #include "pipefb/offload/HostPool.h"
 
-#include <sys/mman.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -27,22 +26,29 @@ const char* toString(HostMemoryKind kind) {
 struct HostPool::State {
   memory::MemoryDomain* domain = nullptr;
   bool lockPages = true;
+  std::shared_ptr<CopyBackend> backend;
   mutable std::mutex mu;
   std::multimap<int64_t, void*> free;  // size class -> cached block
-  std::map<void*, bool> locked;        // every block held -> mlock succeeded
+  struct Block {
+    int64_t size;
+    HostMemoryKind kind;
+  };
+  std::map<void*, Block> blocks;  // every block held
   HostPoolStats stats;
   bool anyPlain = false;
 
   ~State() {
-    for (auto& [p, l] : locked) {
-      if (l) munlock(p, 0);  // length 0 is harmless; pages unlock when freed anyway
+    for (auto& [p, b] : blocks) {
+      backend->unpinHost(p, static_cast<size_t>(b.size), b.kind);
       std::free(p);
     }
   }
   void freeBlock(void* p, int64_t size) {  // mu held
-    auto it = locked.find(p);
-    if (it != locked.end() && it->second) munlock(p, static_cast<size_t>(size));
-    locked.erase(p);
+    auto it = blocks.find(p);
+    if (it != blocks.end()) {
+      backend->unpinHost(p, static_cast<size_t>(size), it->second.kind);
+      blocks.erase(it);
+    }
     std::free(p);
     stats.blockBytes -= size;
   }
@@ -53,10 +59,12 @@ struct HostPool::State {
   }
 };
 
-HostPool::HostPool(memory::MemoryDomain& domain, bool lockPages)
+HostPool::HostPool(memory::MemoryDomain& domain, bool lockPages,
+                   std::shared_ptr<CopyBackend> backend)
     : state_(std::make_shared<State>()) {
   state_->domain = &domain;
   state_->lockPages = lockPages;
+  state_->backend = backend ? std::move(backend) : cpuCopyBackend();
 }
 
 HostPool::~HostPool() {
@@ -97,12 +105,14 @@ at::Tensor HostPool::allocate(const at::Tensor& like, MemoryCategory category) {
         s.domain->release(category, nbytes);
         throw std::bad_alloc();
       }
-      // Note [Host pool NUMA placement] (pipefb/topology/Binding.h): before mlock touches
+      // Note [Host pool NUMA placement] (pipefb/topology/Binding.h): before pinHost touches
       // the pages; a no-op on one NUMA node.
       topology::bindMemoryNearThisThread(block, static_cast<size_t>(size));
-      bool ok = s.lockPages && mlock(block, static_cast<size_t>(size)) == 0;
-      if (!ok) s.anyPlain = true;
-      s.locked[block] = ok;
+      const HostMemoryKind kind = s.lockPages
+                                      ? s.backend->pinHost(block, static_cast<size_t>(size))
+                                      : HostMemoryKind::Plain;
+      if (kind == HostMemoryKind::Plain) s.anyPlain = true;
+      s.blocks[block] = {size, kind};
       s.stats.blockBytes += size;
       ++s.stats.systemAllocations;
     }
@@ -135,7 +145,7 @@ HostPoolStats HostPool::stats() const {
 HostMemoryKind HostPool::kind() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->anyPlain || !state_->lockPages) return HostMemoryKind::Plain;
-  return HostMemoryKind::Locked;
+  return state_->backend->hostKind();
 }
 
 memory::MemoryDomain& HostPool::domain() const { return *state_->domain; }

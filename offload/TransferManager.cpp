@@ -16,19 +16,19 @@ struct TransferManager::Entry {
   bool dropped = false;
   std::vector<at::Tensor> host;    // after the offload, until the prefetch copied it
   std::vector<at::Tensor> device;  // after the prefetch
+  std::shared_ptr<CopyFence> copied;  // after the prefetch's copies (Note [Copy backends])
   std::exception_ptr error;
 };
 
 TransferManager::TransferManager(memory::MemoryDomain& hostDomain, TransferOptions options)
-    : pool_(hostDomain, options.lockHostPages),
+    : backend_(options.backend ? options.backend : cpuCopyBackend()),
+      pool_(hostDomain, options.lockHostPages, backend_),
       counters_(std::max(1, options.numDevices)),
       offloadsInFlight_(std::max(1, options.numDevices), 0),
       maxOffloadsInFlight_(options.maxOffloadsInFlight) {
-  for (int d = 0; d < std::max(1, options.numDevices); ++d)
-  {
-    engines_.push_back(std::make_unique<ThreadCopyEngine>("copy:" + std::to_string(d)));
-    inPlaceEngines_.push_back(
-        std::make_unique<ThreadCopyEngine>("copy:" + std::to_string(d) + ":in-place"));
+  for (int d = 0; d < std::max(1, options.numDevices); ++d) {
+    engines_.push_back(backend_->makeEngine(d, "copy"));
+    inPlaceEngines_.push_back(backend_->makeEngine(d, "in-place"));
   }
 }
 
@@ -62,19 +62,23 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
     ++queued_;
   }
   auto job = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
-  engines_[device]->submit([this, device, key, e, job, hostCategory] {
+  // Compute before offload: the copy reads what this thread's stream queued so far.
+  std::shared_ptr<CopyFence> produced = backend_->fence();
+  engines_[device]->submit([this, device, key, e, job, hostCategory, produced] {
     const int64_t start = memory::nowNs();
     std::vector<at::Tensor> host;
     int64_t bytes = 0;
     std::exception_ptr error;
     try {
+      if (produced) produced->block();
       for (auto& t : *job) {
         if (!t.defined()) {
           host.emplace_back();
           continue;
         }
         at::Tensor h = pool_.allocate(t, hostCategory);
-        h.copy_(t);
+        h.copy_(t, backend_->asyncCopies());
+        backend_->finish();  // before t goes (Note [Release as copied])
         bytes += static_cast<int64_t>(t.numel()) * t.element_size();
         host.push_back(std::move(h));
         t = at::Tensor();  // Note [Release as copied]
@@ -150,11 +154,12 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
           dev.emplace_back();
           continue;
         }
-        at::Tensor d = at::empty(h.sizes(), h.options());
-        d.copy_(h);
+        at::Tensor d = backend_->emptyLike(h, *target);
+        d.copy_(h, backend_->asyncCopies());
         bytes += static_cast<int64_t>(h.numel()) * h.element_size();
         dev.push_back(std::move(d));
       }
+      backend_->finish();  // before the host copies go back to the pool
     } catch (...) {
       error = std::current_exception();
       dev.clear();
@@ -162,9 +167,11 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
   }
   host.clear();  // back to the pool
   const int64_t end = memory::nowNs();
+  std::shared_ptr<CopyFence> copied = error ? nullptr : backend_->fence();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!e->dropped) e->device = std::move(dev);
+    e->copied = std::move(copied);
     e->error = error;
     e->ready = true;
     auto& c = counters_[device];
@@ -193,6 +200,9 @@ std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
   if (!e->ready) throw TransferCancelled();
   entries_.erase(key);
   if (e->error) std::rethrow_exception(e->error);
+  lock.unlock();
+  // Prefetch before compute: this thread's stream waits for the copies.
+  backend_->handOver(e->device, e->copied.get());
   return std::move(e->device);
 }
 
@@ -225,17 +235,20 @@ std::shared_future<void> TransferManager::copyInPlace(int device, TransferKey ke
   }
   auto job = std::make_shared<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>>(
       std::move(dst), std::move(src));
-  inPlaceEngines_[device]->submit([this, device, key, toHost, done, job] {
+  std::shared_ptr<CopyFence> produced = backend_->fence();
+  inPlaceEngines_[device]->submit([this, device, key, toHost, done, job, produced] {
     const int64_t start = memory::nowNs();
     int64_t bytes = 0;
     std::exception_ptr error;
     try {
       torch::NoGradGuard noGrad;
+      if (produced) produced->block();
       for (size_t i = 0; i < job->first.size(); ++i) {
         at::Tensor& d = job->first[i];
         at::Tensor& s = job->second[i];
         if (!d.defined() || !s.defined()) continue;
-        d.copy_(s);
+        d.copy_(s, backend_->asyncCopies());
+        backend_->finish();
         bytes += static_cast<int64_t>(s.numel()) * s.element_size();
         s = at::Tensor();
       }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "pipefb/common/Error.h"
+#include "C10dBackend.h"
 
 namespace pipefb::dist {
 
@@ -60,21 +61,23 @@ constexpr int64_t kHeader = 1024;
 constexpr int64_t kMagic = 0x70666231;  // "pfb1"
 const std::string kFailureKey = "pipefb/first_failure";
 
-class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this<GlooGroup> {
+// Note [c10d backends] (C10dBackend.h): gloo or NCCL underneath.
+class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this<C10dGroup> {
  public:
-  GlooGroup(const DistEnv& env, const GroupOptions& options)
-      : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)) {
+  C10dGroup(const DistEnv& env, const GroupOptions& options, detail::BackendSpec spec)
+      : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)), spec_(std::move(spec)) {
     QuietGlog quiet;
     rendezvous(options);
     connect("");
-    spdlog::info("distributed: rank {} of {} (local rank {}), c10d gloo, store {}:{}", env.rank,
-                 env.worldSize, env.localRank, env.masterAddr, env.masterPort);
+    spdlog::info("distributed: rank {} of {} (local rank {}), c10d {}, store {}:{}", env.rank,
+                 env.worldSize, env.localRank, spec_.name, env.masterAddr, env.masterPort);
   }
 
   // A subgroup over the parent's store: `env` holds the rank and size within it.
-  GlooGroup(const DistEnv& env, std::chrono::milliseconds timeout,
-            c10::intrusive_ptr<c10d::Store> store, const std::string& prefix)
-      : env_(env), timeout_(timeout), store_(std::move(store)) {
+  C10dGroup(const DistEnv& env, std::chrono::milliseconds timeout,
+            c10::intrusive_ptr<c10d::Store> store, const std::string& prefix,
+            detail::BackendSpec spec)
+      : env_(env), timeout_(timeout), spec_(std::move(spec)), store_(std::move(store)) {
     QuietGlog quiet;
     connect(prefix);
   }
@@ -106,13 +109,13 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
     for (size_t i = 0; i < ranks.size(); ++i)
       if (ranks[i] == env_.rank) sub.rank = static_cast<int>(i);
     PIPEFB_ASSERT(sub.rank >= 0, "rank " << env_.rank << " is not in subgroup " << name);
-    auto g = std::make_shared<GlooGroup>(sub, timeout_, store_, name + "/");
+    auto g = std::make_shared<C10dGroup>(sub, timeout_, store_, name + "/", spec_);
     g->processes_ = processes_;
     for (int r : ranks) g->worldRanks_.push_back(worldRanks_.at(r));
     return g;
   }
 
-  ~GlooGroup() override {
+  ~C10dGroup() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -123,7 +126,7 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   int rank() const override { return env_.rank; }
   int size() const override { return env_.worldSize; }
-  std::string backend() const override { return "gloo"; }
+  std::string backend() const override { return spec_.name; }
 
   void send(std::vector<at::Tensor> tensors, int dst, int64_t tag) override {
     PIPEFB_ASSERT(!tensors.empty(), "c10d send of no tensors");
@@ -143,6 +146,7 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
       for (int64_t d : t.sizes()) h[pos++] = d;
       flat.push_back(t.detach().reshape({-1}));
     }
+    header = header.to(spec_.device);
     auto data = torch::cat(flat);
     std::vector<at::Tensor> hv{header}, dv{data};
     auto w1 = p2p_->send(hv, dst, static_cast<int>(2 * tag));
@@ -157,8 +161,9 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   std::vector<at::Tensor> recv(int src, int64_t tag) override {
     raiseSendError();
-    auto header = torch::empty({kHeader}, torch::kInt64);
+    auto header = torch::empty({kHeader}, torch::dtype(torch::kInt64).device(spec_.device));
     receive(header, src, 2 * tag);
+    header = header.cpu();
     const auto* h = header.data_ptr<int64_t>();
     PIPEFB_ASSERT(h[0] == kMagic, "c10d message from rank " << src << " tag " << tag
                                                              << " has no pipefb header");
@@ -174,7 +179,7 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
       total += numel;
       shapes.push_back(std::move(shape));
     }
-    auto data = torch::empty({total}, torch::TensorOptions().dtype(dtype));
+    auto data = torch::empty({total}, torch::TensorOptions().dtype(dtype).device(spec_.device));
     receive(data, src, 2 * tag + 1);
     std::vector<at::Tensor> out;
     int64_t off = 0;
@@ -203,7 +208,7 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
       c10::intrusive_ptr<c10d::Work> work;
       std::vector<at::Tensor> tensors;  // kept alive until done
       std::string what;
-      std::shared_ptr<GlooGroup> group;  // a pending bucket may outlive its owner's handle
+      std::shared_ptr<C10dGroup> group;  // a pending bucket may outlive its owner's handle
       void wait() override {
         try {
           work->wait();
@@ -286,7 +291,7 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
            (timedOut ? " did not answer within distributed.timeout " +
                            seconds(timeout_.count() / 1000.0)
                      : " is gone (its process died or closed the connection)") +
-           " [gloo: " + gloo + "]";
+           " [" + spec_.name + ": " + gloo + "]";
   }
 
   void raiseSendError() {
@@ -326,25 +331,15 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
   // The process groups over store_: two, since point-to-point slots are our tags and
   // collectives use gloo's own.
   void connect(const std::string& prefix) {
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    else if (env_.masterAddr == "127.0.0.1" || env_.masterAddr == "localhost")
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    opts->threads = 1;
     try {
-      p2p_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>(prefix + "p2p", store_), env_.rank,
-          env_.worldSize, opts);
-      coll_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_), env_.rank,
-          env_.worldSize, opts);
+      p2p_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "p2p", store_),
+                        env_.rank, env_.worldSize, timeout_);
+      coll_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_),
+                         env_.rank, env_.worldSize, timeout_);
     } catch (const std::exception& e) {
       throw UserError("rendezvous: rank " + std::to_string(env_.rank) + " of group '" + prefix +
-                      "' could not connect the c10d::ProcessGroupGloo mesh within "
-                      "distributed.timeout " +
+                      "' could not connect the c10d " + spec_.name +
+                      " mesh within distributed.timeout " +
                       seconds(timeout_.count() / 1000.0) + ": " + firstLine(e.what()));
     }
     reaper_ = std::thread([this] { reap(); });
@@ -457,7 +452,7 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
     std::string names;
     for (int r : gone) names += (names.empty() ? "rank " : ", rank ") + std::to_string(r);
     return PeerError(what + ": " + names + (gone.size() > 1 ? " are" : " is") +
-                         " gone (the process exited) [gloo: " + gloo + "]",
+                         " gone (the process exited) [" + spec_.name + ": " + gloo + "]",
                      gone.front());
   }
 
@@ -465,8 +460,9 @@ class GlooGroup final : public ProcessGroup, public std::enable_shared_from_this
   std::shared_ptr<const std::vector<std::string>> processes_;  // per world rank
   std::vector<int> worldRanks_;  // this group's ranks as world ranks
   std::chrono::milliseconds timeout_;
+  detail::BackendSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> p2p_, coll_;
+  c10::intrusive_ptr<detail::C10dBackend> p2p_, coll_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<PendingSend> sends_;
@@ -496,8 +492,31 @@ std::optional<DistEnv> envFromTorchrun() {
   return env;
 }
 
+namespace detail {
+std::shared_ptr<ProcessGroup> makeC10dGroup(const DistEnv& env, const GroupOptions& options,
+                                            BackendSpec spec) {
+  return std::make_shared<C10dGroup>(env, options, std::move(spec));
+}
+}  // namespace detail
+
 std::shared_ptr<ProcessGroup> makeGlooGroup(const DistEnv& env, const GroupOptions& options) {
-  return std::make_shared<GlooGroup>(env, options);
+  detail::BackendSpec gloo;
+  gloo.name = "gloo";
+  const bool loopback = env.masterAddr == "127.0.0.1" || env.masterAddr == "localhost";
+  gloo.make = [loopback](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (loopback)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    return c10::intrusive_ptr<detail::C10dBackend>(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts));
+  };
+  return detail::makeC10dGroup(env, options, std::move(gloo));
 }
 
 }  // namespace pipefb::dist

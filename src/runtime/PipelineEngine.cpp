@@ -29,6 +29,7 @@
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
 #include "pipefb/report/ChromeTrace.h"
+#include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/MemoryContract.h"
@@ -1797,7 +1798,8 @@ void PipelineEngine::Impl::drainEvents() {
 
 PipelineEngine::PipelineEngine(model::Model& model, const config::Config& config,
                                EngineOptions options)
-    : impl_(std::make_unique<Impl>(model, config, options)) {
+    // Note [No silent fallback] (DeviceKind.h): before any domain or thread exists.
+    : impl_((checkDeviceKind(config), std::make_unique<Impl>(model, config, options))) {
   impl_->build();
 }
 

@@ -34,6 +34,7 @@
 #include "pipefb/planner/Profiler.h"
 #include "pipefb/planner/Setup.h"
 #include "pipefb/planner/TrainPlan.h"
+#include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/Partition.h"
 #include "pipefb/train/Trainer.h"
 
@@ -132,6 +133,7 @@ int main(int argc, char** argv) {
     }
     pipefb::config::Config config = pipefb::config::loadConfig(configPath, overrides);
     if (!resumeDir.empty()) config.output.dir = resumeDir;
+    pipefb::runtime::checkDeviceKind(config);  // Note [No silent fallback], before planning
     if (const auto env = pipefb::dist::envFromTorchrun();
         config.pipeline.replicas > 1 && (!env || env->worldSize == 1))
       throw pipefb::UserError(

@@ -18,6 +18,7 @@
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/report/Report.h"
 #include "pipefb/report/StepTrace.h"
+#include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/train/Checkpoint.h"
 #include "pipefb/train/Optimizer.h"
@@ -54,6 +55,7 @@ int64_t plannedSteps(const config::Config& c, int64_t trainSamples) {
 // threads charge the compute thread's scope.
 Trainer::Trainer(config::Config config, TrainerHooks hooks)
     : hooks_(std::move(hooks)), config_(std::move(config)) {
+  runtime::checkDeviceKind(config_);  // Note [No silent fallback]: before the run folder
   const auto& t = config_.training;
   // Note [Deterministic runs]: on CPU every kernel LibTorch runs here is already
   // reproducible for a fixed intra-op thread count, the loader's order is a function of

@@ -3,10 +3,10 @@
 // wait for their backward. It has its own capacity and accounting (the "host" memory
 // domain, devices.host_memory) and reuses blocks by size class.
 //
-// Memory kind: page-locked where it can be had. Without CUDA that is mlock(2) (bounded
-// by RLIMIT_MEMLOCK; a block that cannot be locked stays plain, and kind() reports the
-// weakest kind handed out). A CUDA build would use cudaHostAlloc behind the same
-// interface (not built here: see offload/CMakeLists.txt).
+// Memory kind: page-locked where it can be had, by the pool's copy backend (Note [Copy
+// backends], CopyBackend.h): mlock(2) on virtual devices (bounded by RLIMIT_MEMLOCK),
+// registered with the CUDA driver (pinned) under the CUDA backend. A block that cannot
+// be locked stays plain, and kind() reports the weakest kind handed out.
 //
 // Accounting: a tensor from allocate() charges its nbytes (not the rounded block) to
 // the domain, like the tracking allocator, so host numbers compare with device ones.
@@ -20,6 +20,7 @@
 
 #include "pipefb/common/MemoryCategory.h"
 #include "pipefb/memory/MemoryDomain.h"
+#include "pipefb/offload/CopyBackend.h"
 
 namespace pipefb::offload {
 
@@ -38,8 +39,9 @@ struct HostPoolStats {
 
 class HostPool {
  public:
-  /// `lockPages`: try mlock() on new blocks.
-  explicit HostPool(memory::MemoryDomain& domain, bool lockPages = true);
+  /// `lockPages`: page-lock new blocks through `backend` (null: cpuCopyBackend(), mlock).
+  explicit HostPool(memory::MemoryDomain& domain, bool lockPages = true,
+                    std::shared_ptr<CopyBackend> backend = nullptr);
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;

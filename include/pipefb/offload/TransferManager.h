@@ -30,6 +30,10 @@
 //
 // Counters per device: bytes each way, copy time, copy intervals (for overlap with
 // compute), stall time. All members are thread-safe.
+//
+// What differs between virtual devices and GPUs (engines, streams and their events, where
+// tensors are made, how the host pool is pinned) is the manager's copy backend (Note
+// [Copy backends], CopyBackend.h); TransferOptions::backend picks it.
 #include <ATen/core/Tensor.h>
 
 #include <condition_variable>
@@ -47,6 +51,7 @@
 
 #include "pipefb/common/MemoryCategory.h"
 #include "pipefb/memory/MemoryDomain.h"
+#include "pipefb/offload/CopyBackend.h"
 #include "pipefb/offload/CopyEngine.h"
 #include "pipefb/offload/HostPool.h"
 
@@ -95,6 +100,8 @@ struct TransferOptions {
   /// device are unfinished; 0 = unlimited. With 1, a device holds at most one stash
   /// being copied out besides the one it just made (Note [Resident offloaded stashes]).
   int maxOffloadsInFlight = 0;
+  /// Note [Copy backends]; null: cpuCopyBackend() (virtual devices).
+  std::shared_ptr<CopyBackend> backend = nullptr;
 };
 
 class TransferManager {
@@ -156,6 +163,7 @@ class TransferManager {
                    memory::MemoryDomain* target, MemoryCategory category);
   void finishJob();
 
+  std::shared_ptr<CopyBackend> backend_;
   HostPool pool_;
   std::vector<std::unique_ptr<CopyEngine>> engines_;
   std::vector<std::unique_ptr<CopyEngine>> inPlaceEngines_;  // copyInPlace()

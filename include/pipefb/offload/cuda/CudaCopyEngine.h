@@ -1,9 +1,10 @@
 #pragma once
 // The CUDA copy engine (DESIGN.md, "offload/"): a dedicated CUDA stream plus events,
-// behind the CopyEngine interface, and pinned host memory (cudaHostAlloc) for the host
-// pool. Built as pipefb_offload_cuda only where /usr/local/cuda exists; it needs a GPU at
-// run time (cudaAvailable()). The LibTorch this project uses is CPU-only, so nothing
-// wires this engine into TransferManager yet: it is the backend a CUDA build would use.
+// behind the CopyEngine interface, and pinned host memory (cudaHostAlloc). Built as
+// pipefb_offload_cuda wherever /usr/local/cuda exists (it uses the CUDA runtime only, no
+// CUDA LibTorch); it needs a GPU at run time (cudaAvailable()). TransferManager drives it
+// through the CUDA copy backend (CudaCopyBackend.h, Note [Copy backends]), which runs
+// LibTorch's copies on stream().
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -27,6 +28,9 @@ class CudaCopyEngine final : public CopyEngine {
   /// Inside a job: copies `bytes` on the engine's stream (any direction, cudaMemcpyDefault)
   /// and returns once the copy's event completed.
   void copy(void* dst, const void* src, std::size_t bytes);
+  /// The engine's stream (a cudaStream_t), for LibTorch (c10::cuda::getStreamFromExternal).
+  void* stream() const { return stream_; }
+  int device() const { return device_; }
 
  private:
   int device_;

@@ -1,0 +1,45 @@
+#pragma once
+// Note [c10d backends]
+// The group of ProcessGroup.cpp (rendezvous on a c10d::TCPStore, message tags and
+// headers, first failures, gone ranks, subgroups) runs over one c10d backend, made by a
+// BackendSpec: gloo on the CPU (makeGlooGroup), NCCL on GPUs (makeNcclGroup,
+// cuda/NcclGroup.cpp). Only two things differ between them: how a backend is made over a
+// store, and the device of the message buffers (NCCL moves CUDA tensors only). NCCL
+// matches point-to-point messages by their order between two ranks, not by tag; the
+// runtime posts them in schedule order on both sides, so the two agree.
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "pipefb/common/TorchVersion.h"
+#include "pipefb/dist/ProcessGroup.h"
+
+namespace pipefb::dist::detail {
+
+// What ProcessGroupGloo and ProcessGroupNCCL derive from.
+#if PIPEFB_TORCH_AT_LEAST(2, 0)
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+struct BackendSpec {
+  std::string name;               // "gloo", "nccl": in logs and errors
+  c10::Device device{c10::kCPU};  // where message buffers are made
+  /// One backend for `rank` of `size` over `store`; throws when it cannot connect.
+  std::function<c10::intrusive_ptr<C10dBackend>(const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int size,
+                                                std::chrono::milliseconds timeout)>
+      make;
+};
+
+/// The rendezvous at env's MASTER_ADDR:MASTER_PORT and a group over `spec`'s backend.
+std::shared_ptr<ProcessGroup> makeC10dGroup(const DistEnv& env, const GroupOptions& options,
+                                            BackendSpec spec);
+
+}  // namespace pipefb::dist::detail
