@@ -29,6 +29,12 @@ Action B(int stage, int mb, bool recompute) {
   a.recompute = recompute;
   return a;
 }
+Action I(int stage, int mb, bool recompute) {
+  Action a = make(ActionType::InputGrad, stage, mb);
+  a.recompute = recompute;
+  return a;
+}
+Action W(int stage, int mb) { return make(ActionType::WeightGrad, stage, mb); }
 Action sendAct(int stage, int mb, int peer) { return make(ActionType::SendAct, stage, mb, peer); }
 Action recvAct(int stage, int mb, int peer) { return make(ActionType::RecvAct, stage, mb, peer); }
 Action sendGrad(int stage, int mb, int peer) { return make(ActionType::SendGrad, stage, mb, peer); }
@@ -72,6 +78,8 @@ ActionType matchingType(ActionType t) {
     case ActionType::Drop:
     case ActionType::Step:
     case ActionType::AllReduce:
+    case ActionType::InputGrad:
+    case ActionType::WeightGrad:
       break;
   }
   PIPEFB_ASSERT(false, "matchingType of a non-communication action " << typeName(t));
@@ -105,13 +113,17 @@ const char* typeName(ActionType t) {
       return "RW";
     case ActionType::AllReduce:
       return "AR";
+    case ActionType::InputGrad:
+      return "I";
+    case ActionType::WeightGrad:
+      return "W";
   }
   return "?";
 }
 
 std::string toString(const Action& a) {
   std::string out = typeName(a.type);
-  if (a.type == ActionType::Backward && a.recompute) out += "R";
+  if (a.isInputBackward() && a.recompute) out += "R";
   bool stashAction =
       a.type == ActionType::Offload || a.type == ActionType::Prefetch || a.type == ActionType::Drop;
   if (stashAction && a.stash == StashKind::Weights) out += "W";
@@ -124,7 +136,7 @@ std::string toString(const Action& a) {
 namespace {
 
 const char* kAllowedForms =
-    "allowed: F<s>.<m>, B<s>.<m>, BR<s>.<m>, SA<s>.<m>><dev>, RA<s>.<m><<dev>, SG<s>.<m>><dev>, "
+    "allowed: F<s>.<m>, B<s>.<m>, BR<s>.<m>, I<s>.<m>, IR<s>.<m>, W<s>.<m>, SA<s>.<m>><dev>, RA<s>.<m><<dev>, SG<s>.<m>><dev>, "
     "RG<s>.<m><<dev>, OFF[W]<s>.<i>, PRE[W]<s>.<i>, DROP[W]<s>.<i>, STEP<s>.<n>, "
     "SW<s>.<n>><dev>, RW<s>.<n><<dev>, AR<s>.<n>";
 
@@ -171,6 +183,9 @@ Action parseAction(const std::string& token) {
       {"SW", ActionType::SyncWeights, false, StashKind::Activation},
       {"RW", ActionType::RecvWeights, false, StashKind::Activation},
       {"AR", ActionType::AllReduce, false, StashKind::Activation},
+      {"IR", ActionType::InputGrad, true, StashKind::Activation},
+      {"I", ActionType::InputGrad, false, StashKind::Activation},
+      {"W", ActionType::WeightGrad, false, StashKind::Activation},
       {"F", ActionType::Forward, false, StashKind::Activation},
       {"B", ActionType::Backward, false, StashKind::Activation},
   };

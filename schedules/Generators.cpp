@@ -5,6 +5,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
+#include "pipefb/schedules/ZeroBubble.h"
 
 namespace pipefb::schedules {
 
@@ -186,7 +187,8 @@ SchedulePlan pipefbAsync(int S, int M, const Placement& p, int K, int lag) {
 }
 
 std::vector<std::string> scheduleKindNames() {
-  return {"gpipe", "1f1b", "pipedream", "pipefb-sync", "pipefb-async"};
+  return {"gpipe", "1f1b",      "pipedream", "pipefb-sync",      "pipefb-async",
+          "zb-h1", "zb-h2",     "zbv",       "interleaved-1f1b", "pipefb-zb"};
 }
 
 SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& p, int K,
@@ -196,6 +198,11 @@ SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement
   if (kind == "pipedream") return pipedream(S, M, p, K);
   if (kind == "pipefb-sync") return pipefbSync(S, M, p, K);
   if (kind == "pipefb-async") return pipefbAsync(S, M, p, K, asyncLag);
+  if (kind == "zb-h1") return zbH1(S, M, p, K);
+  if (kind == "zb-h2") return zbH2(S, M, p, K);
+  if (kind == "zbv") return zbv(S, M, p, K);
+  if (kind == "interleaved-1f1b") return interleaved1F1B(S, M, p, K);
+  if (kind == "pipefb-zb") return pipefbZb(S, M, p, K);
   throw UserError("unknown schedule '" + kind + "'" + didYouMean(kind, scheduleKindNames()) +
                   "; allowed: " + joinAllowed(scheduleKindNames()));
 }

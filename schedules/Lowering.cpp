@@ -55,7 +55,7 @@ Schedule addCommunication(const Schedule& in) {
         list.push_back(a);
         int dst = s + 1 < S ? p.forward(s + 1) : p.backward(s);
         if (dst != d) addIfMissing(list, sendAct(s, m, dst));
-      } else if (a.type == ActionType::Backward) {
+      } else if (a.isInputBackward()) {  // W needs nothing from another device
         if (s + 1 < S) {
           if (p.backward(s + 1) != d) addIfMissing(list, recvGrad(s + 1, m, p.backward(s + 1)));
         } else if (p.forward(s) != d) {
@@ -92,7 +92,7 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
     std::vector<Action> list;
     list.reserve(in.devices[d].size() * 2);
     for (Action a : in.devices[d]) {
-      if (a.type == ActionType::Backward) a.recompute = isCheckpoint(policy[a.stage]);
+      if (a.isInputBackward()) a.recompute = isCheckpoint(policy[a.stage]);
       list.push_back(a);
       if (a.type == ActionType::Forward && isOffloaded(policy[a.stage])) {
         Action off = offload(a.stage, a.index);
@@ -114,7 +114,7 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
     for (size_t c = 0; c < computeIdx.size(); ++c) {
       int i = computeIdx[c];
       const Action& b = list[i];
-      if (b.type != ActionType::Backward || !isOffloaded(policy[b.stage])) continue;
+      if (!b.isInputBackward() || !isOffloaded(policy[b.stage])) continue;
       Action pre = prefetch(b.stage, b.index);
       if (!present.insert(keyOf(pre)).second) continue;
       const size_t ahead = static_cast<size_t>(lookahead[b.stage]);
@@ -159,7 +159,12 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
     std::vector<int> computeIdx, ordinal(n + 1, 0);       // ordinal: compute actions before i
     for (int i = 0; i < n; ++i) {
       const Action& a = list[i];
-      if (a.isCompute() || a.type == ActionType::Step) pos[{a.type, a.stage, a.index}] = i;
+      // I stands where B would for the version's first use, W for its last.
+      if (a.isCompute() || a.type == ActionType::Step) {
+        const ActionType t = a.type == ActionType::InputGrad ? ActionType::Backward : a.type;
+        if (a.type != ActionType::WeightGrad) pos[{t, a.stage, a.index}] = i;
+        if (a.endsStash()) pos[{ActionType::WeightGrad, a.stage, a.index}] = i;
+      }
       ordinal[i + 1] = ordinal[i] + (a.isCompute() ? 1 : 0);
       if (a.isCompute()) computeIdx.push_back(i);
     }
@@ -176,10 +181,11 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
       if (v.madeByStep) madeAt = find(ActionType::Step, v.stage, v.version);
       for (int m : v.microbatches) {
         if (!v.madeByStep) madeAt = std::max(madeAt, find(ActionType::Forward, v.stage, m));
-        int b = find(ActionType::Backward, v.stage, m);
-        if (b < 0) complete = false;
+        const int b = find(ActionType::Backward, v.stage, m);     // B or I
+        const int e = find(ActionType::WeightGrad, v.stage, m);  // B or W
+        if (b < 0 || e < 0) complete = false;
         firstB = std::min(firstB, b);
-        lastB = std::max(lastB, b);
+        lastB = std::max(lastB, e);
       }
       if (!complete || madeAt < 0 || madeAt > firstB) continue;  // not a shape we lower
       int offAt = madeAt + 1;                                    // after the F's own OFF
@@ -229,7 +235,9 @@ MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
   MemoryContract c = in;
   for (int s = 0; s < S; ++s) {
     if (!isOffloaded(effectivePolicy(policy[s], p.split(s)))) continue;
-    int nearB = std::min(c.inFlight[s], lookahead[s] + 1);
+    // Note [Split backward]: the stashes waiting for their W stay on the backward device.
+    const int deferred = static_cast<int>(c.deferredW.size()) == S ? c.deferredW[s] : 0;
+    int nearB = std::min(c.inFlight[s], lookahead[s] + 1 + deferred);
     c.residentBackward[s] = nearB;
     c.residentForward[s] = p.split(s) ? 0 : nearB;
     if (offloadWeights && static_cast<int>(c.residentWeightVersions.size()) == S)

@@ -39,8 +39,33 @@ Placement Placement::pipefb(int numStages) {
   return Placement(std::move(v));
 }
 
+Placement Placement::looped(int numStages, int v) {
+  if (v < 1 || numStages % v != 0)
+    throw UserError("pipeline.virtual_stages: " + std::to_string(numStages) +
+                    " stages do not split into " + std::to_string(v) +
+                    " stages per device; give a divisor of the stage count (>= 1)");
+  const int D = numStages / v;
+  std::vector<StagePlacement> out;
+  for (int s = 0; s < numStages; ++s) out.push_back({s % D, s % D});
+  return Placement(std::move(out));
+}
+
+Placement Placement::vShape(int numStages) {
+  if (numStages < 2 || numStages % 2 != 0)
+    throw UserError("zbv: a V needs an even number of stages >= 2 (two per device), got " +
+                    std::to_string(numStages));
+  std::vector<StagePlacement> out;
+  for (int s = 0; s < numStages; ++s) {
+    const int d = std::min(s, numStages - 1 - s);
+    out.push_back({d, d});
+  }
+  return Placement(std::move(out));
+}
+
 Placement Placement::defaultFor(const std::string& kind, int numStages) {
   if (kind.rfind("pipefb", 0) == 0) return pipefb(numStages);
+  if (kind == "interleaved-1f1b") return looped(numStages, 2);
+  if (kind == "zbv") return vShape(numStages);
   return sameDevice(numStages);
 }
 

@@ -57,14 +57,19 @@ class AbstractRun {
            {});
     fPos_.assign(SN, {});
     bPos_.assign(SN, {});
+    iPos_.assign(SN, {});
+    wPos_.assign(SN, {});
     fDone_.assign(SN, false);
     bDone_.assign(SN, false);
+    iDone_.assign(SN, false);
     stashAt_.assign(SN, kNowhere);
     version_.assign(SN, 0);
     offInSchedule_.assign(SN, false);
     offDone_.assign(SN, false);
     prePending_.assign(SN, kNowhere);
     resident_.assign(static_cast<size_t>(D_) * S_, 0);
+    deferred_.assign(static_cast<size_t>(D_) * S_, 0);
+    stats_.peakDeferredW.assign(S_, 0);
     curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
     inFlight_.assign(S_, 0);
     versionRefs_.assign(S_, {});
@@ -96,8 +101,12 @@ class AbstractRun {
             fail("F" + std::to_string(a.stage) + "." + std::to_string(a.index) + " appears twice",
                  {{p.device, p.step}, {d, i}});
           p = {d, i};
-        } else if (a.type == ActionType::Backward) {
-          Position& p = bPos_[at(a.stage, a.index)];
+        } else if (a.type == ActionType::Backward || a.type == ActionType::InputGrad ||
+                   a.type == ActionType::WeightGrad) {
+          auto& table = a.type == ActionType::Backward    ? bPos_
+                        : a.type == ActionType::InputGrad ? iPos_
+                                                          : wPos_;
+          Position& p = table[at(a.stage, a.index)];
           if (p.device >= 0) fail(toString(a) + " appears twice", {{p.device, p.step}, {d, i}});
           p = {d, i};
         } else if (a.isSend()) {
@@ -107,6 +116,29 @@ class AbstractRun {
         } else if (a.type == ActionType::Offload && a.stash == StashKind::Activation) {
           offInSchedule_[at(a.stage, a.index)] = true;
         }
+      }
+    // Note [Split backward]: a (stage, microbatch) has B, or I and W, on one device.
+    for (int st = 0; st < S_; ++st)
+      for (int m = 0; m < N_; ++m) {
+        const Position &b = bPos_[at(st, m)], &ip = iPos_[at(st, m)], &w = wPos_[at(st, m)];
+        const std::string sm = std::to_string(st) + "." + std::to_string(m);
+        if (b.device >= 0 && (ip.device >= 0 || w.device >= 0))
+          fail("B" + sm + " and a split backward (I/W" + sm + ") of the same microbatch",
+               {{b.device, b.step}, ip.device >= 0 ? GridMark{ip.device, ip.step}
+                                                   : GridMark{w.device, w.step}});
+        if ((ip.device >= 0) != (w.device >= 0))
+          fail((ip.device >= 0 ? "I" + sm + " has no W" + sm : "W" + sm + " has no I" + sm) +
+                   " (a split backward needs both)",
+               {ip.device >= 0 ? GridMark{ip.device, ip.step} : GridMark{w.device, w.step}});
+        if (ip.device >= 0 && ip.device != w.device)
+          fail("W" + sm + " runs on device " + std::to_string(w.device) + " but I" + sm +
+                   " on device " + std::to_string(ip.device) +
+                   "; W uses what I left on its device",
+               {{ip.device, ip.step}, {w.device, w.step}});
+        if (ip.device >= 0 && w.step < ip.step)
+          fail("W before I: W" + sm + " comes before I" + sm + " on device " +
+                   std::to_string(w.device),
+               {{w.device, w.step}, {ip.device, ip.step}});
       }
     pc_.assign(D_, 0);
     // Note [Stashed weight versions]: the copies the schedule keeps, and what needs them.
@@ -200,7 +232,7 @@ class AbstractRun {
       return "for " + toString(want) + " on device " + std::to_string(it->second.device) +
              ", which has not run";
     }
-    if (a.type == ActionType::Backward)
+    if (a.isInputBackward())
       return "for PRE" + std::to_string(a.stage) + "." + std::to_string(a.index) +
              " to complete (its OFF has not run)";
     return "?";
@@ -213,7 +245,14 @@ class AbstractRun {
     for (int st : stagesOf_[d]) {
       int r = resident(d, st);
       stats_.peakResident[d][st] = std::max(stats_.peakResident[d][st], r);
+      const int def = deferred_[static_cast<size_t>(d) * S_ + st];
+      stats_.peakDeferredW[st] = std::max(stats_.peakDeferredW[st], def);
       if (!c_) continue;
+      if (static_cast<int>(c_->deferredW.size()) == S_ && def > c_->deferredW[st])
+        failHere(d, "memory contract broken: " + std::to_string(def) + " stashes of stage " +
+                        std::to_string(st) +
+                        " wait for their W on this device, the contract allows " +
+                        std::to_string(c_->deferredW[st]));
       bool fwd = s_.placement.forward(st) == d;
       int bound = fwd ? c_->residentForward[st] : c_->residentBackward[st];
       if (r > bound)
@@ -329,6 +368,18 @@ class AbstractRun {
                       std::to_string(c_->weightVersions[st]));
   }
 
+  // After B(s,m) or W(s,m): the stash and its weight version are done with.
+  void consumeStash(int d, int st, int i) {
+    releaseVersion(d, st, i);
+    bDone_[at(st, i)] = true;
+    removeStash(st, i);
+    --inFlight_[st];
+    auto& refs = versionRefs_[st];
+    auto it = refs.find(version_[at(st, i)]);
+    if (--it->second == 0) refs.erase(it);
+    updateVersions(d, st);
+  }
+
   void placeStash(int st, int m, int where) {
     stashAt_[at(st, m)] = where;
     if (where >= 0) ++resident(where, st);
@@ -375,11 +426,12 @@ class AbstractRun {
         }
         return true;
       }
-      case ActionType::Backward: {
+      case ActionType::Backward:
+      case ActionType::InputGrad: {
         const Position& f = fPos_[at(st, i)];
         if (f.device < 0)
-          failHere(d, "B before F: there is no F" + std::to_string(st) + "." + std::to_string(i) +
-                          " in the schedule");
+          failHere(d, toString(a).substr(0, 1) + " before F: there is no F" + std::to_string(st) +
+                          "." + std::to_string(i) + " in the schedule");
         if (!fDone_[at(st, i)] && f.device == d)
           fail(toString(a) + " on device " + std::to_string(d) + " (step " +
                    std::to_string(pc_[d]) + "): B before F: F" + std::to_string(st) + "." +
@@ -408,15 +460,21 @@ class AbstractRun {
         }
         useVersion(d, st, i);
         checkResidency(d);  // B counts its own version
-        releaseVersion(d, st, i);
-        bDone_[at(st, i)] = true;
         have_.insert(haveKey(Have::Grad, d, st, i));
-        removeStash(st, i);
-        --inFlight_[st];
-        auto& refs = versionRefs_[st];
-        auto it = refs.find(version_[at(st, i)]);
-        if (--it->second == 0) refs.erase(it);
-        updateVersions(d, st);
+        if (a.type == ActionType::InputGrad) {  // the stash stays for W (Note [Split backward])
+          iDone_[at(st, i)] = true;
+          ++deferred_[static_cast<size_t>(d) * S_ + st];
+          return true;
+        }
+        consumeStash(d, st, i);
+        return true;
+      }
+      case ActionType::WeightGrad: {
+        PIPEFB_ASSERT(iDone_[at(st, i)], "the structural checks put I before W on its device");
+        useVersion(d, st, i);
+        checkResidency(d);  // W counts its own stash
+        --deferred_[static_cast<size_t>(d) * S_ + st];
+        consumeStash(d, st, i);
         return true;
       }
       case ActionType::SendAct:
@@ -530,8 +588,9 @@ class AbstractRun {
   const MemoryContract* c_;
   int S_ = 0, D_ = 0, N_ = 0;
   std::vector<int> pc_;
-  std::vector<Position> fPos_, bPos_;
-  std::vector<bool> fDone_, bDone_, offInSchedule_, offDone_;
+  std::vector<Position> fPos_, bPos_, iPos_, wPos_;
+  std::vector<bool> fDone_, bDone_, iDone_, offInSchedule_, offDone_;
+  std::vector<int> deferred_;  // [device][stage]: I ran, W not yet
   std::vector<int> stashAt_, version_, prePending_;
   std::vector<int> resident_, curVersion_, inFlight_;
   std::vector<std::map<int, int>> versionRefs_;

@@ -20,7 +20,8 @@ std::vector<StashedVersion> stashedVersions(const Schedule& s) {
       else if (a.type == ActionType::Forward && s.placement.forward(a.stage) == d) {
         fVer[a.stage][a.index] = cur[a.stage];
         fOrder[a.stage].push_back(a.index);
-      } else if (a.type == ActionType::Backward && s.placement.backward(a.stage) == d) {
+      } else if (a.isInputBackward() && s.placement.backward(a.stage) == d) {
+        // I and its W run on the version the device holds at I: a STEP waits for every W.
         bVer[a.stage][a.index] = cur[a.stage];
         recompute[a.stage][a.index] = a.recompute;
       }

@@ -930,6 +930,12 @@ void PipelineEngine::Impl::execute(DeviceState& dev, const Action& a) {
       return execRecvWeights(dev, a);
     case ActionType::AllReduce:
       return execAllReduce(dev, a);
+    case ActionType::InputGrad:
+    case ActionType::WeightGrad:
+      // Note [Split backward] (schedules/Action.h): the zero-bubble kinds are simulator- and
+      // planner-only so far; the runtime is never given one (issue 18, runtime part open).
+      throw UserError("the runtime does not run a split backward (" + schedules::toString(a) +
+                      ") yet; run zb-h1, zb-h2, zbv and pipefb-zb in pipefb_sim or the planner");
   }
   PIPEFB_ASSERT(false, "unknown action type " << static_cast<int>(a.type));
 }

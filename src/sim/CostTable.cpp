@@ -1,5 +1,6 @@
 #include "pipefb/sim/CostTable.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,21 @@ const LinkCost& CostTable::link(int src, int dst) const {
 const LinkCost& CostTable::hostLink(int device) const {
   auto it = hostLinks.find(device);
   return it == hostLinks.end() ? defaultHostLink : it->second;
+}
+
+SplitBackward splitBackward(double backward, double inputGrad, double weightGrad) {
+  const bool haveI = inputGrad >= 0, haveW = weightGrad >= 0;
+  if (haveI && haveW) return {inputGrad, weightGrad};
+  if (haveI) return {inputGrad, std::max(0.0, backward - inputGrad)};
+  if (haveW) return {std::max(0.0, backward - weightGrad), weightGrad};
+  return {backward / 2, backward / 2};
+}
+
+double StageCosts::inputGradTime() const {
+  return splitBackward(backward, inputGrad, weightGrad).input;
+}
+double StageCosts::weightGradTime() const {
+  return splitBackward(backward, inputGrad, weightGrad).weight;
 }
 
 CostTable CostTable::uniform(int numStages) {
@@ -91,12 +107,15 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   requireObject(obj, where);
   static const std::vector<std::string> keys = {"forward",
                                                 "backward",
+                                                "input_grad",
+                                                "weight_grad",
                                                 "recompute",
                                                 "step",
                                                 "allreduce",
                                                 "activation_bytes",
                                                 "gradient_bytes",
                                                 "stash_bytes",
+                                                "deferred_bytes",
                                                 "checkpoint_bytes",
                                                 "weight_version_bytes",
                                                 "weights_bytes",
@@ -113,12 +132,15 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   };
   time("forward", sc.forward);
   time("backward", sc.backward);
+  time("input_grad", sc.inputGrad);
+  time("weight_grad", sc.weightGrad);
   time("recompute", sc.recompute);
   time("step", sc.step);
   time("allreduce", sc.allReduce);
   bytes("activation_bytes", sc.activationBytes);
   bytes("gradient_bytes", sc.gradientBytes);
   bytes("stash_bytes", sc.stashBytes);
+  bytes("deferred_bytes", sc.deferredBytes);
   bytes("checkpoint_bytes", sc.checkpointBytes);
   bytes("weight_version_bytes", sc.weightVersionBytes);
   bytes("weights_bytes", sc.weightsBytes);

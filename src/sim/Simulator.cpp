@@ -19,7 +19,7 @@
 // device only, so times can be computed as soon as an action's inputs are known, without a
 // global clock: every agent (thread or copy engine) advances until it needs a time that is
 // not known yet, registers as the waiter of that key, and is woken when the key resolves.
-//  * F, B, STEP, AR occupy the thread. B waits for its PRE to finish.
+//  * F, B, I, W, STEP, AR occupy the thread. B (or I) waits for its PRE to finish.
 //  * A send is issued by the thread without blocking; the transfer starts when the link is
 //    free: arrival = start + bytes/bandwidth + latency (the link is busy for bytes/bandwidth).
 //  * A receive blocks the thread until the data arrived.
@@ -32,7 +32,8 @@
 //  * weights on F(s) and B(s), grads and optimizer state on B(s), from time 0;
 //  * working set while F/B runs (plus the recomputed graph stash during BR);
 //  * stash from the end of F until OFF finished, and from PRE start until B finished
-//    (graph stash, or checkpoint bytes when the B is BR);
+//    (graph stash, or checkpoint bytes when the B is BR); with a split backward (Note
+//    [Split backward]) until W finished, deferredStashBytes() from the end of I;
 //  * weight versions: on B(s), (distinct versions referenced by stashed microbatches and
 //    the current one) - 1, times weightVersionBytes; for a stage whose schedule moves its
 //    versions (OFFW/PREW/DROPW, Note [Weight-version offload]) each stashed version
@@ -118,7 +119,7 @@ class Simulation {
     version_.assign(SN, 0);
     for (const auto& list : s.devices)
       for (const Action& a : list)
-        if (a.type == ActionType::Backward && a.recompute) recompute_[at(a.stage, a.index)] = true;
+        if (a.isInputBackward() && a.recompute) recompute_[at(a.stage, a.index)] = true;
     curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
     versionRefs_.assign(S_, {});
     extraVersions_.assign(S_, 0);
@@ -299,7 +300,8 @@ class Simulation {
         }
         return true;
       }
-      case ActionType::Backward: {
+      case ActionType::Backward:
+      case ActionType::InputGrad: {
         const StageCosts& sc = cost(st);
         double start = t;
         Stashed* w = versionOf(st, i);
@@ -315,7 +317,9 @@ class Simulation {
         } else if (stashAt_[at(st, i)] != d) {
           fail(d, step, "its stash is not on this device and no PRE precedes it");
         }
-        double duration = sc.backward + (a.recompute ? sc.recompute : 0.0);
+        const bool split = a.type == ActionType::InputGrad;
+        double duration =
+            (split ? sc.inputGradTime() : sc.backward) + (a.recompute ? sc.recompute : 0.0);
         compute(d, step, start, duration);
         double end = threadTime_[d];
         mem(start, d, MemoryCategory::WorkingSet, sc.workingSetBytes);
@@ -324,16 +328,23 @@ class Simulation {
           mem(start, d, MemoryCategory::WorkingSet, sc.stashBytes);
           mem(end, d, MemoryCategory::WorkingSet, -sc.stashBytes);
         }
-        mem(end, d, MemoryCategory::Stash, -stashBytes_[at(st, i)]);
-        stashAt_[at(st, i)] = kNowhere;
-        count(end, d, st, -1);
-        count(end, -1, st, -1);
-        auto& refs = versionRefs_[st];
-        auto it = refs.find(version_[at(st, i)]);
-        if (it != refs.end() && --it->second == 0) refs.erase(it);
-        updateVersions(end, st);
-        if (w && --w->remaining == 0 && !w->dropInSchedule)
-          mem(end, d, MemoryCategory::WeightVersions, -sc.weightVersionBytes);
+        if (split) {  // Note [Split backward]: what W needs stays until W
+          const std::int64_t keep = sc.deferredStashBytes();
+          mem(end, d, MemoryCategory::Stash, keep - stashBytes_[at(st, i)]);
+          stashBytes_[at(st, i)] = keep;
+          return true;
+        }
+        releaseStash(d, st, i, end);
+        return true;
+      }
+      case ActionType::WeightGrad: {
+        const StageCosts& sc = cost(st);
+        if (stashAt_[at(st, i)] != d) fail(d, step, "its I did not run on this device");
+        compute(d, step, t, sc.weightGradTime());
+        const double end = threadTime_[d];
+        mem(t, d, MemoryCategory::WorkingSet, sc.workingSetBytes);
+        mem(end, d, MemoryCategory::WorkingSet, -sc.workingSetBytes);
+        releaseStash(d, st, i, end);
         return true;
       }
       case ActionType::SendAct:
@@ -441,6 +452,21 @@ class Simulation {
         return true;
     }
     PIPEFB_ASSERT(false, "unhandled action type");
+  }
+
+  // The end of B(st,i) or W(st,i): its stash and its hold on a weight version go.
+  void releaseStash(int d, int st, int i, double end) {
+    mem(end, d, MemoryCategory::Stash, -stashBytes_[at(st, i)]);
+    stashAt_[at(st, i)] = kNowhere;
+    count(end, d, st, -1);
+    count(end, -1, st, -1);
+    auto& refs = versionRefs_[st];
+    auto it = refs.find(version_[at(st, i)]);
+    if (it != refs.end() && --it->second == 0) refs.erase(it);
+    updateVersions(end, st);
+    Stashed* w = versionOf(st, i);
+    if (w && --w->remaining == 0 && !w->dropInSchedule)
+      mem(end, d, MemoryCategory::WeightVersions, -cost(st).weightVersionBytes);
   }
 
   void hostStash(double t, std::int64_t delta) { mem(t, -1, MemoryCategory::Stash, delta); }

@@ -16,7 +16,10 @@ char glyph(const Action& a) {
     case ActionType::Forward:
       return static_cast<char>('0' + a.index % 10);
     case ActionType::Backward:
+    case ActionType::InputGrad:
       return static_cast<char>('a' + a.index % 10);
+    case ActionType::WeightGrad:
+      return static_cast<char>('A' + a.index % 10);
     case ActionType::Step:
       return '#';
     case ActionType::AllReduce:

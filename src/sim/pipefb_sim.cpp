@@ -6,6 +6,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Program.h"
+#include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Validator.h"
@@ -31,11 +32,14 @@ std::vector<ps::StashPolicy> parsePolicies(const std::string& text) {
 int run(int argc, char** argv) {
   CLI::App app{"pipefb_sim: generate, lower, validate and simulate a pipeline schedule"};
   std::string kind = "1f1b", costsArg = "uniform", policyArg = "keep", loadPath, placementArg;
-  int stages = 4, microbatches = 8, iterations = 1, lookahead = 1, width = 100;
+  int stages = 4, microbatches = 8, iterations = 1, lookahead = 1, width = 100, virtualStages = 2;
   bool json = false, printSchedule = false, noActions = false, noMemory = false;
-  app.add_option("--schedule", kind, "gpipe | 1f1b | pipedream | pipefb-sync | pipefb-async")
+  app.add_option("--schedule", kind, pipefb::joinAllowed(ps::scheduleKindNames()))
       ->capture_default_str();
   app.add_option("--stages", stages, "number of stages S")->capture_default_str();
+  app.add_option("--virtual-stages", virtualStages,
+                 "interleaved-1f1b: stages per device v (devices = stages / v)")
+      ->capture_default_str();
   app.add_option("--microbatches", microbatches, "microbatches per iteration M")
       ->capture_default_str();
   app.add_option("--iterations", iterations, "iterations K (use >= 3 for steady state)")
@@ -61,7 +65,10 @@ int run(int argc, char** argv) {
     if (!loadPath.empty()) {
       plan.schedule = ps::loadSchedule(loadPath);
     } else {
-      ps::Placement placement = ps::Placement::defaultFor(kind, std::max(stages, 1));
+      ps::Placement placement =
+          kind == "interleaved-1f1b"
+              ? ps::Placement::looped(std::max(stages, 1), virtualStages)
+              : ps::Placement::defaultFor(kind, std::max(stages, 1));
       if (!placementArg.empty()) {
         std::string text = "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " +
                            placementArg + "\n";

@@ -21,6 +21,9 @@ TEST(ActionTest, PrintsShortForm) {
   EXPECT_EQ(toString(syncWeights(1, 0, 3)), "SW1.0>3");
   EXPECT_EQ(toString(recvWeights(1, 0, 7)), "RW1.0<7");
   EXPECT_EQ(toString(allReduce(1, 4)), "AR1.4");
+  EXPECT_EQ(toString(I(1, 3)), "I1.3");
+  EXPECT_EQ(toString(I(1, 3, true)), "IR1.3");
+  EXPECT_EQ(toString(W(1, 3)), "W1.3");
 }
 
 TEST(ActionTest, EveryTypeRoundTrips) {
@@ -40,7 +43,10 @@ TEST(ActionTest, EveryTypeRoundTrips) {
                              step(3, 2),
                              syncWeights(3, 2, 1),
                              recvWeights(3, 2, 6),
-                             allReduce(0, 10)};
+                             allReduce(0, 10),
+                             I(2, 3),
+                             I(2, 4, true),
+                             W(2, 3)};
   std::set<int> types;
   for (const Action& a : all) {
     EXPECT_EQ(parseAction(toString(a)), a) << toString(a);
@@ -51,7 +57,7 @@ TEST(ActionTest, EveryTypeRoundTrips) {
 
 TEST(ActionTest, BadTokensNameTheTokenAndTheForms) {
   for (std::string bad : {"X1.2", "F1", "F1.", "F.2", "SA1.2", "SA1.2<3", "RA1.2>3", "F1.2>3",
-                          "B1.2x", "", "f1.2", "STEP1.-1", "F99999999999.1"}) {
+                          "B1.2x", "", "f1.2", "W1.2>3", "WR1.2", "I1.2<0", "STEP1.-1", "F99999999999.1"}) {
     try {
       parseAction(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";

@@ -37,6 +37,12 @@ const std::vector<Golden> kGoldens = {
     {"pipedream", 3, 2, 2, StashPolicy::Offload, 1},
     {"pipedream", 3, 4, 2, StashPolicy::CheckpointOffload, 2},
     {"pipefb-async", 2, 2, 3, StashPolicy::CheckpointOffload, 1},
+    // Note [Split backward]: I and W; several stages per device.
+    {"zb-h1", 3, 4, 1, StashPolicy::Keep, 1},
+    {"zb-h2", 3, 5, 2, StashPolicy::Offload, 1},
+    {"zbv", 4, 3, 1, StashPolicy::Keep, 1},
+    {"interleaved-1f1b", 4, 4, 1, StashPolicy::CheckpointOffload, 1},
+    {"pipefb-zb", 2, 3, 2, StashPolicy::Offload, 1},
 };
 
 std::string goldenDir() { return std::string(PIPEFB_SOURCE_DIR) + "/tests/schedules/golden/"; }

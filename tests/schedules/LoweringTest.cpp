@@ -3,6 +3,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/ZeroBubble.h"
 
 using namespace pipefb::schedules;
 
@@ -52,7 +53,8 @@ TEST(LoweringTest, PipefbHandsTheLastOutputToItsBackwardDevice) {
 
 TEST(LoweringTest, CommunicationIsIdempotent) {
   for (const std::string& kind : scheduleKindNames()) {
-    Schedule once = addCommunication(makeSchedule(kind, 4, 3, 2).schedule);
+    const int M = takesShape(kind, 4, 3) ? 3 : 4;
+    Schedule once = addCommunication(makeSchedule(kind, 4, M, 2).schedule);
     EXPECT_EQ(addCommunication(once), once) << kind;
   }
 }

@@ -225,3 +225,37 @@ TEST(ValidatorTest, WeightVersionActionsAreChecked) {
   ValidationStats o = validate(off.schedule, &off.contract);
   EXPECT_EQ(o.peakResidentWeightVersions[0][0], 2);
 }
+
+// Note [Split backward]: W needs its I on the same device, before it; I and B exclude each
+// other; the deferred W's are checked against the contract.
+TEST(ValidatorTest, SplitBackwardRules) {
+  Schedule s = lowered("zb-h1", 2, 3);
+  {
+    Schedule t = s;
+    auto& list = t.devices[1];
+    const long i = indexOfToken(list, "I1.0"), w = indexOfToken(list, "W1.0");
+    std::swap(list[i], list[w]);
+    EXPECT_TRUE(contains(rejection(t), "W before I"));
+  }
+  {
+    Schedule t = s;
+    removeToken(t, 0, "W0.1");
+    EXPECT_TRUE(contains(rejection(t), "I0.1 has no W0.1"));
+  }
+  {
+    Schedule t = s;
+    removeToken(t, 0, "W0.1");
+    t.devices[1].push_back(W(0, 1));
+    EXPECT_TRUE(contains(rejection(t), "W uses what I left on its device"));
+  }
+  {
+    Schedule t = s;
+    t.devices[0].push_back(B(0, 2));
+    EXPECT_TRUE(contains(rejection(t), "a split backward"));
+  }
+  SchedulePlan plan = lower(makeSchedule("zb-h1", 2, 3), {StashPolicy::Keep}, 1);
+  MemoryContract tight = plan.contract;
+  ASSERT_GT(tight.deferredW[1], 0);
+  --tight.deferredW[1];
+  EXPECT_TRUE(contains(rejection(plan.schedule, &tight), "wait for their W"));
+}

@@ -5,6 +5,7 @@
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Validator.h"
+#include "pipefb/schedules/ZeroBubble.h"
 #include "pipefb/sim/Simulator.h"
 
 using namespace pipefb::schedules;
@@ -110,9 +111,10 @@ TEST(SimulatorTest, WeightVersionsMatchContracts) {
 
 TEST(SimulatorTest, EveryKindAndPolicyStaysWithinItsContract) {
   for (const std::string& kind : scheduleKindNames())
-    for (auto [S, M] : {std::pair{3, 2}, {4, 10}, {7, 3}, {2, 1}})
+    for (auto [S, M] : {std::pair{3, 2}, {4, 10}, {7, 3}, {2, 1}, {6, 3}})
       for (StashPolicy p : {StashPolicy::Keep, StashPolicy::Offload, StashPolicy::Checkpoint,
                             StashPolicy::CheckpointOffload}) {
+        if (!takesShape(kind, S, M)) continue;
         SCOPED_TRACE(kind + " " + std::to_string(S) + "x" + std::to_string(M) + " " + toString(p));
         SchedulePlan pl = plan(kind, S, M, 3, p, 1);
         CostTable c = CostTable::uniform(S);
@@ -132,7 +134,9 @@ TEST(SimulatorTest, EveryKindAndPolicyStaysWithinItsContract) {
           EXPECT_LE(r.peakInFlight[s], pl.contract.inFlight[s]);
           EXPECT_LE(r.peakWeightVersions[s], pl.contract.weightVersions[s]);
         }
-        EXPECT_GT(r.bubbleFraction, 0.0);
+        // One device (interleaved-1f1b's 2 stages) has nothing to wait for.
+        if (pl.schedule.numDevices() > 1) EXPECT_GT(r.bubbleFraction, 0.0);
+        EXPECT_GE(r.bubbleFraction, 0.0);
         EXPECT_LT(r.bubbleFraction, 1.0);
         // Static memory is there from the start; nothing is left over at the end.
         for (int d = 0; d < pl.schedule.numDevices(); ++d) {

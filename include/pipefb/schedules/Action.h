@@ -7,6 +7,8 @@
 //   F1.3        forward of stage 1, microbatch 3
 //   B1.3        backward of stage 1, microbatch 3 (stash is the autograd graph)
 //   BR1.3       backward that first recomputes the forward from a checkpoint stash
+//   I1.3        input-gradient half of B1.3 (Note [Split backward]); IR1.3 recomputes first
+//   W1.3        weight-gradient half of B1.3, after I1.3 on the same device
 //   SA1.3>4     send the OUTPUT activation of stage 1, mb 3, to device 4
 //   RA1.3<2     receive the output activation of stage 1, mb 3, from device 2
 //   SG1.3>0     send the gradient w.r.t. the INPUT of stage 1, mb 3, to device 0
@@ -22,6 +24,17 @@
 //
 // A send and its receive carry the same (stage, index): the stage is always the
 // stage that PRODUCED the data (SA: its output; SG: the gradient of its input).
+//
+// Note [Split backward]
+// B(s,m) is the fused backward. A zero-bubble schedule splits it (Qi et al. 2023):
+//  * I(s,m) computes the gradient w.r.t. the stage input (what SG sends upstream) and
+//    consumes what the stash holds beyond the W inputs;
+//  * W(s,m) computes the weight gradients later, on the device that ran I(s,m), from the
+//    saved inputs of the stage's weight layers and their output gradients, and accumulates
+//    into .grad. Until W runs those stay on the device: the stash of (s,m) is in flight
+//    from the end of F until the end of W (MemoryContract::deferredW counts the ones
+//    whose I already ran). I takes B's place for SG/RG, PRE and recompute (IR); W needs
+//    only I. A (stage, microbatch) has either B, or I and W.
 #include <cstdint>
 #include <string>
 
@@ -42,9 +55,11 @@ enum class ActionType : std::uint8_t {
   SyncWeights,  // SW: the backward device sends updated weights to the forward device
   RecvWeights,  // RW: the receiving half of SyncWeights, on the forward device
   AllReduce,    // AR
+  InputGrad,    // I / IR (Note [Split backward])
+  WeightGrad,   // W
 };
 
-inline constexpr int kNumActionTypes = 13;
+inline constexpr int kNumActionTypes = 15;
 
 /// What an Offload/Prefetch/Drop moves.
 enum class StashKind : std::uint8_t {
@@ -57,7 +72,7 @@ enum class StashKind : std::uint8_t {
 ///    iterations: iteration k, microbatch j has index k*M + j); the version for weight
 ///    stashes; the step number for STEP/SW/RW/AR.
 ///  * `peer` is the other device of a send/receive, -1 otherwise.
-///  * `recompute` only for Backward: the stash is a checkpoint, re-run F first.
+///  * `recompute` only for Backward and InputGrad: the stash is a checkpoint, re-run F first.
 struct Action {
   ActionType type = ActionType::Forward;
   StashKind stash = StashKind::Activation;
@@ -72,7 +87,19 @@ struct Action {
   }
   bool operator!=(const Action& o) const { return !(*this == o); }
 
-  bool isCompute() const { return type == ActionType::Forward || type == ActionType::Backward; }
+  bool isCompute() const {
+    return type == ActionType::Forward || type == ActionType::Backward ||
+           type == ActionType::InputGrad || type == ActionType::WeightGrad;
+  }
+  /// B or I: the action that consumes the gradient from downstream, produces the one sent
+  /// upstream, and first needs the stash on the device (Note [Split backward]).
+  bool isInputBackward() const {
+    return type == ActionType::Backward || type == ActionType::InputGrad;
+  }
+  /// B or W: the action after which the stash of (stage, index) is gone.
+  bool endsStash() const {
+    return type == ActionType::Backward || type == ActionType::WeightGrad;
+  }
   bool isSend() const {
     return type == ActionType::SendAct || type == ActionType::SendGrad ||
            type == ActionType::SyncWeights;
@@ -86,6 +113,8 @@ struct Action {
 // Constructors named like the text form.
 Action F(int stage, int mb);
 Action B(int stage, int mb, bool recompute = false);
+Action I(int stage, int mb, bool recompute = false);
+Action W(int stage, int mb);
 Action sendAct(int stage, int mb, int peer);
 Action recvAct(int stage, int mb, int peer);
 Action sendGrad(int stage, int mb, int peer);

@@ -54,7 +54,9 @@ SchedulePlan pipefbSync(int S, int M, const Placement& placement, int iterations
 SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1,
                          int lag = -1);
 
-/// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async"
+/// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async", and the split-backward
+/// and interleaved kinds of ZeroBubble.h: "zb-h1" | "zb-h2" | "zbv" | "interleaved-1f1b" |
+/// "pipefb-zb"
 std::vector<std::string> scheduleKindNames();
 
 /// By name. An unknown name, S < 1, M < 1, iterations < 1, or a placement the kind cannot

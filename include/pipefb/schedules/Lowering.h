@@ -23,6 +23,7 @@ namespace pipefb::schedules {
 ///  * activations F(s) -> F(s+1):          SA s.m>F(s+1) / RA s.m<F(s)
 ///  * last-stage output F(S-1) -> B(S-1):  SA (S-1).m>B(S-1) / RA (S-1).m<F(S-1)
 ///  * gradients B(s) -> B(s-1):            SG s.m>B(s-1) / RG s.m<B(s)
+/// I takes B's place (Note [Split backward]); W communicates nothing.
 /// Existing send/receive actions are kept; pairs already present are not duplicated.
 Schedule addCommunication(const Schedule& schedule);
 
@@ -30,7 +31,8 @@ Schedule addCommunication(const Schedule& schedule);
 /// right after F(s,m) and PRE s.m on the backward device `lookahead` compute actions
 /// (F or B) before B(s,m), in front of the receives that precede that compute action so the
 /// copy is issued before the device blocks (never before its own OFF on the same device).
-/// Checkpoint kinds mark B as recompute (BR).
+/// Checkpoint kinds mark B as recompute (BR). I takes B's place (IR; PRE before I); the
+/// stash then stays until W (Note [Split backward]).
 /// `lookahead`: one value, or one per stage (pipeline.lookahead).
 Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
                     const std::vector<int>& lookahead);

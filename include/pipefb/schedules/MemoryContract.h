@@ -23,6 +23,12 @@ struct MemoryContract {
   /// Stashed weight versions of stage s (Note [Stashed weight versions]) resident on the
   /// device that keeps them, counted as stashes are (at compute starts). Empty: unchecked.
   std::vector<int> residentWeightVersions;
+  /// Note [Split backward] (Action.h): stashes of stage s whose I ran and whose W has not,
+  /// on its backward device, counted at compute starts (a W counts its own). They are part
+  /// of residentBackward too; the offload lowering keeps them on the device (they cannot
+  /// be prefetched lookahead actions ahead of I, they are already there). Empty: the
+  /// schedule runs fused B only.
+  std::vector<int> deferredW;
 };
 
 /// Note [Offloads in flight] (planner/CostModel.h): the D2H copies a device may have

@@ -26,6 +26,13 @@ class Placement {
   /// PipeFB default for 2S devices: F(s) on device s, B(s) on device 2S-1-s, so activations
   /// flow one way: F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0.
   static Placement pipefb(int numStages);
+  /// Interleaved (Megatron's virtual stages): `virtualStages` v stages per device, stage s on
+  /// device s mod (S/v) for both passes. S not a multiple of v is a UserError naming
+  /// pipeline.virtual_stages.
+  static Placement looped(int numStages, int virtualStages);
+  /// ZB-V: S = 2D stages on D devices in a V, stage s on device min(s, S-1-s) for both
+  /// passes: device 0 holds the first and the last stage. S odd is a UserError.
+  static Placement vShape(int numStages);
   /// The default placement of a schedule kind ("pipefb-*" -> pipefb, others -> sameDevice).
   static Placement defaultFor(const std::string& kind, int numStages);
 

@@ -9,7 +9,9 @@
 //  * F needs its input on the device (local F(s-1,m) or RA(s-1).m), B needs its gradient
 //    (local B(s+1,m) or RG(s+1).m; for the last stage the output of F(S-1,m)); a missing
 //    one is an error at once ("missing receive"), not a deadlock;
-//  * a send needs the data it sends to have been produced on its device.
+//  * a send needs the data it sends to have been produced on its device;
+//  * I(s,m) is checked as B is and leaves the stash for W(s,m), which must follow it on the
+//    same device (Note [Split backward]); the stash is in flight and resident until W.
 // When no device can advance and some are not done, that is a deadlock. Afterwards every
 // send must have been received. Counts of Note [Counting resident stashes] are checked
 // against the contract at every F/B, and so are the stashed weight versions resident on
@@ -30,6 +32,9 @@ struct ValidationStats {
   /// [device][stage]: stashed weight versions resident at F/B starts (Note [Stashed weight
   /// versions]); checked against MemoryContract::residentWeightVersions.
   std::vector<std::vector<int>> peakResidentWeightVersions;
+  /// Per stage: stashes whose I ran and W did not, at compute starts (Note [Split backward]);
+  /// checked against MemoryContract::deferredW.
+  std::vector<int> peakDeferredW;
 };
 
 /// Throws ScheduleError (with the step x device grid) on the first violation.

@@ -13,12 +13,19 @@ namespace pipefb::sim {
 struct StageCosts {
   double forward = 1e-3;    // F(s,m)
   double backward = 2e-3;   // B(s,m), without recompute
+  /// I(s,m) and W(s,m) (Note [Split backward] in schedules/Action.h); < 0: unset, see
+  /// splitBackward(). Keys input_grad / weight_grad.
+  double inputGrad = -1;
+  double weightGrad = -1;
   double recompute = 1e-3;  // extra time of BR(s,m): re-running F from the checkpoint
   double step = 0;          // STEP (optimizer)
   double allReduce = 0;     // AR
   std::int64_t activationBytes = 1 << 20;       // SA/RA: the stage's output
   std::int64_t gradientBytes = 1 << 20;         // SG/RG: the gradient of the stage's input
   std::int64_t stashBytes = 4 << 20;            // graph stash (keep/offload)
+  /// What the stash keeps between I and W (the inputs of the weight layers and their
+  /// output gradients); < 0: unset, the whole stash (key deferred_bytes).
+  std::int64_t deferredBytes = -1;
   std::int64_t checkpointBytes = 1 << 20;       // checkpoint stash (checkpoint kinds)
   std::int64_t weightVersionBytes = 8 << 20;    // one weight version: SW/RW, OFFW/PREW, stashes
   std::int64_t weightsBytes = 8 << 20;          // resident weights on F(s) and B(s)
@@ -26,7 +33,20 @@ struct StageCosts {
   std::int64_t optimizerStateBytes = 16 << 20;  // resident optimizer state on B(s)
   std::int64_t workingSetBytes = 2 << 20;       // transient, while F/B runs
   std::int64_t stepWorkingBytes = 0;            // transient of STEP (optimizer_state), while it runs
+
+  double inputGradTime() const;
+  double weightGradTime() const;
+  std::int64_t deferredStashBytes() const { return deferredBytes >= 0 ? deferredBytes : stashBytes; }
 };
+
+/// Note [I and W costs]: the time of I and W from what a cost file or profile gives. Both
+/// given: as given. One given: the other is backward minus it (at least 0). Neither: half of
+/// backward each. The simulator's cost files and the planner's profiles both read it.
+struct SplitBackward {
+  double input = 0;
+  double weight = 0;
+};
+SplitBackward splitBackward(double backward, double inputGrad, double weightGrad);
 
 /// A one-way link. time(bytes) = latency + bytes / bandwidth; bandwidth 0 = unlimited.
 struct LinkCost {
