@@ -44,7 +44,9 @@ Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Place
 // `hold`: stashes of the device's same-device stages between the start of F and the end of
 // W; an F that starts a microbatch on the device needs fewer than hold - 1 alive, any other
 // F fewer than hold, so the later stages of a V always find room (0: unlimited).
-std::vector<std::vector<Action>> greedyOrder(int S, int M, const Placement& p, int hold) {
+// `deferCap`: at most that many deferred W's per device before a W goes first (0: no cap).
+std::vector<std::vector<Action>> greedyOrder(int S, int M, const Placement& p, int hold,
+                                             int deferCap) {
   const int D = p.numDevices();
   std::vector<std::vector<int>> fEnd(S, std::vector<int>(M, kNotYet)), iEnd = fEnd;
   std::vector<int> nextF(S, 0), nextI(S, 0), busyUntil(D, 0), live(D, 0);
@@ -68,6 +70,21 @@ std::vector<std::vector<Action>> greedyOrder(int S, int M, const Placement& p, i
     }
     for (int d = 0; d < D; ++d) {
       if (busyUntil[d] > t) continue;
+      auto& pw = pendingW[d];
+      auto runW = [&] {
+        auto [iDone, m, s] = *pw.begin();
+        pw.erase(pw.begin());
+        out[d].push_back(W(s, m));
+        if (!p.split(s)) liveEnds[d].insert(t + 1);
+        busyUntil[d] = t + 1;
+        ++done;
+      };
+      // 0. Past the cap, the oldest deferred W.
+      if (deferCap > 0 && static_cast<int>(pw.size()) >= deferCap &&
+          std::get<0>(*pw.begin()) <= t) {
+        runW();
+        continue;
+      }
       // 1. The oldest ready I (then the highest stage).
       int bestI = -1;
       for (int s = 0; s < S; ++s) {
@@ -105,15 +122,7 @@ std::vector<std::vector<Action>> greedyOrder(int S, int M, const Placement& p, i
         continue;
       }
       // 3. The oldest deferred W.
-      auto& pw = pendingW[d];
-      if (!pw.empty() && std::get<0>(*pw.begin()) <= t) {
-        auto [iDone, m, s] = *pw.begin();
-        pw.erase(pw.begin());
-        out[d].push_back(W(s, m));
-        if (!p.split(s)) liveEnds[d].insert(t + 1);
-        busyUntil[d] = t + 1;
-        ++done;
-      }
+      if (!pw.empty() && std::get<0>(*pw.begin()) <= t) runW();
     }
   }
   return out;
@@ -249,7 +258,7 @@ SchedulePlan zbv(int S, int M, const Placement& p, int K) {
   checkShape("zbv", S, M, K, p);
   checkPlacement("zbv", p, Placement::vShape(S), "two stages per device in a V");
   const int D = S / 2;
-  return plan("zbv", S, M, K, p, greedyOrder(S, M, p, 2 * D));
+  return plan("zbv", S, M, K, p, greedyOrder(S, M, p, 2 * D, 0));
 }
 
 SchedulePlan pipefbZb(int S, int M, const Placement& p, int K) {
@@ -260,7 +269,8 @@ SchedulePlan pipefbZb(int S, int M, const Placement& p, int K) {
       throw UserError("pipefb-zb needs a forward and a backward device per stage, all distinct " +
                       std::string("(e.g. ") + Placement::pipefb(S).toString() + "), got " +
                       p.toString());
-  return plan("pipefb-zb", S, M, K, p, greedyOrder(S, M, p, 0));
+  // Note [PipeFB with a split backward]: W right after the I that sent the gradient.
+  return plan("pipefb-zb", S, M, K, p, greedyOrder(S, M, p, 0, 1));
 }
 
 SchedulePlan interleaved1F1B(int S, int M, const Placement& p, int K) {

@@ -29,8 +29,19 @@
 //  * zbv: V placement (Placement::vShape), two stages per device, hold 2D stashes of half a
 //    1F1B stage each: 1F1B's device-0 bytes;
 //  * pipefb-zb: Placement::pipefb; forward devices run the forwards in order (as
-//    pipefb-sync), backward devices run the I chain at once and defer W to their idle
-//    time; no hold (the stashes come from the host pool).
+//    pipefb-sync); backward devices run I as soon as its gradient is there, send it, and
+//    then run W (at most one deferred W, Note [PipeFB with a split backward]).
+//
+// Note [PipeFB with a split backward]
+// In pipefb-sync the backward chain B(S-1) -> ... -> B(0) passes a gradient on after a
+// whole B: its fill is (S-1) B. Split, a backward device passes it on after I, so the fill
+// is (S-1) I and an iteration is (S-1) W shorter (unit costs S = 4, M = 8: 23 against 26).
+// Deferring W further gains nothing there: a backward device has 2 units of work per
+// microbatch and receives one per unit, so it is never idle once started, and every W held
+// back keeps a stash on it (with no cap, all M: 23 units as well, at 8 stashes per
+// backward device instead of 2). So W runs right after its I (cap 1); the deferral that
+// pays is the I chain's, which releases the upstream backward devices a W earlier.
+//
 // Iteration k repeats the order on microbatches kM..kM+M-1; each stage's STEP follows its
 // device's last W of the iteration (no global flush: each stage steps once its own
 // gradients are complete, the paper's post-validation placement). pipefb-zb adds SW/RW as
