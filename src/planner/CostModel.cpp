@@ -7,6 +7,12 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/sim/CostTable.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace pipefb::planner {
 
@@ -22,14 +28,41 @@ const char* toString(ScheduleKind k) {
       return "pipefb-sync";
     case ScheduleKind::PipeFbAsync:
       return "pipefb-async";
+    case ScheduleKind::ZbH1:
+      return "zb-h1";
+    case ScheduleKind::ZbH2:
+      return "zb-h2";
   }
   return "?";
 }
 
-std::vector<ScheduleKind> allScheduleKinds() {
+std::vector<ScheduleKind> defaultScheduleKinds() {
   return {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::PipeDream,
           ScheduleKind::PipeFbSync, ScheduleKind::PipeFbAsync};
 }
+
+std::vector<ScheduleKind> allScheduleKinds() {
+  std::vector<ScheduleKind> all = defaultScheduleKinds();
+  all.push_back(ScheduleKind::ZbH1);
+  all.push_back(ScheduleKind::ZbH2);
+  return all;
+}
+
+bool splitsBackward(ScheduleKind k) { return k == ScheduleKind::ZbH1 || k == ScheduleKind::ZbH2; }
+
+namespace {
+// Note [Zero-bubble fill]: the generated schedule's contract, per (kind, S, M).
+const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, schedules::MemoryContract> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(static_cast<int>(k), S, M);
+  auto it = cache.find(key);
+  if (it == cache.end())
+    it = cache.emplace(key, schedules::makeSchedule(toString(k), S, M).contract).first;
+  return it->second;
+}
+}  // namespace
 
 ScheduleKind parseScheduleKind(const std::string& name) {
   std::vector<std::string> names;
@@ -46,7 +79,10 @@ bool isSplit(ScheduleKind k) {
 }
 
 bool isFlushing(ScheduleKind k) {
-  return k == ScheduleKind::GPipe || k == ScheduleKind::OneFOneB || k == ScheduleKind::PipeFbSync;
+  // zb-h2 steps per stage after its last W as the others do (no stash is resident then);
+  // only its time has no fill (Note [Zero-bubble fill]).
+  return k == ScheduleKind::GPipe || k == ScheduleKind::OneFOneB ||
+         k == ScheduleKind::PipeFbSync || splitsBackward(k);
 }
 
 int inFlightStashes(ScheduleKind k, int S, int s, int M) {
@@ -61,6 +97,9 @@ int inFlightStashes(ScheduleKind k, int S, int s, int M) {
       return M;
     case ScheduleKind::PipeFbAsync:
       return 2 * M;
+    case ScheduleKind::ZbH1:
+    case ScheduleKind::ZbH2:
+      return generatedContract(k, S, M).inFlight.at(s);
   }
   return M;
 }
@@ -74,6 +113,8 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
     case ScheduleKind::GPipe:
     case ScheduleKind::OneFOneB:
     case ScheduleKind::PipeFbSync:
+    case ScheduleKind::ZbH1:
+    case ScheduleKind::ZbH2:
       return 1;
   }
   return 1;
@@ -96,8 +137,17 @@ std::vector<StashPolicy> allStashPolicies() {
           StashPolicy::CheckpointOffload};
 }
 
-int PipelineShape::slots() const {
-  return isFlushing(kind) ? microbatches + chainLength() - 1 : microbatches;
+double PipelineShape::slots() const {
+  return isFlushing(kind) ? microbatches + (chainLength() - 1) * fill : microbatches;
+}
+
+double CostModel::fill(ScheduleKind k) const {
+  const int L = numLayers();
+  const double F = F_[L], B = B_[L];
+  if (k == ScheduleKind::ZbH2) return 0;
+  if (k != ScheduleKind::ZbH1 || F + B <= 0) return 1;
+  const sim::SplitBackward iw = sim::splitBackward(B, -1, -1);  // Note [I and W costs]
+  return std::max(0.0, F + iw.input - iw.weight) / (F + B);
 }
 
 double PipelineShape::iterationTime(double tau) const {
@@ -447,7 +497,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
     if (timesOnly) return e;
     const std::int64_t wsB = backwardWs();
-    const int resident = off ? std::min(e.inFlight, shape.lookahead + 2) : e.inFlight;
+    // Note [Split backward]: the stashes waiting for their W stay beside the prefetched ones.
+    const int deferred =
+        splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
+    const int resident =
+        off ? std::min(e.inFlight, shape.lookahead + 2 + deferred) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, W);
     w(m, MemoryCategory::WeightVersions, deviceCopies * W);

@@ -47,7 +47,11 @@ ScheduleFamily parseScheduleFamily(const std::string& name) {
   }
   throw UserError("unknown schedule family '" + name + "'" + didYouMean(name, forms) +
                   "; allowed: a schedule (" +
-                  joinAllowed({"gpipe", "1f1b", "pipedream", "pipefb-sync", "pipefb-async"}) +
+                  joinAllowed([] {
+                    std::vector<std::string> n;
+                    for (ScheduleKind k : allScheduleKinds()) n.push_back(toString(k));
+                    return n;
+                  }()) +
                   "), optionally with -keep, -offload, -checkpoint or -checkpoint-offload");
 }
 
@@ -216,6 +220,7 @@ int Plan::bindingDevice(const CostModel& m, std::int64_t budget) const {
 
 void evaluatePlan(const CostModel& model, Plan& plan) {
   plan.shape.corePace = model.corePace(plan.shape);  // Note [Shared cores]
+  plan.shape.fill = model.fill(plan.shape.kind);      // Note [Zero-bubble fill]
   const PipelineShape& sh = plan.shape;
   plan.tau = 0;
   plan.hostBytes = 0;
@@ -626,7 +631,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   SolveResult res;
   std::vector<ScheduleFamily> families = options.schedules;
   if (families.empty())
-    for (ScheduleKind k : allScheduleKinds())
+    for (ScheduleKind k : defaultScheduleKinds())
       families.push_back({toString(k), k, allStashPolicies()});
   const Cluster& cl = model.cluster();
   const int D = cl.numDevices(), L = model.numLayers();
@@ -669,6 +674,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
         for (const auto& ch : chains(sh.chainLength())) {
           sh.chain = ch;
           sh.corePace = model.corePace(sh);  // Note [Shared cores]
+          sh.fill = model.fill(sh.kind);      // Note [Zero-bubble fill]
           double bound;
           if (options.objective == Objective::Time) {
             double sf = 0, sb = 0;

@@ -59,7 +59,7 @@ std::vector<std::int64_t> parseBudgets(const std::string& text) {
 
 std::vector<std::string> defaultSweepFamilies() {
   return {"1f1b-keep", "1f1b-offload", "1f1b", "gpipe", "pipedream", "pipefb-sync",
-          "pipefb-async"};
+          "pipefb-async", "zb-h1", "zb-h2"};
 }
 
 SweepResult runSweep(const CostModel& model, const SolverOptions& base,

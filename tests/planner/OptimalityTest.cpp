@@ -267,3 +267,29 @@ TEST(SolverOptimality, PrunedDpEqualsPlainDpOnLargerShapes) {
   EXPECT_GE(feasible, 40);
   EXPECT_LE(feasible, compared - 10);
 }
+
+// Note [Zero-bubble fill]: with the split-backward families among the choices the DP
+// still equals the exhaustive search (same instances as above, families forced to the
+// zero-bubble ones beside 1f1b).
+TEST(SolverOptimality, ZeroBubbleFamiliesEqualExhaustiveSearch) {
+  std::mt19937 rng(20240607);
+  int feasible = 0, zeroBubble = 0;
+  for (int id = 0; id < 150; ++id) {
+    Instance in = randomInstance(rng, id);
+    in.options.schedules = parseScheduleFamilies({"1f1b", "zb-h1", "zb-h2", "zb-h1-offload"});
+    CostModel m(in.profile, in.cluster);
+    SolveResult dp = solve(m, in.options);
+    BruteForceResult bf = bruteForce(m, in.options);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << id;
+    if (!bf.feasible) continue;
+    ++feasible;
+    ASSERT_TRUE(sameValue(dp.best.iterationTime, bf.objective))
+        << "instance " << id << ": dp " << dp.best.iterationTime << " (" << dp.best.family
+        << ") vs brute force " << bf.objective << " (" << bf.plan.family << ")";
+    zeroBubble += splitsBackward(dp.best.shape.kind);
+  }
+  std::printf("zero-bubble optimality: 150 instances, %d feasible, %d optima zb-h1/zb-h2\n",
+              feasible, zeroBubble);
+  EXPECT_GE(feasible, 50);
+  EXPECT_GE(zeroBubble, 20);
+}

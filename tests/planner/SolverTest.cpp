@@ -710,3 +710,30 @@ TEST(SolverReplicas, ReplicationAgainstPipeliningOnLiteralNumbers) {
     EXPECT_EQ(replicaCounts(c, o), std::vector<int>{1});
   }
 }
+
+TEST(SolverLiteral, ZeroBubbleFillAndStashes) {
+  // Note [Zero-bubble fill]: 4 layers, F = 1 and B = 2 each; 4 devices, M = 8. 1f1b's
+  // iteration is (8 + 3) x 3 = 33; zb-h1's (8 + 3 x F/(F+B)) x 3 = 27 (the simulator's
+  // uniform-cost makespan, ZeroBubbleSim); zb-h2's 8 x 3 = 24 (steady state). zb-h1 holds
+  // S = 4 stashes on every device (1f1b: S - s), zb-h2 2S - 1 = 7.
+  Profile p = timesProfile({1, 1, 1, 1});
+  for (auto& l : p.layers) l.backward = 2, l.savedBytes = 10;
+  CostModel m(p, freeCluster(4));
+  auto best = [&](const std::string& family) {
+    SolverOptions o = only(family, 8);
+    o.microbatches = 8;
+    o.maxStages = 4;
+    o.maxReplicas = 1;
+    return solve(m, o).best;
+  };
+  const Plan f = best("1f1b-keep"), h1 = best("zb-h1-keep"), h2 = best("zb-h2-keep");
+  EXPECT_NEAR(f.iterationTime, 33, 1e-9);
+  EXPECT_NEAR(h1.iterationTime, 27, 1e-9);
+  EXPECT_NEAR(h2.iterationTime, 24, 1e-9);
+  ASSERT_EQ(h1.stages.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(f.stages[k].estimate.inFlight, 4 - k);
+    EXPECT_EQ(h1.stages[k].estimate.inFlight, 4);
+    EXPECT_EQ(h2.stages[k].estimate.inFlight, 7);
+  }
+}

@@ -138,12 +138,27 @@ namespace pipefb::planner {
 
 using schedules::StashPolicy;
 
-enum class ScheduleKind { GPipe, OneFOneB, PipeDream, PipeFbSync, PipeFbAsync };
+enum class ScheduleKind { GPipe, OneFOneB, PipeDream, PipeFbSync, PipeFbAsync, ZbH1, ZbH2 };
 
 const char* toString(ScheduleKind k);
 /// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async"; else UserError.
 ScheduleKind parseScheduleKind(const std::string& name);
 std::vector<ScheduleKind> allScheduleKinds();
+/// The kinds the solver tries when no family is named: those the runtime runs. The
+/// split-backward kinds (zb-h1, zb-h2; Note [Zero-bubble fill]) are planned when named
+/// (--schedules, sweeps), since pipefb_train does not run I and W yet.
+std::vector<ScheduleKind> defaultScheduleKinds();
+/// Note [Zero-bubble fill]
+/// zb-h1 and zb-h2 run one stage per device like 1f1b, with B split into I and W
+/// (schedules/ZeroBubble.h). Their per-microbatch work is 1f1b's (F + I + W = F + B); what
+/// changes is the fill/drain of a flushed iteration, in paces (of F + B):
+///   1f1b: D - 1;  zb-h1: (D - 1)(F + I - W)/(F + B) (Note [Lagged W]);  zb-h2: 0 (steady
+///   state, each stage steps after its own last W, the paper's post-validation);
+/// with I and W from B by Note [I and W costs] (sim/CostTable.h), the profile's totals.
+/// Their stashes come from the generated schedule's contract (contractFromOrder), W's
+/// deferred ones included: up to S on every device for zb-h1 (1f1b's stage 0), 2S - 1
+/// for zb-h2.
+bool splitsBackward(ScheduleKind k);
 /// Forward and backward of a stage on different devices (PipeFB).
 bool isSplit(ScheduleKind k);
 /// Flushes every iteration (iteration time has a fill/drain bubble).
@@ -204,8 +219,11 @@ struct PipelineShape {
   /// The least pace the shared cores allow (Note [Shared cores]); CostModel::corePace()
   /// sets it once the chain is known; 0 = no bound.
   double corePace = 0;
-  /// Paces per iteration: M + D - 1 (flushing) or M (Note [Planner cost model]).
-  int slots() const;
+  /// Fill/drain paces per device of a flushed iteration (Note [Zero-bubble fill]):
+  /// CostModel::fill() sets it; 1 (1f1b's) until then.
+  double fill = 1;
+  /// Paces per iteration: M + (D - 1) x fill (flushing) or M (Note [Planner cost model]).
+  double slots() const;
   /// Iteration time for pace tau: slots() x max(tau, corePace).
   double iterationTime(double tau) const;
 };
@@ -299,6 +317,8 @@ class CostModel {
   }
   /// Note [Shared cores]: W / (C x the slowest chain speed) when D > C > 0, else 0.
   double corePace(const PipelineShape& shape) const;
+  /// Note [Zero-bubble fill]: PipelineShape::fill of a kind for this profile.
+  double fill(ScheduleKind k) const;
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 
