@@ -4,8 +4,8 @@
 #include <string>
 
 #include "pipefb/config/Config.h"
-#include "pipefb/planner/Setup.h"
-#include "pipefb/planner/TrainPlan.h"
+#include "pipefb/planner/ConfigPartition.h"
+#include "pipefb/planner/Profiler.h"
 #include "pipefb/runtime/Partition.h"
 
 namespace pipefb::test {
@@ -28,16 +28,13 @@ inline config::Config benchConfig(const std::string& schedule, const std::string
   return c;
 }
 
-/// Sets the planner's partition (from the analytic CPU profile), as pipefb_train does
-/// without pipeline.partition (Note [Planner partition in pipefb_train]).
+/// Sets the planner's partition as pipefb_train does without pipeline.partition, on the
+/// measured profile (cached; measured on first use; Note [Planner partition in
+/// pipefb_train]).
 inline void usePlannerPartition(config::Config& c) {
-  planner::SetupOptions setup;
-  setup.configsDir = PIPEFB_SOURCE_DIR "/configs";
-  setup.profileMicrobatch = c.training.batch / c.pipeline.microbatches;
-  auto planning = planner::setupPlanning(c, setup);
-  const int S = runtime::stagesFor(c);
-  c.pipeline.partition = planner::plannerPartition(*planning.model, c, S).cuts;
-  c.pipeline.stages = S;
+  const auto profile = planner::loadOrMeasureProfile(c, planner::ProfilerOptions{});
+  planner::setPlannerPartition(c, runtime::stagesFor(c), profile.path, "bench",
+                               PIPEFB_SOURCE_DIR "/configs");
 }
 
 }  // namespace pipefb::test

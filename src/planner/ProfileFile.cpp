@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "pipefb/common/AtomicFile.h"
 #include "pipefb/common/Error.h"
 
 namespace pipefb::planner {
@@ -78,9 +79,8 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
 }
 
 void writeProfileFile(const std::string& path, const Profile& p) {
-  std::ofstream out(path);
-  if (!out) throw UserError("cannot write the profile file '" + path + "'");
-  out << profileToYaml(p);
+  // Atomic: pipefb_train fills the cache on first use, and tests or ranks may race.
+  writeFileAtomically(path, profileToYaml(p));
 }
 
 Profile readProfileFile(const std::string& path) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -339,6 +340,76 @@ std::string jsonScalar(const json& v) {
   return v.dump();
 }
 
+
+// Note [Why stages are imbalanced]
+// The warning names the busiest and the idlest device (busy seconds of the run). When the
+// run folder has the plan its partition came from (pipefb_plan's, or the one pipefb_train
+// chose itself, both saved as plan.yaml), it also says why the plan has the imbalance,
+// from the plan's predicted time per microbatch and device (a split stage's F on its
+// forward device and B on its backward device; a same-device stage's pace):
+//   PipeFB (a stage's F and B on different devices): forward devices run only F and
+//     backward devices only B, and B is about 2F, so the imbalance is the design; the
+//     warning gives the plan's B/F;
+//   otherwise, when the plan predicted about this imbalance (within 1.25x of the measured
+//     ratio), the planner's cut minimises the slowest stage at layer granularity under
+//     devices.memory, so every other cut is slower or does not fit;
+//   otherwise the planner predicted less: its profile misjudges the stages (re-measure).
+std::optional<std::string> imbalanceWarning(const std::map<std::string, double>& busy,
+                                            const fs::path& planPath) {
+  double lo = 1e300, hi = 0;
+  std::string loName, hiName;
+  for (const auto& [n, b] : busy)
+    if (b > 0) {
+      if (b < lo) lo = b, loName = n;
+      if (b > hi) hi = b, hiName = n;
+    }
+  if (!(hi > 0 && lo < 1e300 && hi > 1.25 * lo)) return std::nullopt;
+  const std::string head = "imbalanced stages: " + hiName + " computed " + fmt(hi) + " s, " +
+                           loName + " " + fmt(lo) + " s (" + fmt(hi / lo, "%.2f") + "x)";
+  const std::string noPlan = head + "; rebalance pipeline.partition or let the planner choose it";
+  if (!fs::exists(planPath)) return noPlan;
+  // Predicted compute per microbatch on each device ("cpu:<index>").
+  std::map<std::string, double> predicted;
+  double forward = 0, backward = 0;
+  bool split = false;
+  try {
+    const YAML::Node stages = YAML::LoadFile(planPath.string())["stages"];
+    if (!stages || !stages.IsSequence()) return noPlan;
+    for (const auto& st : stages) {
+      const YAML::Node p = st["predicted"];
+      if (!p || !p["forward_time"] || !p["backward_time"]) return noPlan;
+      const int fd = st["forward_device"].as<int>(), bd = st["backward_device"].as<int>();
+      const double f = p["forward_time"].as<double>(), b = p["backward_time"].as<double>();
+      if (fd != bd) {
+        predicted["cpu:" + std::to_string(fd)] += f;
+        predicted["cpu:" + std::to_string(bd)] += b;
+      } else {  // the pace: F + B + the step's share when compute sets it
+        predicted["cpu:" + std::to_string(fd)] += p["pace"] ? p["pace"].as<double>() : f + b;
+      }
+      forward += f;
+      backward += b;
+      split = split || fd != bd;
+    }
+  } catch (const YAML::Exception&) {
+    return noPlan;
+  }
+  const std::string planned = "; the planner chose this partition (" + planPath.filename().string() + ")";
+  if (split && forward > 0)
+    return head + planned + ": PipeFB runs only F on the forward devices and only B on the backward " +
+           "devices, and B is " + fmt(backward / forward, "%.1f") +
+           "x F in this plan (B is about 2F), so the backward devices compute more by design";
+  if (!predicted.count(hiName) || !predicted.count(loName) || !(predicted[loName] > 0))
+    return noPlan;
+  const double ratio = predicted[hiName] / predicted[loName];
+  if (ratio * 1.25 >= hi / lo)
+    return head + planned + ", which predicted " + fmt(ratio, "%.2f") +
+           "x: its cut minimises the slowest stage at layer granularity under devices.memory, "
+           "so every other cut has a slower stage or does not fit";
+  return head + planned + ", which predicted only " + fmt(ratio, "%.2f") +
+         "x: its profile misjudges these stages; re-measure it (pipefb_profile --force) or set "
+         "pipeline.partition";
+}
+
 }  // namespace
 
 ReportResult writeReport(const std::string& runDirArg, const ReportOptions& options) {
@@ -471,19 +542,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
           d["stall_seconds"].get<double>() > 0.05 * wall)
         warnings.push_back(d.value("name", "?") + " stalled " +
                            fmt(d["stall_seconds"].get<double>()) + " s (> 5% of the run)");
-  {
-    double lo = 1e300, hi = 0;
-    std::string loName, hiName;
-    for (const auto& [n, b] : busy)
-      if (b > 0) {
-        if (b < lo) lo = b, loName = n;
-        if (b > hi) hi = b, hiName = n;
-      }
-    if (hi > 0 && lo < 1e300 && hi > 1.25 * lo)
-      warnings.push_back("imbalanced stages: " + hiName + " computed " + fmt(hi) + " s, " + loName +
-                         " " + fmt(lo) + " s (" + fmt(hi / lo, "%.2f") +
-                         "x); rebalance pipeline.partition or let the planner choose it");
-  }
+  if (auto w = imbalanceWarning(busy, options.plan.empty() ? run / "plan.yaml"
+                                                            : fs::path(options.plan)))
+    warnings.push_back(*w);
 
   // Predictions: the plan file's `predicted:` section (pipefb_plan's cost model).
   double iterPredicted = NAN;

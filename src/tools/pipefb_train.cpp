@@ -3,9 +3,9 @@
 // --plan: a plan file written by pipefb_plan sets the pipeline (schedule, stages,
 // partition, microbatches, stash policy, lookahead, devices.count; TrainPlan.h). Without
 // it, a pipeline schedule with no pipeline.partition runs the planner's partition for the
-// configured shape (pipeline.partition_by: planner, the default), from a cached measured
-// profile (pipefb_profile) when there is one, else the analytic profile; `params` keeps
-// the runtime's parameter-bytes balance.
+// configured shape (pipeline.partition_by: planner, the default), from a measured profile
+// (Note [Planner partition in pipefb_train]); `params` keeps the runtime's parameter-bytes
+// balance.
 //
 // --resume RUN_DIR: continues the run in RUN_DIR from its latest complete checkpoint
 // (training.checkpoint_every; pipefb/train/Checkpoint.h), with the run's config.yaml
@@ -29,6 +29,7 @@
 #include "pipefb/common/Size.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/dist/ProcessGroup.h"
+#include "pipefb/planner/ConfigPartition.h"
 #include "pipefb/planner/Explain.h"
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Profiler.h"
@@ -42,28 +43,37 @@ namespace {
 
 // Note [Planner partition in pipefb_train]: the runtime would balance parameter bytes,
 // which puts VGG's conv layers (little weight, most of the time and activations) in one
-// stage. The planner's DP balances the cost model's stage time under devices.memory.
+// stage. The planner's DP balances the cost model's stage time under devices.memory, on
+// the profile pipefb_profile measures for this config (its cache file, measured and
+// written there on first use; a few seconds for VGG16 at width 1/4). The analytic profile
+// is a roofline estimate for devices we cannot run on; on the CPU it misjudged the
+// two-stage 1f1b VGG16 cut (runtime_bench 4 10: [0,9) [9,16), F+B of 18.9 ms per
+// microbatch plus the 6.2 ms step on stage 1 against 10.2 ms on stage 0). With one process
+// per device rank 0 measures while the others wait at a barrier, and every rank then
+// reads the same cache file, so they plan the same partition.
 // Returns the plan as pipefb_plan writes it (for RUN_DIR/plan.yaml).
-std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath) {
+std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
+                                pipefb::dist::ProcessGroup* group) {
   using namespace pipefb::planner;
-  const int stages = pipefb::runtime::stagesFor(config);
-  SetupOptions setup;
-  setup.profileMicrobatch = config.training.batch / config.pipeline.microbatches;
   const std::string cached = defaultProfilePath(profileHeader(config, ProfilerOptions{}));
-  if (std::filesystem::exists(cached)) setup.profile = cached;
-  Planning planning = setupPlanning(config, setup);
-  PlannedPartition p = plannerPartition(*planning.model, config, stages);
-  config.pipeline.partition = p.cuts;
-  config.pipeline.stages = stages;
+  if (group == nullptr || group->rank() == 0) {
+    if (!std::filesystem::exists(cached))
+      spdlog::info("pipeline: measuring the model's profile for the planner's partition (once; "
+                   "cached in {})",
+                   cached);
+    loadOrMeasureProfile(config, ProfilerOptions{}, cached);
+  }
+  if (group != nullptr) group->barrier();
+  const ConfigPartition p =
+      setPlannerPartition(config, pipefb::runtime::stagesFor(config), cached, configPath);
   spdlog::info(
       "pipeline: partition by the planner ({} profile): {}; predicted {} per iteration, peak {}"
       "{} (pipeline.partition_by: params for the parameter-bytes balance)",
-      planning.profileText, rangesText(p.plan),
-      pipefb::planner::formatSeconds(p.plan.iterationTime), pipefb::formatBytes(p.plan.peakMemory),
-      p.withinLimits ? "" : "; nothing fits devices.memory, planned without it");
-  PlanContext ctx{configPath, planning.model->profile().model, planning.profileText,
-                  planning.model->cluster().name};
-  return planToYaml(*planning.model, p.plan, ctx);
+      p.profileText, rangesText(p.partition.plan),
+      pipefb::planner::formatSeconds(p.partition.plan.iterationTime),
+      pipefb::formatBytes(p.partition.plan.peakMemory),
+      p.partition.withinLimits ? "" : "; nothing fits devices.memory, planned without it");
+  return p.planYaml;
 }
 
 // PIPEFB_TEST_FAULT=kind:step (see the top of this file).
@@ -153,9 +163,6 @@ int main(int argc, char** argv) {
                    config.pipeline.stash,
                    pipefb::runtime::toString(pipefb::runtime::partitionFromCuts(
                        config.pipeline.partition, spec.numLayers)));
-    } else if (config.pipeline.schedule != "none" && config.pipeline.partition.empty() &&
-               config.pipeline.partition_by == "planner") {
-      planYaml = usePlannerPartition(config, configPath);
     }
     // One process per device (issue 8), under pipefb_launch or torchrun.
     std::shared_ptr<pipefb::dist::ProcessGroup> group;
@@ -178,6 +185,9 @@ int main(int argc, char** argv) {
       config.training.checkpoint = false;
       group = pipefb::dist::makeGlooGroup(*env, {config.distributed.timeout});
     }
+    if (planPath.empty() && config.pipeline.schedule != "none" &&
+        config.pipeline.partition.empty() && config.pipeline.partition_by == "planner")
+      planYaml = usePlannerPartition(config, configPath, group.get());
     pipefb::train::Trainer trainer(std::move(config), faultHooks());
     trainer.setPlanYaml(std::move(planYaml));
     trainer.setProcessGroup(group);

@@ -304,6 +304,51 @@ TEST(ReportTest, WarnsAboutStallsAndImbalancedStagesOnlyAboveTheThresholds) {
   EXPECT_FALSE(has(w, "imbalanced")) << ::testing::PrintToString(w);
 }
 
+// Note [Why stages are imbalanced]: with the plan the partition came from, the warning
+// says why the imbalance is there.
+TEST(ReportTest, ImbalanceWarningSaysWhyWhenThePlannerChoseThePartition) {
+  const std::string src = train("why-src",
+                                "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                "--set devices.count=2 --set pipeline.microbatches=2 "
+                                "--set training.iterations=2");
+  json s = json::parse(slurp(fs::path(src) / "summary.json"));
+  s["pipeline"]["devices"][0]["busy_seconds"] = 2.0;
+  s["pipeline"]["devices"][1]["busy_seconds"] = 3.0;
+  auto warningWith = [&](const std::string& name, const std::string& plan) {
+    const std::string dir = runDir(name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const char* f : {"metrics.csv", "config.yaml", "trace.json"})
+      fs::copy_file(fs::path(src) / f, fs::path(dir) / f);
+    std::ofstream(fs::path(dir) / "summary.json") << s.dump();
+    if (!plan.empty()) std::ofstream(fs::path(dir) / "plan.yaml") << plan;
+    for (const auto& w : writeReport(dir).warnings)
+      if (w.find("imbalanced stages: cpu:1") != std::string::npos) return w;
+    return std::string("(no imbalance warning)");
+  };
+  auto stage = [](int fd, int bd, double f, double b, double pace) {
+    return "  - forward_device: " + std::to_string(fd) + "\n    backward_device: " +
+           std::to_string(bd) + "\n    predicted: {forward_time: " + std::to_string(f) +
+           ", backward_time: " + std::to_string(b) + ", pace: " + std::to_string(pace) + "}\n";
+  };
+  std::string w = warningWith("why-none", "");
+  EXPECT_NE(w.find("let the planner choose it"), std::string::npos) << w;
+  // PipeFB: F of the stage on cpu:0, its B (2.1x) on cpu:1.
+  w = warningWith("why-split", "stages:\n" + stage(0, 1, 0.010, 0.021, 0.021));
+  EXPECT_NE(w.find("the planner chose this partition"), std::string::npos) << w;
+  EXPECT_NE(w.find("B is 2.1x F"), std::string::npos) << w;
+  // Same-device stages whose predicted paces differ as the run did (1.4x against 1.5x).
+  w = warningWith("why-expected", "stages:\n" + stage(0, 0, 0.005, 0.010, 0.020) +
+                                      stage(1, 1, 0.008, 0.016, 0.028));
+  EXPECT_NE(w.find("which predicted 1.40x"), std::string::npos) << w;
+  EXPECT_NE(w.find("minimises the slowest stage"), std::string::npos) << w;
+  // The plan predicted balance: its profile was wrong.
+  w = warningWith("why-misjudged", "stages:\n" + stage(0, 0, 0.005, 0.010, 0.020) +
+                                       stage(1, 1, 0.005, 0.010, 0.020));
+  EXPECT_NE(w.find("which predicted only 1.00x"), std::string::npos) << w;
+  EXPECT_NE(w.find("pipefb_profile --force"), std::string::npos) << w;
+}
+
 TEST(ReportTest, PlanFileFillsThePredictedColumns) {
   const std::string dir = train("predicted",
                                 "--set pipeline.schedule=1f1b --set pipeline.stages=2 "

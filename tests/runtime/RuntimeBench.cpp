@@ -9,8 +9,9 @@
 // Usage: runtime_bench [microbatches=4] [iterations=20] [schedule=1f1b] [stash=keep]
 //                      [devices=2, or 4 for pipefb] [partition=planner|params|cuts e.g. 9]
 //                      [rounds=3]
-// The default partition is the one pipefb_train uses: the planner's, from the analytic
-// CPU profile (Note [Planner partition in pipefb_train]).
+// The default partition is the one pipefb_train uses: the planner's, on the measured
+// profile (cached in profiles/, measured on first use; Note [Planner partition in
+// pipefb_train]).
 #include <chrono>
 #include <cstdio>
 #include <map>

@@ -65,3 +65,37 @@ TEST(PipefbTrain, TinyRunSucceedsAndWritesRunFolder) {
   EXPECT_TRUE(fs::exists(dir / "summary.json"));
   EXPECT_TRUE(fs::exists(dir / "model.pt"));
 }
+
+// Note [Planner partition in pipefb_train]: without pipeline.partition, the first run
+// measures the model's profile into profiles/ of its working directory and plans on it;
+// the next run reads the cache. The run folder keeps the plan the partition came from.
+TEST(PipefbTrain, PlannerPartitionIsPlannedOnAMeasuredProfileCachedOnFirstUse) {
+  const fs::path work = pipefb::test::freshDir("cli_partition");
+  const std::string cmd = "cd " + work.string() + " && " + PIPEFB_BINARY_DIR +
+                          "/pipefb_train --config " + cfg("mlp-tiny.yaml") +
+                          " --set pipeline.schedule=1f1b --set devices.count=2"
+                          " --set pipeline.microbatches=2 --set training.iterations=1"
+                          " --set training.eval=false --set output.dir=" +
+                          (work / "run").string();
+  CommandResult first = pipefb::test::runCommand(cmd);
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("measuring the model's profile"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("partition by the planner (measured profiles/mlp-mb16-"),
+            std::string::npos)
+      << first.out;
+  ASSERT_TRUE(fs::is_directory(work / "profiles"));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(work / "profiles")) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);  // the profile, and no temporary left behind
+  std::ifstream plan(work / "run" / "plan.yaml");
+  std::string text((std::istreambuf_iterator<char>(plan)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("profile: \"measured profiles/mlp-mb16-"), std::string::npos) << text;
+
+  CommandResult second = pipefb::test::runCommand(cmd);
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_EQ(second.out.find("measuring the model's profile"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("partition by the planner (measured profiles/mlp-mb16-"),
+            std::string::npos)
+      << second.out;
+  fs::remove_all(work);
+}

@@ -33,6 +33,8 @@
 #include <utility>
 #include <vector>
 
+#include "pipefb/common/AtomicFile.h"
+
 namespace pipefb::train {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -46,7 +48,7 @@ void saveStateDict(const std::string& path, const NamedTensors& tensors);
 NamedTensors loadStateDict(const std::string& path);
 
 /// Writes `bytes` to `path` atomically (see Note [Atomic checkpoint]).
-void writeFileAtomically(const std::string& path, const std::string& bytes);
+using pipefb::writeFileAtomically;
 
 /// One stage of the plan a checkpoint was taken under (informational: resume
 /// re-partitions by name).
