@@ -186,25 +186,37 @@ SchedulePlan pipefbAsync(int S, int M, const Placement& p, int K, int lag) {
   return pipefb("pipefb-async", S, M, p, K, lag < 0 ? M : lag);
 }
 
-std::vector<std::string> scheduleKindNames() {
-  return {"gpipe", "1f1b",      "pipedream", "pipefb-sync",      "pipefb-async",
-          "zb-h1", "zb-h2",     "zbv",       "interleaved-1f1b", "pipefb-zb"};
+SchedulePlan makeSchedule(ScheduleKind kind, int S, int M, const Placement& p, int K,
+                          int asyncLag) {
+  switch (kind) {  // Note [Adding a schedule kind]
+    case ScheduleKind::GPipe:
+      return gpipe(S, M, p, K);
+    case ScheduleKind::OneFOneB:
+      return oneFOneB(S, M, p, K);
+    case ScheduleKind::PipeDream:
+      return pipedream(S, M, p, K);
+    case ScheduleKind::PipeFbSync:
+      return pipefbSync(S, M, p, K);
+    case ScheduleKind::PipeFbAsync:
+      return pipefbAsync(S, M, p, K, asyncLag);
+    case ScheduleKind::ZbH1:
+      return zbH1(S, M, p, K);
+    case ScheduleKind::ZbH2:
+      return zbH2(S, M, p, K);
+    case ScheduleKind::Zbv:
+      return zbv(S, M, p, K);
+    case ScheduleKind::Interleaved1F1B:
+      return interleaved1F1B(S, M, p, K);
+    case ScheduleKind::PipeFbZb:
+      return pipefbZb(S, M, p, K);
+  }
+  PIPEFB_ASSERT(false, "a schedule kind without a generator");
+  return {};
 }
 
 SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& p, int K,
                           int asyncLag) {
-  if (kind == "gpipe") return gpipe(S, M, p, K);
-  if (kind == "1f1b") return oneFOneB(S, M, p, K);
-  if (kind == "pipedream") return pipedream(S, M, p, K);
-  if (kind == "pipefb-sync") return pipefbSync(S, M, p, K);
-  if (kind == "pipefb-async") return pipefbAsync(S, M, p, K, asyncLag);
-  if (kind == "zb-h1") return zbH1(S, M, p, K);
-  if (kind == "zb-h2") return zbH2(S, M, p, K);
-  if (kind == "zbv") return zbv(S, M, p, K);
-  if (kind == "interleaved-1f1b") return interleaved1F1B(S, M, p, K);
-  if (kind == "pipefb-zb") return pipefbZb(S, M, p, K);
-  throw UserError("unknown schedule '" + kind + "'" + didYouMean(kind, scheduleKindNames()) +
-                  "; allowed: " + joinAllowed(scheduleKindNames()));
+  return makeSchedule(parseScheduleKind(kind), S, M, p, K, asyncLag);
 }
 
 SchedulePlan makeSchedule(const std::string& kind, int S, int M, int K) {

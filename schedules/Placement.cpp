@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::schedules {
 
@@ -62,11 +63,23 @@ Placement Placement::vShape(int numStages) {
   return Placement(std::move(out));
 }
 
-Placement Placement::defaultFor(const std::string& kind, int numStages) {
-  if (kind.rfind("pipefb", 0) == 0) return pipefb(numStages);
-  if (kind == "interleaved-1f1b") return looped(numStages, 2);
-  if (kind == "zbv") return vShape(numStages);
+Placement Placement::defaultFor(ScheduleKind kind, int numStages) {
+  switch (info(kind).placement) {  // Note [Adding a schedule kind]
+    case DefaultPlacement::SameDevice:
+      return sameDevice(numStages);
+    case DefaultPlacement::PipeFb:
+      return pipefb(numStages);
+    case DefaultPlacement::Looped:
+      return looped(numStages, 2);
+    case DefaultPlacement::VShape:
+      return vShape(numStages);
+  }
+  PIPEFB_ASSERT(false, "a schedule kind without a default placement");
   return sameDevice(numStages);
+}
+
+Placement Placement::defaultFor(const std::string& kind, int numStages) {
+  return defaultFor(parseScheduleKind(kind), numStages);
 }
 
 std::string Placement::toString() const {
@@ -107,7 +120,7 @@ Placement Placement::parse(const std::string& text, const std::string& where) {
 }
 
 void Placement::checkFor(const std::string& kind, int devices, const std::string& where) const {
-  const bool split = kind.rfind("pipefb", 0) == 0;
+  const bool split = usesSplitPlacement(parseScheduleKind(kind));
   std::map<int, int> forwardOf, backwardOf;  // device -> stage
   for (int s = 0; s < numStages(); ++s) {
     const StagePlacement& p = stages_[s];

@@ -13,20 +13,24 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Placement.h"
+#include "pipefb/schedules/ScheduleKind.h"
+#include "pipefb/schedules/StashPolicy.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/common/Suggest.h"
 
 namespace pipefb::config {
 
 const std::vector<std::string>& scheduleNames() {
-  static const std::vector<std::string> names = {"none", "gpipe", "1f1b", "pipedream",
-                                                 "pipefb-sync", "pipefb-async"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = {"none"};  // one device, no pipeline
+    for (const auto& n : schedules::scheduleKindNames()) v.push_back(n);
+    return v;
+  }();
   return names;
 }
 
 const std::vector<std::string>& stashPolicyNames() {
-  static const std::vector<std::string> names = {"keep", "offload", "checkpoint",
-                                                 "checkpoint-offload"};
+  static const std::vector<std::string> names = schedules::stashPolicyNames();
   return names;
 }
 
@@ -564,7 +568,8 @@ void validate(const Config& c) {
   if (c.pipeline.schedule != "none") {
     // The placement's device count: S for gpipe/1f1b/pipedream, 2S for pipefb-* (F and B
     // of a stage on different devices). runtime::stagesFor() applies the same rule.
-    const bool split = c.pipeline.schedule.rfind("pipefb", 0) == 0;
+    const bool split =
+        schedules::usesSplitPlacement(schedules::parseScheduleKind(c.pipeline.schedule));
     const int64_t perStage = split ? 2 : 1;
     int64_t S = c.pipeline.stages;
     if (!c.pipeline.partition.empty()) {

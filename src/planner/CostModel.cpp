@@ -16,39 +16,38 @@
 
 namespace pipefb::planner {
 
-const char* toString(ScheduleKind k) {
-  switch (k) {
+bool plannerModels(ScheduleKind k) {
+  switch (k) {  // Note [Adding a schedule kind]: the cost model's closed forms below
     case ScheduleKind::GPipe:
-      return "gpipe";
     case ScheduleKind::OneFOneB:
-      return "1f1b";
     case ScheduleKind::PipeDream:
-      return "pipedream";
     case ScheduleKind::PipeFbSync:
-      return "pipefb-sync";
     case ScheduleKind::PipeFbAsync:
-      return "pipefb-async";
-    case ScheduleKind::ZbH1:
-      return "zb-h1";
+      return true;
+    case ScheduleKind::ZbH1:  // Note [Zero-bubble fill]
     case ScheduleKind::ZbH2:
-      return "zb-h2";
+      return true;
+    case ScheduleKind::Zbv:
+    case ScheduleKind::Interleaved1F1B:
+    case ScheduleKind::PipeFbZb:
+      return false;
   }
-  return "?";
-}
-
-std::vector<ScheduleKind> defaultScheduleKinds() {
-  return {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::PipeDream,
-          ScheduleKind::PipeFbSync, ScheduleKind::PipeFbAsync};
+  return false;
 }
 
 std::vector<ScheduleKind> allScheduleKinds() {
-  std::vector<ScheduleKind> all = defaultScheduleKinds();
-  all.push_back(ScheduleKind::ZbH1);
-  all.push_back(ScheduleKind::ZbH2);
-  return all;
+  std::vector<ScheduleKind> out;
+  for (const auto& row : schedules::scheduleKinds())
+    if (plannerModels(row.kind)) out.push_back(row.kind);
+  return out;
 }
 
-bool splitsBackward(ScheduleKind k) { return k == ScheduleKind::ZbH1 || k == ScheduleKind::ZbH2; }
+std::vector<ScheduleKind> defaultScheduleKinds() {
+  std::vector<ScheduleKind> out;
+  for (ScheduleKind k : allScheduleKinds())
+    if (!splitsBackward(k)) out.push_back(k);
+  return out;
+}
 
 namespace {
 // Note [Zero-bubble fill]: the generated schedule's contract, per (kind, S, M).
@@ -63,27 +62,6 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
   return it->second;
 }
 }  // namespace
-
-ScheduleKind parseScheduleKind(const std::string& name) {
-  std::vector<std::string> names;
-  for (ScheduleKind k : allScheduleKinds()) {
-    if (name == toString(k)) return k;
-    names.push_back(toString(k));
-  }
-  throw UserError("unknown schedule '" + name + "'" + didYouMean(name, names) +
-                  "; allowed: " + joinAllowed(names));
-}
-
-bool isSplit(ScheduleKind k) {
-  return k == ScheduleKind::PipeFbSync || k == ScheduleKind::PipeFbAsync;
-}
-
-bool isFlushing(ScheduleKind k) {
-  // zb-h2 steps per stage after its last W as the others do (no stash is resident then);
-  // only its time has no fill (Note [Zero-bubble fill]).
-  return k == ScheduleKind::GPipe || k == ScheduleKind::OneFOneB ||
-         k == ScheduleKind::PipeFbSync || splitsBackward(k);
-}
 
 int inFlightStashes(ScheduleKind k, int S, int s, int M) {
   switch (k) {
@@ -100,6 +78,10 @@ int inFlightStashes(ScheduleKind k, int S, int s, int M) {
     case ScheduleKind::ZbH1:
     case ScheduleKind::ZbH2:
       return generatedContract(k, S, M).inFlight.at(s);
+    case ScheduleKind::Zbv:  // not modelled (plannerModels)
+    case ScheduleKind::Interleaved1F1B:
+    case ScheduleKind::PipeFbZb:
+      break;
   }
   return M;
 }
@@ -116,6 +98,10 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
     case ScheduleKind::ZbH1:
     case ScheduleKind::ZbH2:
       return 1;
+    case ScheduleKind::Zbv:  // not modelled (plannerModels)
+    case ScheduleKind::Interleaved1F1B:
+    case ScheduleKind::PipeFbZb:
+      break;
   }
   return 1;
 }
@@ -129,7 +115,7 @@ int weightCopies(ScheduleKind k, int S, int s, int M) {
 }
 
 double stepsPerMicrobatch(ScheduleKind k, int M) {
-  return k == ScheduleKind::PipeDream ? 1.0 : 1.0 / M;
+  return schedules::stepsPerMicrobatch(k) ? 1.0 : 1.0 / M;
 }
 
 std::vector<StashPolicy> allStashPolicies() {

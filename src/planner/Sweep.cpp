@@ -14,6 +14,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Size.h"
+#include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::planner {
 
@@ -58,8 +59,10 @@ std::vector<std::int64_t> parseBudgets(const std::string& text) {
 }
 
 std::vector<std::string> defaultSweepFamilies() {
-  return {"1f1b-keep", "1f1b-offload", "1f1b", "gpipe", "pipedream", "pipefb-sync",
-          "pipefb-async", "zb-h1", "zb-h2"};
+  // 1f1b with each single policy beside the free choice, then every kind (ScheduleKind.h).
+  std::vector<std::string> out = {"1f1b-keep", "1f1b-offload"};
+  for (ScheduleKind k : allScheduleKinds()) out.push_back(toString(k));
+  return out;
 }
 
 SweepResult runSweep(const CostModel& model, const SolverOptions& base,

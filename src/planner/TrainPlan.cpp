@@ -19,22 +19,14 @@ bool sameModel(const std::string& planModel, const std::string& configModel) {
   return planModel.size() == configModel.size() || planModel[configModel.size()] == ' ';
 }
 
-// Note [Plan policies in the runtime]: split stages move every stash through the host.
-StashPolicy normalised(StashPolicy p, bool split) {
-  if (!split) return p;
-  if (p == StashPolicy::Keep) return StashPolicy::Offload;
-  if (p == StashPolicy::Checkpoint) return StashPolicy::CheckpointOffload;
-  return p;
-}
-
 }  // namespace
 
 std::string runtimeStashPolicy(const PlanSpec& spec, const std::string& source) {
   const bool split = isSplit(parseScheduleKind(spec.schedule));
   if (spec.stages.empty()) throw UserError(source + ": stages: the plan has no stages");
-  const StashPolicy first = normalised(spec.stages.front().policy, split);
+  const StashPolicy first = schedules::effectivePolicy(spec.stages.front().policy, split);
   for (size_t k = 1; k < spec.stages.size(); ++k)
-    if (normalised(spec.stages[k].policy, split) != first) {
+    if (schedules::effectivePolicy(spec.stages[k].policy, split) != first) {
       std::string all;
       for (const auto& s : spec.stages) all += (all.empty() ? "" : ", ") + std::string(toString(s.policy));
       throw UserError(source + ": stages[" + std::to_string(k) +
@@ -106,7 +98,7 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
                     " stages but the model has only " + std::to_string(model.numLayers()) +
                     " layers; lower pipeline.stages or devices.count");
   const StashPolicy policy =
-      normalised(schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
+      schedules::effectivePolicy(schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
   // Note [Devices and processes]: the runtime refuses a graph stash across processes too;
   // saying so here keeps the planner from being asked for a plan that cannot exist.
   for (int k = 0; k < stages && !schedules::isCheckpoint(policy); ++k)

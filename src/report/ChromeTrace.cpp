@@ -39,7 +39,7 @@ void ChromeTrace::addSpan(int pid, int tid, const std::string& name, const std::
 }
 
 void ChromeTrace::addMemoryCounter(int pid, const std::string& name, int64_t ns,
-                                   const memory::CategoryBytes& bytes) {
+                                   const CategoryBytes& bytes) {
   json args = json::object();
   for (MemoryCategory c : kAllMemoryCategories) args[toString(c)] = bytes[index(c)];
   events_.push_back({{"ph", "C"},
@@ -50,7 +50,7 @@ void ChromeTrace::addMemoryCounter(int pid, const std::string& name, int64_t ns,
 }
 
 void ChromeTrace::addMemoryEvents(const std::vector<memory::MemoryEvent>& events,
-                                  std::map<int, memory::CategoryBytes> base,
+                                  std::map<int, CategoryBytes> base,
                                   const std::map<int, int>& pidOfDomain) {
   for (const auto& e : events) {
     auto pid = pidOfDomain.find(e.domain);

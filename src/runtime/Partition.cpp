@@ -4,10 +4,9 @@
 #include <limits>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::runtime {
-
-bool isSplitKind(const std::string& kind) { return kind.rfind("pipefb", 0) == 0; }
 
 std::vector<StageRange> balancedPartition(const std::vector<int64_t>& costs, int S) {
   const int64_t L = static_cast<int64_t>(costs.size());
@@ -59,7 +58,7 @@ std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int6
 
 int stagesFor(const config::Config& c) {
   const auto& p = c.pipeline;
-  const bool split = isSplitKind(p.schedule);
+  const bool split = schedules::usesSplitPlacement(schedules::parseScheduleKind(p.schedule));
   int S = static_cast<int>(p.stages);
   if (!p.partition.empty()) {
     int fromCuts = static_cast<int>(p.partition.size()) + 1;
@@ -86,6 +85,20 @@ int stagesFor(const config::Config& c) {
                     (split ? " (F and B of each stage on their own device)" : "") +
                     "; set devices.count: " + std::to_string(need));
   return S;
+}
+
+void checkProcesses(const std::string& source, int64_t D, int64_t R, int64_t worldSize) {
+  const std::string launch = std::to_string(D * R) + " ranks (pipefb_launch -n " +
+                             std::to_string(D * R) + ")";
+  if (R > 1 && worldSize == 0)
+    throw UserError(source + ": pipeline.replicas: " + std::to_string(R) +
+                    " replicas need one process per device; launch devices.count x replicas = " +
+                    launch + ", or set pipeline.replicas: 1");
+  if (worldSize > 0 && D * R != worldSize)
+    throw UserError(source + ": devices.count: the schedule runs on " + std::to_string(D) +
+                    " devices" + (R > 1 ? " x " + std::to_string(R) + " replicas" : std::string()) +
+                    " but WORLD_SIZE=" + std::to_string(worldSize) +
+                    "; one process per device: launch " + launch);
 }
 
 std::string toString(const std::vector<StageRange>& partition) {

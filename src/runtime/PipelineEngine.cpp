@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <fstream>
 #include <future>
@@ -21,6 +22,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
+#include "pipefb/common/Suggest.h"
 #include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryEvent.h"
@@ -34,6 +36,7 @@
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/ScheduleError.h"
+#include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/schedules/StashPolicy.h"
 #include "pipefb/schedules/Validator.h"
 #include "pipefb/train/Optimizer.h"
@@ -361,7 +364,7 @@ struct DeviceState {
   std::map<Key, StashPtr> stashes;
   // Stage inputs coming from another process (Note [Channels across processes]).
   std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
-  std::vector<ActionRecord> records;  // guarded by Impl::mu_
+  std::vector<schedules::ActionSpan> records;  // [j]: action j of its list  // guarded by Impl::mu_
   double busy = 0;                    // guarded by Impl::mu_
   // Note [Optimizer offload]: when compute waited for its own copies (guarded by Impl::mu_).
   std::vector<offload::CopyInterval> waits;
@@ -457,7 +460,8 @@ struct PipelineEngine::Impl {
   model::Model& model;
   config::Config config;
   EngineOptions options;
-  std::string kind;
+  std::string kind;                      // its name, for messages and reports
+  schedules::ScheduleKind scheduleKind{};  // traits: pipefb/schedules/ScheduleKind.h
   int S = 0, M = 0, D = 0;
   int64_t K = 0;
   bool async = false;
@@ -469,7 +473,10 @@ struct PipelineEngine::Impl {
   std::unique_ptr<offload::TransferManager> transfers;  // Note [Asynchronous host copies]
   std::shared_ptr<ShellPool> pool;
   Channels channels;
-  int64_t t0 = 0;
+  int64_t t0 = 0;  // memory::nowNs() when the workers started: the records' 0 s
+  // The records' seconds (schedules::ActionSpan) from and to memory::nowNs()'s clock.
+  double secondsSinceOrigin(int64_t ns) const { return static_cast<double>(ns - t0) * 1e-9; }
+  int64_t originNs(double seconds) const { return t0 + std::llround(seconds * 1e9); }
 
   // Note [Channels across processes]
   // With EngineOptions::group (one process per device, issue 8) this process runs the
@@ -524,7 +531,7 @@ struct PipelineEngine::Impl {
   // Memory events for the trace.
   bool recording = false;
   std::vector<memory::MemoryEvent> events;
-  std::map<int, memory::CategoryBytes> eventBase;  // domain id -> live per category at start
+  std::map<int, CategoryBytes> eventBase;  // domain id -> live per category at start
   int64_t eventBaseNs = 0;
 
   Impl(model::Model& m, const config::Config& c, EngineOptions o)
@@ -583,7 +590,7 @@ struct PipelineEngine::Impl {
 int PipelineEngine::Impl::iterationOf(const Action& a) const {
   const bool stepLike = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||
                         a.type == ActionType::RecvWeights || a.type == ActionType::AllReduce;
-  if (stepLike) return kind == "pipedream" ? a.index / M : a.index;
+  if (stepLike) return schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
   if (a.stash == StashKind::Weights &&
       (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
        a.type == ActionType::Drop))
@@ -617,9 +624,14 @@ void PipelineEngine::Impl::build() {
   kind = p.schedule;
   if (kind == "none")
     throw UserError(config.source +
-                    ": pipeline.schedule: none has no pipeline; allowed: gpipe, 1f1b, pipedream, "
-                    "pipefb-sync, pipefb-async");
-  async = kind == "pipedream" || kind == "pipefb-async";
+                    ": pipeline.schedule: none has no pipeline; allowed: " +
+                    joinAllowed(schedules::scheduleKindNames()));
+  scheduleKind = schedules::parseScheduleKind(kind);
+  async = schedules::isAsync(scheduleKind);
+  if (schedules::splitsBackward(scheduleKind))  // before any device or thread exists
+    throw UserError(config.source + ": pipeline.schedule: " + kind +
+                    " splits the backward into I and W, which the runtime does not run yet; "
+                    "simulate or plan it with pipefb_sim, or train with another schedule");
   S = stagesFor(config);
   M = static_cast<int>(p.microbatches);
   K = std::max<int64_t>(1, options.iterations);
@@ -689,19 +701,8 @@ void PipelineEngine::Impl::build() {
   schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
   R = static_cast<int>(p.replicas);
-  if (R > 1 && !options.group)
-    throw UserError(config.source + ": pipeline.replicas: " + std::to_string(R) +
-                    " replicas need one process per device; launch devices.count x replicas = " +
-                    std::to_string(D * R) + " ranks (pipefb_launch -n " + std::to_string(D * R) +
-                    "), or set pipeline.replicas: 1");
+  checkProcesses(config.source, D, R, options.group ? options.group->size() : 0);
   if (options.group) {  // Note [Channels across processes]
-    if (D * R != options.group->size())
-      throw UserError(config.source + ": devices.count: the schedule runs on " +
-                      std::to_string(D) + " devices" +
-                      (R > 1 ? " x " + std::to_string(R) + " replicas" : std::string()) +
-                      " but WORLD_SIZE=" + std::to_string(options.group->size()) +
-                      "; one process per device: launch " + std::to_string(D * R) +
-                      " ranks (pipefb_launch -n " + std::to_string(D * R) + ")");
     myDevice = options.group->rank() % D;
     myReplica = options.group->rank() / D;
     if (R > 1) {
@@ -787,7 +788,7 @@ void PipelineEngine::Impl::build() {
     if (st.split)
       st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
                            MemoryCategory::Weights);
-    st.predict = st.split && kind == "pipefb-async" && p.weight_prediction != "none";  // auto: on
+    st.predict = st.split && async && p.weight_prediction != "none";  // auto: on
     precomputeVersions(st);
   }
 
@@ -839,10 +840,9 @@ void PipelineEngine::Impl::workerMain(int d) {
       int64_t start = memory::nowNs();
       execute(dev, a);
       int64_t end = memory::nowNs();
-      ActionRecord r;
-      r.index = i;
-      r.startNs = start;
-      r.endNs = end;
+      schedules::ActionSpan r;
+      r.start = secondsSinceOrigin(start);
+      r.end = secondsSinceOrigin(end);
       r.liveAfter = dev.domain->stats().liveByCategory();
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -1473,7 +1473,7 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
       st.predicted->version = st.masterVersion + 1;
     }
   }
-  const int64_t iteration = kind == "pipedream" ? a.index / M : a.index;
+  const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
   train::setLearningRate(*st.optimizer, train::learningRate(config.training,
                                                             options.firstStep + iteration,
                                                             options.totalSteps));
@@ -2006,16 +2006,17 @@ std::vector<TransferStats> PipelineEngine::transferStats() const {
     }
     // Note [Optimizer offload]: compute waiting for its own copies hides none of them.
     size_t w = 0;
-    for (const auto& r : recs[d]) {
-      const Action& a = I.plan.schedule.devices[d][r.index];
+    for (size_t j = 0; j < recs[d].size(); ++j) {
+      const Action& a = I.plan.schedule.devices[d][j];
       if (!a.isCompute() && a.type != ActionType::Step) continue;
-      int64_t from = r.startNs;
+      const int64_t startNs = I.originNs(recs[d][j].start), endNs = I.originNs(recs[d][j].end);
+      int64_t from = startNs;
       while (w < waits.size() && waits[w].endNs <= from) ++w;
-      for (size_t k = w; k < waits.size() && waits[k].startNs < r.endNs; ++k) {
+      for (size_t k = w; k < waits.size() && waits[k].startNs < endNs; ++k) {
         if (waits[k].startNs > from) compute.push_back({from, waits[k].startNs});
         from = std::max(from, waits[k].endNs);
       }
-      if (from < r.endNs) compute.push_back({from, r.endNs});
+      if (from < endNs) compute.push_back({from, endNs});
     }
     TransferStats t;
     t.name = I.devices[d].domain->name();
@@ -2056,9 +2057,11 @@ std::vector<int64_t> PipelineEngine::stashBytesPerMicrobatch() const {
   return out;
 }
 
-std::vector<std::vector<ActionRecord>> PipelineEngine::records() const {
+int64_t PipelineEngine::clockOriginNs() const { return impl_->t0; }
+
+std::vector<std::vector<schedules::ActionSpan>> PipelineEngine::records() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  std::vector<std::vector<ActionRecord>> out;
+  std::vector<std::vector<schedules::ActionSpan>> out;
   for (auto& d : impl_->devices) out.push_back(d.records);
   return out;
 }
@@ -2079,11 +2082,13 @@ void PipelineEngine::writeTrace(const std::string& path) const {
   pidOfDomain[I.host->id()] = I.D;
   for (int d = 0; d < I.D; ++d) {
     const auto& list = I.plan.schedule.devices[d];
-    for (const auto& r : records[d]) {
-      const Action& a = list[r.index];
-      trace.addSpan(d, 0, schedules::toString(a), schedules::typeName(a.type), r.startNs, r.endNs,
-                    {{"stage", a.stage}, {"index", a.index}, {"step", r.index}});
-      trace.addMemoryCounter(d, "memory", r.endNs, r.liveAfter);  // sampled at every action's end
+    for (size_t j = 0; j < records[d].size(); ++j) {
+      const Action& a = list[j];
+      const auto& r = records[d][j];
+      trace.addSpan(d, 0, schedules::toString(a), schedules::typeName(a.type), I.originNs(r.start),
+                    I.originNs(r.end), {{"stage", a.stage}, {"index", a.index}, {"step", static_cast<int>(j)}});
+      // sampled at every action's end
+      trace.addMemoryCounter(d, "memory", I.originNs(r.end), r.liveAfter);
     }
     // The device's copy engine: each offload (D2H) and prefetch (H2D) copy job.
     for (const auto& c : I.transfers->counters(d).intervals)

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "pipefb/common/Program.h"
 #include "pipefb/common/Size.h"
@@ -37,6 +38,8 @@
 #include "pipefb/planner/TrainPlan.h"
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/Partition.h"
+#include "pipefb/schedules/ScheduleKind.h"
+#include "pipefb/common/Suggest.h"
 #include "pipefb/train/Trainer.h"
 
 namespace {
@@ -144,34 +147,34 @@ int main(int argc, char** argv) {
     pipefb::config::Config config = pipefb::config::loadConfig(configPath, overrides);
     if (!resumeDir.empty()) config.output.dir = resumeDir;
     pipefb::runtime::checkDeviceKind(config);  // Note [No silent fallback], before planning
-    if (const auto env = pipefb::dist::envFromTorchrun();
-        config.pipeline.replicas > 1 && (!env || env->worldSize == 1))
-      throw pipefb::UserError(
-          config.source + ": pipeline.replicas: " + std::to_string(config.pipeline.replicas) +
-          " replicas need one process per device; launch devices.count x replicas = " +
-          std::to_string(config.devices.count * config.pipeline.replicas) +
-          " ranks (pipefb_launch -n " +
-          std::to_string(config.devices.count * config.pipeline.replicas) +
-          "), or set pipeline.replicas: 1");
     std::string planYaml;
+    std::optional<pipefb::planner::PlanSpec> spec;
     if (!planPath.empty()) {
       planYaml = pipefb::planner::readPlanText(planPath);  // copied to RUN_DIR/plan.yaml
-      const auto spec = pipefb::planner::parsePlan(planYaml, planPath);
-      pipefb::planner::applyPlan(config, spec, planPath);
+      spec = pipefb::planner::parsePlan(planYaml, planPath);
+      pipefb::planner::applyPlan(config, *spec, planPath);  // may set pipeline.replicas
+    }
+    // One process per device (issue 8), under pipefb_launch or torchrun; checked before
+    // anything is printed or planned.
+    const auto env = pipefb::dist::envFromTorchrun();
+    if (config.pipeline.schedule != "none")  // Note [Replicated pipelines]
+      pipefb::runtime::checkProcesses(config.source, config.devices.count,
+                                      config.pipeline.replicas,
+                                      env && env->worldSize > 1 ? env->worldSize : 0);
+    if (spec) {
       spdlog::info("plan {}: {} x {} stages, {} microbatches, stash {}, partition {}", planPath,
                    config.pipeline.schedule, config.pipeline.stages, config.pipeline.microbatches,
                    config.pipeline.stash,
                    pipefb::runtime::toString(pipefb::runtime::partitionFromCuts(
-                       config.pipeline.partition, spec.numLayers)));
+                       config.pipeline.partition, spec->numLayers)));
     }
-    // One process per device (issue 8), under pipefb_launch or torchrun.
     std::shared_ptr<pipefb::dist::ProcessGroup> group;
-    if (auto env = pipefb::dist::envFromTorchrun(); env && env->worldSize > 1) {
+    if (env && env->worldSize > 1) {
       const std::string ws = "WORLD_SIZE=" + std::to_string(env->worldSize);
       if (config.pipeline.schedule == "none")
         throw pipefb::UserError(ws + ": pipeline.schedule: none runs in one process; allowed "
-                                "with one process per device: gpipe, 1f1b, pipedream, "
-                                "pipefb-sync, pipefb-async");
+                                "with one process per device: " +
+                                pipefb::joinAllowed(pipefb::schedules::scheduleKindNames()));
       if (config.training.checkpoint_every > 0 || !resumeDir.empty())
         throw pipefb::UserError(ws + ": training.checkpoint_every: " +
                                 std::to_string(config.training.checkpoint_every) +

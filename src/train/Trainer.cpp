@@ -20,6 +20,7 @@
 #include "pipefb/report/StepTrace.h"
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/train/Checkpoint.h"
 #include "pipefb/train/Optimizer.h"
 #include "pipefb/train/Progress.h"
@@ -119,8 +120,7 @@ Trainer::~Trainer() = default;
 void Trainer::ensureEngine() {
   if (config_.pipeline.schedule == "none") return;
   const int64_t every = config_.training.checkpoint_every;
-  const bool async =
-      config_.pipeline.schedule == "pipedream" || config_.pipeline.schedule == "pipefb-async";
+  const bool async = schedules::isAsync(schedules::parseScheduleKind(config_.pipeline.schedule));
   if (stepsDone_ >= totalSteps_) return;  // nothing left to run (the last engine stays)
   if (engine_ && stepsDone_ < engineEnd_) return;
   if (engine_) {  // a segment is over: carry its optimizer state into the next

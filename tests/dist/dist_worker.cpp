@@ -8,6 +8,7 @@
 // Exit codes as pipefb_train's (pipefb/common/Program.h).
 #include <torch/torch.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 
@@ -89,7 +90,8 @@ int main(int argc, char** argv) {
       ++buckets;
       const int d = env->rank % engine.numDevices();
       const bool beforeEnd = b.backwardAction >= 0 &&
-                             b.startNs < rec[d].at(static_cast<size_t>(b.backwardAction)).endNs;
+                             b.startNs < engine.clockOriginNs() +
+                                             std::llround(rec[d].at(static_cast<size_t>(b.backwardAction)).end * 1e9);
       if (b.duringBackward && b.startNs < b.backwardDoneNs && beforeEnd) ++early;
     }
     if (replicas > 1) std::printf("rank %d buckets %d started-during-backward %d\n", env->rank, buckets, early);

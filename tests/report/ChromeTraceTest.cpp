@@ -23,7 +23,7 @@ TEST(ChromeTraceTest, ProcessesSpansAndCountersInChromeFormat) {
   t.addProcess(0, "cpu:0");
   t.addThread(0, 0, "compute");
   t.addSpan(0, 0, "1F0", "F", 2'000'000, 2'500'000, {{"stage", 0}});
-  memory::CategoryBytes b{};
+  CategoryBytes b{};
   b[index(MemoryCategory::Stash)] = 4096;
   t.addMemoryCounter(0, "memory", 2'500'000, b);
   json j = writeAndRead(t);
@@ -68,7 +68,7 @@ TEST(ChromeTraceTest, ReplaysEventsFromTheBaseAndSkipsUnknownDomains) {
   ev.push_back(e(20, 999, 8, MemoryEventKind::Alloc, MemoryCategory::Stash));  // not a device
   ev.push_back(e(30, 50, 7, MemoryEventKind::Free, MemoryCategory::Stash));
   ev.push_back(e(40, 10, 7, MemoryEventKind::Oom, MemoryCategory::Stash));  // refused: no change
-  memory::CategoryBytes base{};
+  CategoryBytes base{};
   base[index(MemoryCategory::Weights)] = 1000;
   t.addMemoryEvents(ev, {{7, base}}, {{7, 3}});
   json j = writeAndRead(t);

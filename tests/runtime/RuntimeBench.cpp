@@ -101,12 +101,13 @@ int main(int argc, char** argv) {
   std::vector<double> f(S), b(S), st(S), sa(S), sg(S);
   std::vector<int> nf(S), nb(S), nst(S), nsa(S), nsg(S);
   for (size_t d = 0; d < recs.size(); ++d)
-    for (const auto& r : recs[d]) {
-      const auto& a = s.devices[d][r.index];
+    for (size_t j = 0; j < recs[d].size(); ++j) {
+      const auto& r = recs[d][j];
+      const auto& a = s.devices[d][j];
       const int mb = a.index;
       const bool steady = (a.type == schedules::ActionType::Step ? a.index : mb / M) >= warm;
       if (!steady) continue;
-      const double t = (r.endNs - r.startNs) * 1e-9;
+      const double t = r.seconds();
       switch (a.type) {
         case schedules::ActionType::Forward:
           f[a.stage] += t;

@@ -4,6 +4,7 @@
 // Strings are the config/report spelling: "weights", "optimizer_state", ...
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@ inline constexpr std::array<MemoryCategory, kNumMemoryCategories> kAllMemoryCate
     MemoryCategory::Weights,    MemoryCategory::Grads,          MemoryCategory::OptimizerState,
     MemoryCategory::Stash,      MemoryCategory::WeightVersions, MemoryCategory::WorkingSet,
     MemoryCategory::CommBuffers};
+
+/// Bytes per category, indexed by index(MemoryCategory): the tracking allocator's live and
+/// peak bytes, the simulator's samples and the planner's estimates all use this one type.
+using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
 
 inline constexpr std::size_t index(MemoryCategory c) { return static_cast<std::size_t>(c); }
 

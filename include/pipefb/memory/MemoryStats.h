@@ -17,8 +17,6 @@ namespace pipefb::memory {
 /// Capacity of a domain that never refuses an allocation.
 inline constexpr int64_t kUnlimited = -1;
 
-using CategoryBytes = std::array<int64_t, kNumMemoryCategories>;
-
 /// One statistic, like c10::CUDACachingAllocator::Stat.
 struct Stat {
   int64_t current = 0;    // current

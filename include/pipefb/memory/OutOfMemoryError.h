@@ -27,7 +27,7 @@ struct OomInfo {
   int64_t requested = 0;                                 // bytes asked for
   int64_t capacity = 0;                                  // bytes
   int64_t live = 0;  // bytes in use at the time (all categories)
-  memory::CategoryBytes live_by_category{};
+  CategoryBytes live_by_category{};
   std::string hint;  // "HINT: ..." (may be empty)
 
   /// The smallest capacity that would have fit this request: live + requested.

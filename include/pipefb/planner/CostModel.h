@@ -132,17 +132,23 @@
 #include "pipefb/planner/Cluster.h"
 #include "pipefb/planner/LayerCost.h"
 #include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/schedules/StashPolicy.h"
 
 namespace pipefb::planner {
 
 using schedules::StashPolicy;
 
-enum class ScheduleKind { GPipe, OneFOneB, PipeDream, PipeFbSync, PipeFbAsync, ZbH1, ZbH2 };
-
-const char* toString(ScheduleKind k);
-/// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async"; else UserError.
-ScheduleKind parseScheduleKind(const std::string& name);
+// The one schedule-kind enum and its table (pipefb/schedules/ScheduleKind.h).
+using schedules::ScheduleKind;
+using schedules::isFlushing;
+using schedules::parseScheduleKind;
+using schedules::splitsBackward;
+using schedules::toString;
+/// The kinds the cost model has closed forms for (zbv, interleaved-1f1b and pipefb-zb
+/// are not planned yet).
+bool plannerModels(ScheduleKind k);
+/// Every kind the planner models, in enum order.
 std::vector<ScheduleKind> allScheduleKinds();
 /// The kinds the solver tries when no family is named: those the runtime runs. The
 /// split-backward kinds (zb-h1, zb-h2; Note [Zero-bubble fill]) are planned when named
@@ -158,11 +164,8 @@ std::vector<ScheduleKind> defaultScheduleKinds();
 /// Their stashes come from the generated schedule's contract (contractFromOrder), W's
 /// deferred ones included: up to S on every device for zb-h1 (1f1b's stage 0), 2S - 1
 /// for zb-h2.
-bool splitsBackward(ScheduleKind k);
-/// Forward and backward of a stage on different devices (PipeFB).
-bool isSplit(ScheduleKind k);
-/// Flushes every iteration (iteration time has a fill/drain bubble).
-bool isFlushing(ScheduleKind k);
+/// The kind's chain puts forward and backward of a stage on different devices (PipeFB).
+inline bool isSplit(ScheduleKind k) { return schedules::usesSplitPlacement(k); }
 
 /// Closed forms of the steady-state MemoryContract of schedules::makeSchedule (many
 /// iterations); PlannerTest checks them against the generators.
@@ -237,7 +240,6 @@ bool inputStashOnly(const Cluster& cluster, const PipelineShape& shape, int k);
 /// Note [Offloads in flight]: D2H copies a device may have unfinished before OFF waits.
 using schedules::kOffloadsInFlight;
 
-using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
 std::int64_t total(const CategoryBytes& b);
 
 /// Which resource sets a stage's time.

@@ -38,11 +38,11 @@ class ChromeTrace {
                int64_t startNs, int64_t endNs, nlohmann::json args = nlohmann::json::object());
   /// One "C" event: live bytes per category.
   void addMemoryCounter(int pid, const std::string& name, int64_t ns,
-                        const memory::CategoryBytes& bytes);
+                        const CategoryBytes& bytes);
   /// Replays the ALLOC/FREE stream as "memory events" counters, starting from the live
   /// bytes `base` of each domain. Events of domains not in `pidOfDomain` are skipped.
   void addMemoryEvents(const std::vector<memory::MemoryEvent>& events,
-                       std::map<int, memory::CategoryBytes> base,
+                       std::map<int, CategoryBytes> base,
                        const std::map<int, int>& pidOfDomain);
   /// Writes {"traceEvents": ..., "displayTimeUnit": "ms", "otherData": otherData}.
   /// Throws UserError when the file cannot be written.

@@ -33,14 +33,14 @@ class StepTrace {
 
   struct Span {
     int64_t startNs, endNs;
-    memory::CategoryBytes liveAfter;
+    CategoryBytes liveAfter;
   };
   memory::MemoryDomain& device_;
   int64_t eventSteps_, spanSteps_;
   int64_t originNs_, lastNs_;
   int64_t steps_ = 0;
   bool recording_ = false;
-  memory::CategoryBytes base_{};
+  CategoryBytes base_{};
   std::vector<memory::MemoryEvent> events_;
   std::vector<Span> spans_;
 };

@@ -29,8 +29,12 @@ std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int6
 /// derived from devices.count (S devices, or 2S for pipefb-*). UserError if they disagree.
 int stagesFor(const config::Config& config);
 
-/// True for the schedule kinds whose stages run F and B on different devices.
-bool isSplitKind(const std::string& kind);
+/// Note [Replicated pipelines]: the rule for processes. `worldSize` is the size of the
+/// process group, 0 without one (a single process). R > 1 replicas need one process per
+/// device of every replica, and with a group its size must be devices x R. UserError naming
+/// `source` otherwise (pipefb_train checks it before loading data; the engine again).
+void checkProcesses(const std::string& source, int64_t devices, int64_t replicas,
+                    int64_t worldSize);
 
 /// "[0,3) [3,7) [7,9)"
 std::string toString(const std::vector<StageRange>& partition);

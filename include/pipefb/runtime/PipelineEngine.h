@@ -30,6 +30,7 @@
 #include "pipefb/memory/OutOfMemoryError.h"
 #include "pipefb/model/Model.h"
 #include "pipefb/runtime/Partition.h"
+#include "pipefb/schedules/ActionSpan.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Schedule.h"
 
@@ -79,8 +80,8 @@ struct DeviceStats {
   int64_t capacity = -1;                   // bytes, -1 = unlimited
   int64_t live = 0;                        // bytes now
   int64_t peak = 0;                        // bytes
-  memory::CategoryBytes atPeak{};          // breakdown at the instant of the peak
-  memory::CategoryBytes peakByCategory{};  // each category's own peak
+  CategoryBytes atPeak{};          // breakdown at the instant of the peak
+  CategoryBytes peakByCategory{};  // each category's own peak
   double busySeconds = 0;                  // time inside F/B/STEP
   int64_t actions = 0;                     // actions executed
 };
@@ -103,13 +104,6 @@ struct HostPoolSummary {
   int64_t peakBytes = 0, liveBytes = 0, blockBytes = 0, allocations = 0, reuses = 0;
 };
 
-/// One executed action (times on memory::nowNs()'s clock).
-struct ActionRecord {
-  int index = 0;  // into schedule().devices[device]
-  int64_t startNs = 0;
-  int64_t endNs = 0;
-  memory::CategoryBytes liveAfter{};  // the device's live bytes per category at the end
-};
 
 /// One gradient all-reduce bucket of pipeline.replicas (Note [Gradient buckets] in
 /// PipelineEngine.cpp), on this rank. Times on memory::nowNs()'s clock.
@@ -222,8 +216,11 @@ class PipelineEngine {
   std::vector<int64_t> peakStashBytes() const;
   /// Per stage: live stash bytes one forward left behind (measured at its first F).
   std::vector<int64_t> stashBytesPerMicrobatch() const;
-  /// What each device executed so far, in order.
-  std::vector<std::vector<ActionRecord>> records() const;
+  /// What each device executed so far: records()[d][j] is action j of schedule().devices[d]
+  /// (the simulator's type: seconds from clockOriginNs()).
+  std::vector<std::vector<schedules::ActionSpan>> records() const;
+  /// memory::nowNs() when the workers started: 0 s of records().
+  int64_t clockOriginNs() const;
   /// Chrome trace event format (Perfetto, chrome://tracing): one process per device
   /// with a compute track ("X" per action) and memory counters ("C" per category),
   /// plus the host pool's counters.

@@ -15,6 +15,7 @@
 #include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/Placement.h"
 #include "pipefb/schedules/Schedule.h"
+#include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::schedules {
 
@@ -54,13 +55,10 @@ SchedulePlan pipefbSync(int S, int M, const Placement& placement, int iterations
 SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1,
                          int lag = -1);
 
-/// "gpipe" | "1f1b" | "pipedream" | "pipefb-sync" | "pipefb-async", and the split-backward
-/// and interleaved kinds of ZeroBubble.h: "zb-h1" | "zb-h2" | "zbv" | "interleaved-1f1b" |
-/// "pipefb-zb"
-std::vector<std::string> scheduleKindNames();
-
 /// By name. An unknown name, S < 1, M < 1, iterations < 1, or a placement the kind cannot
 /// use is a UserError listing what is allowed.
+SchedulePlan makeSchedule(ScheduleKind kind, int S, int M, const Placement& placement,
+                          int iterations = 1, int asyncLag = -1);
 SchedulePlan makeSchedule(const std::string& kind, int S, int M, const Placement& placement,
                           int iterations = 1, int asyncLag = -1);
 /// With the kind's default placement (Placement::defaultFor).

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "pipefb/schedules/ScheduleKind.h"
+
 namespace pipefb::schedules {
 
 struct StagePlacement {
@@ -33,7 +35,9 @@ class Placement {
   /// ZB-V: S = 2D stages on D devices in a V, stage s on device min(s, S-1-s) for both
   /// passes: device 0 holds the first and the last stage. S odd is a UserError.
   static Placement vShape(int numStages);
-  /// The default placement of a schedule kind ("pipefb-*" -> pipefb, others -> sameDevice).
+  /// The default placement of a schedule kind (ScheduleKindInfo::splitPlacement -> pipefb,
+  /// others -> sameDevice). By name: an unknown name is a UserError.
+  static Placement defaultFor(ScheduleKind kind, int numStages);
   static Placement defaultFor(const std::string& kind, int numStages);
 
   int numStages() const { return static_cast<int>(stages_.size()); }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pipefb/common/MemoryCategory.h"
+#include "pipefb/schedules/ActionSpan.h"
 #include "pipefb/schedules/Schedule.h"
 #include "pipefb/sim/CostTable.h"
 
@@ -14,18 +15,8 @@ struct SimOptions {
   bool recordMemoryTimeline = true;  // keep every sample (peaks are computed either way)
 };
 
-/// When an action ran, in seconds from 0.
-///  * F/B/STEP/AR: the compute interval.
-///  * sends: the transfer, from leaving the sender to arriving at the receiver.
-///  * receives: from reaching the action to holding the data (the wait).
-///  * OFF/PRE: the copy on the device's copy engine.
-///  * DROP: a point.
-struct ActionSpan {
-  double start = 0;
-  double end = 0;
-};
-
-using CategoryBytes = std::array<std::int64_t, kNumMemoryCategories>;
+/// When an action ran, in seconds from 0 (the runtime's records are the same type).
+using schedules::ActionSpan;
 
 struct MemorySample {
   double time = 0;
@@ -47,7 +38,8 @@ struct HostPoolSample {
   std::int64_t weightVersionBytes = 0;
 };
 
-struct HostPool {
+/// The host pool's occupancy over a simulation (the pool itself is offload::HostPool).
+struct HostPoolMemory {
   std::vector<HostPoolSample> timeline;
   std::int64_t peakBytes = 0;
 };
@@ -56,7 +48,7 @@ struct SimResult {
   std::vector<std::vector<ActionSpan>> spans;  // [device][action index]
   std::vector<double> busy;                    // compute seconds per device
   std::vector<DeviceMemory> memory;            // per device
-  HostPool host;
+  HostPoolMemory host;
   double makespan = 0;
   double iterationTime = 0;  // K == 1: makespan; else (end of last - end of first) / (K-1)
   double bubbleFraction = 0;
