@@ -23,7 +23,7 @@ echo "model,cluster,plan_at_full_memory" >"$PLANS"
 
 declare -A ARGS
 ARGS[gpt2-xl]="--config $ROOT/configs/gpt2-xl.yaml"
-ARGS[vgg16]="--config $ROOT/configs/vgg16.yaml --set model.width=1 --set model.input_size=224 --set model.channels=3 --set model.num_classes=1000 --set training.batch=128"
+ARGS[vgg16]="--config $ROOT/configs/vgg16-single.yaml --set model.width=1 --set model.input_size=224 --set model.channels=3 --set model.num_classes=1000 --set training.batch=128"
 
 for model in gpt2-xl vgg16; do
   for cluster in $CLUSTERS; do

@@ -29,7 +29,7 @@ for sched in $SCHEDULES; do
   if [[ $sched == pipefb-* ]]; then D=4; else D=2; fi
   dir=$OUT/runs/$sched
   rm -rf "$dir"
-  timed "$OUT/$sched.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16.yaml" \
+  timed "$OUT/$sched.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16-single.yaml" \
     --set training.lr="$LR" --set training.iterations="$ITERS" --set training.log_every=1000 \
     --set training.checkpoint=false --set output.progress=false \
     --set pipeline.schedule="$sched" --set pipeline.stages=2 --set devices.count=$D \

@@ -29,7 +29,7 @@ echo "width $WIDTH batch $BATCH steps $STEPS threads $THREADS (single-device row
 echo "impl,threads,samples_per_s,peak_rss_mib,wall_s" >"$CSV"
 
 ITERS=$((STEPS + WARMUP))
-common=(--config "$ROOT/configs/vgg16.yaml"
+common=(--config "$ROOT/configs/vgg16-single.yaml"
   --set model.width="$WIDTH" --set training.batch="$BATCH"
   --set data.name=synthetic --set data.synthetic_train=$((BATCH * 4)) --set data.synthetic_test=$BATCH
   --set training.iterations=$ITERS --set training.lr_schedule=constant

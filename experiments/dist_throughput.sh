@@ -29,7 +29,7 @@ for rep in $(seq 1 "$REPS"); do
       name=$sched-$mode-$rep
       dir=$OUT/runs/$name
       rm -rf "$dir"
-      args=(--config "$ROOT/configs/vgg16.yaml"
+      args=(--config "$ROOT/configs/vgg16-single.yaml"
         --set model.width=0.25 --set training.batch=32 --set training.optimizer=sgd --set training.lr=0.01
         --set training.lr_schedule=constant
         --set data.name=synthetic --set data.synthetic_train=256 --set data.synthetic_test=32

@@ -22,7 +22,7 @@ if ! plot_only; then
 echo "families $FAMILIES, measure $MEASURE iterations per plan" >>"$OUT/machine.txt"
 
 declare -A ARGS BUDGETS
-ARGS[vgg16]="--config $ROOT/configs/vgg16.yaml --set model.width=0.25 --set training.batch=32"
+ARGS[vgg16]="--config $ROOT/configs/vgg16-single.yaml --set model.width=0.25 --set training.batch=32"
 BUDGETS[vgg16]=${VGG_BUDGETS:-32MiB:512MiB:5}
 ARGS[resnet50]="--config $ROOT/configs/resnet50.yaml --set model.width=0.25 --set training.batch=32"
 BUDGETS[resnet50]=${RESNET_BUDGETS:-16MiB:256MiB:5}

@@ -64,7 +64,7 @@ if ! plot_only; then
         dir=$OUT/runs/$name
         rm -rf "$dir"
         echo "== $name (load $(cut -d' ' -f1 /proc/loadavg))"
-        timed "$OUT/$name.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16.yaml" \
+        timed "$OUT/$name.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16-single.yaml" \
           --set model.width="$WIDTH" --set model.input_size="$size" --set model.channels=3 \
           --set training.batch=32 --set training.optimizer=adam --set training.lr=0.0001 \
           --set training.lr_schedule=constant \

@@ -37,7 +37,7 @@ rm -f "$OUT"/plans/*.yaml  # only the plans of this run
 SETS=(--set model.width=0.25 --set training.batch=32 --set pipeline.microbatches=8
       --set pipeline.schedule=1f1b --set devices.count=4
       --set devices.keep_freed_memory=${KEEP_FREED_MEMORY:-true})
-CONFIG=$ROOT/configs/vgg16.yaml
+CONFIG=$ROOT/configs/vgg16-single.yaml
 
 echo "== profile (microbatch 32/8 = 4) =="
 "$BUILD/pipefb_profile" --config "$CONFIG" "${SETS[@]}" --out "$OUT/profile.yaml" --force | tail -3

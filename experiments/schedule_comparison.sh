@@ -37,7 +37,7 @@ for sched in $SCHEDULES; do
     name=$sched-$pol
     dir=$OUT/runs/$name
     rm -rf "$dir"
-    timed "$OUT/$name.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16.yaml" \
+    timed "$OUT/$name.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16-single.yaml" \
       --set model.width=0.25 --set training.batch=32 --set training.optimizer=sgd --set training.lr=0.01 \
       --set training.lr_schedule=constant \
       --set data.name=synthetic --set data.synthetic_train=128 --set data.synthetic_test=32 \

@@ -34,7 +34,7 @@ for row in keep offload-none offload; do
   dir=$OUT/runs/$row
   rm -rf "$dir"
   echo "== $row (load $(cut -d' ' -f1 /proc/loadavg))"
-  timed "$OUT/$row.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16.yaml" \
+  timed "$OUT/$row.log" "$BUILD/pipefb_train" --config "$ROOT/configs/vgg16-single.yaml" \
     --set model.width="$WIDTH" --set model.input_size="$SIZE" --set model.channels=3 \
     --set training.batch=32 --set training.optimizer=adam --set training.lr=0.0001 \
     --set training.lr_schedule=constant \

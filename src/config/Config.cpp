@@ -314,6 +314,34 @@ KeySpec optimizerOffloadKey() {
           }};
 }
 
+// output.trace_steps: [warm-up steps skipped, steps traced], e.g. [10, 20].
+KeySpec traceStepsKey() {
+  const std::string key = "output.trace_steps";
+  const std::string allowed =
+      "[skip, steps]: the warm-up steps skipped, then the steps traced (integers >= 0), e.g. "
+      "[10, 20]";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            if (!n.IsSequence() || n.size() != 2) expected(w, key, allowed, n);
+            int64_t v[2] = {0, 0};
+            for (size_t i = 0; i < 2; ++i) {
+              if (!n[i].IsScalar()) expected(w, key, allowed, n[i]);
+              try {
+                v[i] = n[i].as<int64_t>();
+              } catch (const YAML::Exception&) {
+                expected(w, key, allowed, n[i]);
+              }
+              if (v[i] < 0) expected(w, key, allowed, n[i]);
+            }
+            c.output.trace_skip = v[0];
+            c.output.trace_steps = v[1];
+          },
+          [](const Config& c, YAML::Emitter& e) {
+            e << YAML::Flow << YAML::BeginSeq << c.output.trace_skip << c.output.trace_steps
+              << YAML::EndSeq;
+          }};
+}
+
 const double kInf = std::numeric_limits<double>::infinity();
 
 const std::vector<KeySpec>& schema() {
@@ -448,6 +476,7 @@ const std::vector<KeySpec>& schema() {
     // output
     s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
     s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));
+    s.push_back(traceStepsKey());
     return s;
   }();
   return specs;
@@ -542,8 +571,10 @@ void applyOverride(Config& config, const std::string& assignment) {
   spec->set(config, node, Where{where});
 }
 
-void validate(const Config& c) {
+void validate(const Config& c, ConfigUse use) {
   const std::string& src = c.source;
+  // The pipeline's shape rules hold for the trainer only (ConfigUse).
+  const bool train = use == ConfigUse::Train;
   if (c.training.batch % c.pipeline.microbatches != 0)
     throw UserError(src + ": pipeline.microbatches: " + std::to_string(c.pipeline.microbatches) +
                     " does not divide training.batch " + std::to_string(c.training.batch) +
@@ -553,19 +584,19 @@ void validate(const Config& c) {
   if (c.model.name != "gpt2" && c.model.num_classes > 1000000)
     throw UserError(src + ": model.num_classes: " + std::to_string(c.model.num_classes) +
                     " is too many for a classifier; allowed: 2..1000000");
-  if (c.pipeline.schedule == "none" && c.devices.count != 1)
+  if (train && c.pipeline.schedule == "none" && c.devices.count != 1)
     throw UserError(src + ": devices.count: pipeline.schedule none trains on one device, got " +
                     std::to_string(c.devices.count) +
                     "; set devices.count: 1 or choose a pipeline schedule");
-  if (c.pipeline.weight_prediction == "linear" && c.pipeline.schedule != "pipefb-async")
+  if (train && c.pipeline.weight_prediction == "linear" && c.pipeline.schedule != "pipefb-async")
     throw UserError(src + ": pipeline.weight_prediction: " + c.pipeline.weight_prediction +
                     " needs pipeline.schedule=pipefb-async (got " + c.pipeline.schedule +
                     "); allowed here: auto, none");
-  if (c.pipeline.optimizer_offload != "none" && c.pipeline.schedule == "none")
+  if (train && c.pipeline.optimizer_offload != "none" && c.pipeline.schedule == "none")
     throw UserError(src + ": pipeline.optimizer_offload: " + c.pipeline.optimizer_offload +
                     " needs a pipeline schedule (the host pool belongs to the pipeline "
                     "runtime); set pipeline.optimizer_offload: none, or choose a schedule");
-  if (c.pipeline.schedule != "none") {
+  if (train && c.pipeline.schedule != "none") {
     // The placement's device count: S for gpipe/1f1b/pipedream, 2S for pipefb-* (F and B
     // of a stage on different devices). runtime::stagesFor() applies the same rule.
     const bool split =
@@ -632,7 +663,7 @@ void validate(const Config& c) {
 }
 
 Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
-                   const std::string& source) {
+                   const std::string& source, ConfigUse use) {
   Config config;
   config.source = source;
   YAML::Node root;
@@ -643,11 +674,12 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
   }
   applyDocument(config, root, source);
   for (const auto& o : overrides) applyOverride(config, o);
-  validate(config);
+  validate(config, use);
   return config;
 }
 
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides,
+                  ConfigUse use) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw UserError(path + ": is a directory; --config takes a YAML file such as " +
@@ -668,7 +700,7 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   if (root.IsNull())
     throw UserError(path + ": the config file is empty; give at least one section (" +
                     joinAllowed(kSections) + "), e.g. start from configs/vgg16.yaml");
-  return parseConfig(text, overrides, path);
+  return parseConfig(text, overrides, path, use);
 }
 
 std::string toYaml(const Config& config) {

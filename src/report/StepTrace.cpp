@@ -4,18 +4,22 @@
 
 namespace pipefb::report {
 
-StepTrace::StepTrace(memory::MemoryDomain& device, int64_t eventSteps, int64_t spanSteps)
-    : device_(device), eventSteps_(eventSteps), spanSteps_(spanSteps) {
-  base_ = device_.stats().liveByCategory();
+StepTrace::StepTrace(memory::MemoryDomain& device, int64_t skipSteps, int64_t spanSteps,
+                     int64_t eventSteps)
+    : device_(device), skipSteps_(skipSteps), spanSteps_(spanSteps), eventSteps_(eventSteps) {
   originNs_ = lastNs_ = memory::nowNs();
-  if (eventSteps_ > 0 && !memory::isRecording()) {
-    memory::setRecording(true);
-    recording_ = true;
-  }
+  if (skipSteps_ == 0) startRecording();
 }
 
 StepTrace::~StepTrace() {
   if (recording_) memory::setRecording(false);
+}
+
+void StepTrace::startRecording() {
+  if (eventSteps_ <= 0 || spanSteps_ <= 0 || memory::isRecording()) return;
+  base_ = device_.stats().liveByCategory();
+  memory::setRecording(true);
+  recording_ = true;
 }
 
 void StepTrace::stopRecording() {
@@ -28,10 +32,12 @@ void StepTrace::stopRecording() {
 
 void StepTrace::stepDone() {
   const int64_t now = memory::nowNs();
-  if (steps_ < spanSteps_) spans_.push_back({lastNs_, now, device_.stats().liveByCategory()});
+  if (steps_ >= skipSteps_ && steps_ < skipSteps_ + spanSteps_)
+    spans_.push_back({steps_ + 1, lastNs_, now, device_.stats().liveByCategory()});
   lastNs_ = now;
   ++steps_;
-  if (steps_ >= eventSteps_) stopRecording();
+  if (steps_ >= skipSteps_ + eventSteps_) stopRecording();
+  if (steps_ == skipSteps_) startRecording();
 }
 
 void StepTrace::write(const std::string& path) {
@@ -39,10 +45,10 @@ void StepTrace::write(const std::string& path) {
   ChromeTrace trace(originNs_);
   trace.addProcess(0, device_.name());
   trace.addThread(0, 0, "compute");
-  for (size_t i = 0; i < spans_.size(); ++i) {
-    trace.addSpan(0, 0, "step " + std::to_string(i + 1), "step", spans_[i].startNs, spans_[i].endNs,
-                  {{"step", i + 1}});
-    trace.addMemoryCounter(0, "memory", spans_[i].endNs, spans_[i].liveAfter);
+  for (const Span& span : spans_) {
+    trace.addSpan(0, 0, "step " + std::to_string(span.step), "step", span.startNs, span.endNs,
+                  {{"step", span.step}});
+    trace.addMemoryCounter(0, "memory", span.endNs, span.liveAfter);
   }
   trace.addMemoryEvents(events_, {{device_.id(), base_}}, {{device_.id(), 0}});
   trace.write(path, {{"schedule", "none"}, {"stages", 1}, {"steps_traced", spans_.size()}});

@@ -1831,7 +1831,8 @@ double PipelineEngine::step(const data::Batch& batch) {
     throw std::logic_error("PipelineEngine::step: the schedule was built for " +
                            std::to_string(I.K) + " iterations (EngineOptions::iterations)");
   const int64_t k = I.fed;
-  if (k == 0 && I.options.recordMemoryEvents && I.options.traceIterations > 0 &&
+  if (k == I.options.traceFirstIteration && I.options.recordMemoryEvents &&
+      I.options.traceIterations > 0 &&
       !memory::isRecording()) {
     I.eventBaseNs = memory::nowNs();
     for (auto& d : I.devices) I.eventBase[d.domain->id()] = d.domain->stats().liveByCategory();
@@ -1884,7 +1885,7 @@ double PipelineEngine::step(const data::Batch& batch) {
         return true;
       },
       "running an iteration");
-  if (I.recording && k + 1 >= I.options.traceIterations) {
+  if (I.recording && k + 1 >= I.options.traceFirstIteration + I.options.traceIterations) {
     I.drainEvents();
     memory::setRecording(false);
     I.recording = false;
@@ -2066,7 +2067,7 @@ std::vector<std::vector<schedules::ActionSpan>> PipelineEngine::records() const 
   return out;
 }
 
-void PipelineEngine::writeTrace(const std::string& path) const {
+void PipelineEngine::writeTrace(const std::string& path, int64_t fromNs, int64_t toNs) const {
   // Note [Chrome trace] (pipefb/report/ChromeTrace.h) describes the layout.
   Impl& I = *impl_;
   I.drainEvents();
@@ -2085,14 +2086,17 @@ void PipelineEngine::writeTrace(const std::string& path) const {
     for (size_t j = 0; j < records[d].size(); ++j) {
       const Action& a = list[j];
       const auto& r = records[d][j];
-      trace.addSpan(d, 0, schedules::toString(a), schedules::typeName(a.type), I.originNs(r.start),
-                    I.originNs(r.end), {{"stage", a.stage}, {"index", a.index}, {"step", static_cast<int>(j)}});
+      const int64_t startNs = I.originNs(r.start), endNs = I.originNs(r.end);
+      if (endNs < fromNs || startNs > toNs) continue;  // outside the trace window
+      trace.addSpan(d, 0, schedules::toString(a), schedules::typeName(a.type), startNs, endNs,
+                    {{"stage", a.stage}, {"index", a.index}, {"step", static_cast<int>(j)}});
       // sampled at every action's end
-      trace.addMemoryCounter(d, "memory", I.originNs(r.end), r.liveAfter);
+      trace.addMemoryCounter(d, "memory", endNs, r.liveAfter);
     }
     // The device's copy engine: each offload (D2H) and prefetch (H2D) copy job.
     for (const auto& c : I.transfers->counters(d).intervals)
-      trace.addSpan(d, 1,
+      if (c.endNs >= fromNs && c.startNs <= toNs)
+        trace.addSpan(d, 1,
                     std::string(c.toHost ? "D2H " : "H2D ") + std::to_string(c.key.stage) + "." +
                         std::to_string(c.key.index),
                     c.toHost ? "offload" : "prefetch", c.startNs, c.endNs,
@@ -2104,7 +2108,7 @@ void PipelineEngine::writeTrace(const std::string& path) const {
                                                 : "weight version"}});
   }
   // The event stream (first iterations): a counter per allocation and free.
-  trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);
+  trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);  // recorded in the window
   trace.write(path, {{"schedule", I.kind},
                      {"stages", I.S},
                      {"microbatches", I.M},

@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -35,6 +36,7 @@
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Profiler.h"
 #include "pipefb/planner/Setup.h"
+#include "pipefb/planner/Solver.h"
 #include "pipefb/planner/TrainPlan.h"
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/Partition.h"
@@ -77,6 +79,60 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
       pipefb::formatBytes(p.partition.plan.peakMemory),
       p.partition.withinLimits ? "" : "; nothing fits devices.memory, planned without it");
   return p.planYaml;
+}
+
+// Note [Closing lines]: what 1f1b with `keep` (every stash stays on its device) would
+// need per device on the same devices, batch and microbatches, by the planner's cost
+// model (the memory-minimal 1f1b-keep plan, analytic or cached profile, no budget).
+// Returns nullopt for a single device or when nothing fits.
+std::optional<std::int64_t> keepBaselinePeak(pipefb::config::Config config,
+                                             const std::string& configPath) {
+  using namespace pipefb::planner;
+  if (config.pipeline.schedule == "none" || config.devices.count < 2) return std::nullopt;
+  config.devices.memory = std::nullopt;  // what it would need, not what fits
+  SetupOptions setup;
+  setup.profileMicrobatch = config.training.batch / config.pipeline.microbatches;
+  const std::string cached = defaultProfilePath(profileHeader(config, ProfilerOptions{}));
+  if (std::filesystem::exists(cached)) setup.profile = cached;
+  Planning planning = setupPlanning(config, setup);
+  SolverOptions o = planning.solver;
+  o.schedules = parseScheduleFamilies({"1f1b-keep"});
+  o.objective = Objective::Memory;
+  o.microbatches = static_cast<int>(config.pipeline.microbatches);
+  o.simulateTop = 0;
+  SolveResult r = solve(*planning.model, o);
+  if (!r.feasible) return std::nullopt;
+  return r.best.peakMemory;
+}
+
+// The run's closing lines (Note [Closing lines]): each device's peak against its budget,
+// the 1f1b-keep prediction, samples/s and the report.
+void printClosingLines(const pipefb::train::RunSummary& s, const std::string& schedule,
+                       const std::string& stash, std::optional<std::int64_t> keepPeak) {
+  using pipefb::formatBytes;
+  std::int64_t largestBudget = -1;
+  std::cout << "peak memory per device (" << schedule << ", stash " << stash << "):\n";
+  for (const auto& d : s.devices) {
+    std::cout << "  " << d.name << "  " << formatBytes(d.peak_bytes);
+    if (d.capacity_bytes >= 0) {
+      std::cout << " of " << formatBytes(d.capacity_bytes) << " ("
+                << 100 * d.peak_bytes / std::max<std::int64_t>(1, d.capacity_bytes) << "%)";
+      if (d.name != "host") largestBudget = std::max(largestBudget, d.capacity_bytes);
+    }
+    std::cout << "\n";
+  }
+  if (keepPeak) {
+    std::cout << "1f1b with keep on the same devices would need " << formatBytes(*keepPeak)
+              << " on its fullest device (the planner's prediction)";
+    if (largestBudget >= 0)
+      std::cout << (*keepPeak > largestBudget ? ", more than the budget of "
+                                              : ", within the budget of ")
+                << formatBytes(largestBudget);
+    std::cout << "\n";
+  }
+  std::printf("%.1f samples/s over %lld steps\n", s.throughput_samples_per_s,
+              static_cast<long long>(s.steps));
+  std::cout << "report: " << s.run_dir << "/report.html\n";
 }
 
 // PIPEFB_TEST_FAULT=kind:step (see the top of this file).
@@ -191,12 +247,20 @@ int main(int argc, char** argv) {
     if (planPath.empty() && config.pipeline.schedule != "none" &&
         config.pipeline.partition.empty() && config.pipeline.partition_by == "planner")
       planYaml = usePlannerPartition(config, configPath, group.get());
+    std::optional<std::int64_t> keepPeak;
+    try {  // informational: a config the planner cannot model still trains
+      if (!group) keepPeak = keepBaselinePeak(config, configPath);
+    } catch (const std::exception& e) {
+      spdlog::debug("no 1f1b-keep prediction: {}", e.what());
+    }
+    const std::string schedule = config.pipeline.schedule, stash = config.pipeline.stash;
     pipefb::train::Trainer trainer(std::move(config), faultHooks());
     trainer.setPlanYaml(std::move(planYaml));
     trainer.setProcessGroup(group);
     if (!checkpoint.empty()) trainer.resume(checkpoint);
     auto summary = trainer.run();
     if (summary.test_accuracy >= 0) std::cout << "test_accuracy " << summary.test_accuracy << "\n";
+    if (!group) printClosingLines(summary, schedule, stash, keepPeak);
     return 0;
   });
 }

@@ -77,6 +77,8 @@ TEST(Config, WrongTypesAndRanges) {
       {"pipeline: {stash: [a]}", "pipeline.stash", "got a list"},
       {"model: {hidden: [3, x]}", "model.hidden", "list of integers"},
       {"output: {progress: maybe}", "output.progress", "true | false"},
+      {"output: {trace_steps: [10]}", "output.trace_steps", "[skip, steps]"},
+      {"output: {trace_steps: [10, -1]}", "output.trace_steps", "got '-1'"},
       {"model: {name: vgg61}", "model.name", "did you mean 'vgg16'"},
   };
   for (const auto& c : cases) {

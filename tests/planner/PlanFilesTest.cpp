@@ -185,7 +185,7 @@ TEST(PlanFiles, SolvedPlansRoundTrip) {
 // Issue 6: an infeasible budget exits 2, prints the smallest feasible budget and its plan
 // (the stage table), and that budget is feasible: planning at it succeeds.
 TEST(PlanCli, InfeasibleBudgetGivesExit2TheSmallestBudgetAndItsPlan) {
-  const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/vgg16.yaml";
+  const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/vgg16-single.yaml";
   const std::string out =
       " -o " +
       (fs::temp_directory_path() / ("plan-cli-" + std::to_string(::getpid()) + ".yaml")).string();
@@ -214,6 +214,33 @@ TEST(PlanCli, InfeasibleBudgetGivesExit2TheSmallestBudgetAndItsPlan) {
                        " --set devices.count=4 --set pipeline.schedule=1f1b --budget " +
                        std::to_string(smallest - 1) + "" + out);
   EXPECT_EQ(below.code, 2) << below.out;
+}
+
+// Issue 19: the planners choose the schedule, so the trainer's rules that tie
+// pipeline.schedule to devices.count do not apply: a single-device config (schedule none)
+// plans on devices.count devices, with the schedules of --schedules (or all).
+TEST(PlanCli, PlansASingleDeviceConfigOnDevicesCount) {
+  const std::string cfg = std::string(PIPEFB_SOURCE_DIR) + "/configs/vgg16-single.yaml";
+  const fs::path dir = test::scratchPath("plan_any_config");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto train = test::runProgram("pipefb_train --config " + cfg +
+                                      " --set devices.count=4 --set output.dir=" +
+                                      (dir / "run").string());
+  ASSERT_EQ(train.code, 2) << train.out;  // the trainer's rule still holds for training
+  const auto plan = test::runProgram("pipefb_plan --config " + cfg +
+                                     " --set devices.count=4 --budget 256MiB -q -o " +
+                                     (dir / "plan.yaml").string());
+  ASSERT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("(4 devices)"), std::string::npos) << plan.out;
+  EXPECT_TRUE(fs::exists(dir / "plan.yaml"));
+  const auto sweep = test::runProgram(
+      "pipefb_sweep --config " + cfg +
+      " --set devices.count=4 --budgets 256MiB,1GiB --schedules 1f1b,pipefb-sync -o " +
+      (dir / "sweep").string());
+  ASSERT_EQ(sweep.code, 0) << sweep.out;
+  EXPECT_NE(sweep.out.find("2 budgets x 2 families"), std::string::npos) << sweep.out;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
 // VGG16 at width 1/16 on 32 px: 16 layers (13 conv+ReLU[+pool], fc6..fc8).
 TEST(ProfilerTest, TinyVgg) {
   const auto cfg =
-      loadCfg("vgg16.yaml", {"model.width=0.0625", "model.input_size=32", "training.batch=8",
+      loadCfg("vgg16-single.yaml", {"model.width=0.0625", "model.input_size=32", "training.batch=8",
                              "training.optimizer=sgd", "training.momentum=0.9"});
   const Profile p = measureProfile(cfg, quick());
   const auto info = describe(cfg, 8);

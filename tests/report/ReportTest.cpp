@@ -154,6 +154,44 @@ TEST(ReportTest, SingleDeviceRunLeavesAReport) {
   EXPECT_EQ(memory["devices"][0]["chart_detail"], "charts/memory-cpu0-detail.svg");
 }
 
+// Issue 19, Note [Trace window]: output.trace_steps [skip, steps] traces only those
+// steps, while summary.json and memory.json keep the peaks of the whole run.
+TEST(ReportTest, TraceStepsKeepsAWindowAndThePeaksStayExact) {
+  // One device: a span per step, named by its step.
+  const std::string single = train("window-single", "--set output.trace_steps=[5,4]");
+  const json trace = json::parse(slurp(fs::path(single) / "trace.json"));
+  std::vector<int64_t> steps;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X") steps.push_back(e["args"]["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{6, 7, 8, 9}));
+  // A pipeline: 1f1b, 2 stages x 2 microbatches, 20 iterations; 3 traced.
+  const std::string args =
+      "--set pipeline.schedule=1f1b --set pipeline.stages=2 --set devices.count=2 "
+      "--set pipeline.microbatches=2";
+  const std::string whole = train("window-whole", args + " --set output.trace_steps=[0,20]");
+  const std::string part = train("window-part", args + " --set output.trace_steps=[8,3]");
+  auto forwards = [](const std::string& dir) {
+    int n = 0;
+    for (const auto& e : json::parse(slurp(fs::path(dir) / "trace.json"))["traceEvents"])
+      n += e["ph"] == "X" && e.value("cat", "") == "F";
+    return n;
+  };
+  EXPECT_EQ(forwards(whole), 20 * 2 * 2);  // every F of 20 iterations
+  EXPECT_EQ(forwards(part), 3 * 2 * 2);    // iterations 9..11 only
+  EXPECT_LT(fs::file_size(fs::path(part) / "trace.json"),
+            fs::file_size(fs::path(whole) / "trace.json") / 3);
+  // memory.json's peaks are the whole run's (summary.json, the domains' counters), not the
+  // window's: at least the highest traced sample.
+  const json memory = json::parse(slurp(fs::path(part) / "memory.json"));
+  const json summary = json::parse(slurp(fs::path(part) / "summary.json"));
+  for (const auto& d : memory["devices"]) {
+    for (const auto& s : summary["devices"])
+      if (s["name"] == d["name"]) EXPECT_EQ(d["peak_bytes"], s["peak_bytes"]) << d["name"];
+    if (!d["trace_peak_bytes"].is_null())
+      EXPECT_GE(d["peak_bytes"].get<int64_t>(), d["trace_peak_bytes"].get<int64_t>());
+  }
+}
+
 TEST(ReportTest, PipelineRunLeavesAReportWithOneTrackPerDevice) {
   const std::string dir = train("1f1b",
                                 "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
@@ -447,41 +485,99 @@ bool decodePng(const std::string& bytes, Image& img) {
   return true;
 }
 
-TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
-  if (!fs::exists("/usr/bin/chromium"))
-    GTEST_SKIP() << "/usr/bin/chromium is absent (scripts/setup-chromium installs it)";
-  const std::string dir = train("chromium", "--set training.iterations=6");
-  const std::string png = dir + "/report.png";
-  const std::string profile = dir + "/chromium-profile";
+/// Renders `html` (a file) with headless Chromium into `png`. Flags for a container, as
+/// root: --no-sandbox (the setuid sandbox needs a non-root user), --disable-dev-shm-usage
+/// (Docker's /dev/shm is 64 MiB), --disable-gpu, and a throwaway profile folder.
+test::CommandResult screenshot(const fs::path& html, const fs::path& png, int width, int height) {
+  const fs::path profile = png.parent_path() / (png.stem().string() + "-chromium-profile");
   fs::create_directories(profile);
-  auto r = test::runCommand(
-      "timeout 120 /usr/bin/chromium --headless --no-sandbox --disable-gpu --disable-quic "
-      "--no-first-run --disable-background-networking --disable-component-update --disable-sync "
-      "--user-data-dir=" +
-      profile + " --screenshot=" + png + " --window-size=1200,2000 file://" + dir + "/report.html");
+  return test::runCommand(
+      "timeout 120 /usr/bin/chromium --headless --no-sandbox --disable-gpu "
+      "--disable-dev-shm-usage --disable-quic --no-first-run --disable-background-networking "
+      "--disable-component-update --disable-sync --hide-scrollbars --user-data-dir=" +
+      profile.string() + " --screenshot=" + png.string() + " --window-size=" +
+      std::to_string(width) + "," + std::to_string(height) + " file://" + html.string());
+}
+
+struct Ink {
+  size_t coloured = 0, inked = 0;
+};
+/// Pixels of rows [y0, y1): clearly coloured (channel spread > 48: the charts' category
+/// fills and curves) and not white (text, axes, borders too).
+Ink inkIn(const Image& img, int y0, int y1) {
+  Ink ink;
+  for (int y = std::max(0, y0); y < std::min(img.height, y1); ++y)
+    for (int x = 0; x < img.width; ++x) {
+      const uint8_t* p = &img.pixels[(size_t(y) * img.width + x) * img.channels];
+      const int hi = std::max({p[0], p[1], p[2]}), lo = std::min({p[0], p[1], p[2]});
+      if (hi - lo > 48) ++ink.coloured;
+      if (lo < 230) ++ink.inked;
+    }
+  return ink;
+}
+
+// Issue 19: scripts/setup installs Debian's chromium, so this runs in CI (not skipped).
+TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
+  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
+      << "/usr/bin/chromium is absent: scripts/setup installs it (apt-get install chromium)";
+  const std::string dir = train("chromium", "--set training.iterations=6");
+  const fs::path png = fs::path(dir) / "report.png";
+  auto r = screenshot(fs::path(dir) / "report.html", png, 1200, 2000);
   ASSERT_TRUE(fs::exists(png)) << r.out;
   // A blank page compresses to a few KiB; charts with text and fills do not.
   EXPECT_GT(fs::file_size(png), 40u * 1024) << "the screenshot looks blank";
-  // The page shows its charts: text and table borders are grey, the charts' stacked
-  // category fills and curves are coloured. Count clearly coloured pixels (channel spread
-  // > 48) and non-white ones.
   Image img;
   ASSERT_TRUE(decodePng(slurp(png), img)) << png << " is not an 8-bit RGB(A) PNG";
   EXPECT_EQ(img.width, 1200);
   EXPECT_EQ(img.height, 2000);
-  size_t coloured = 0, inked = 0;
   const size_t n = size_t(img.width) * img.height;
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* p = &img.pixels[i * img.channels];
-    const int hi = std::max({p[0], p[1], p[2]}), lo = std::min({p[0], p[1], p[2]});
-    if (hi - lo > 48) ++coloured;
-    if (lo < 230) ++inked;
-  }
   // The first screen holds the tables and two stacked memory charts: their fills cover
   // several percent of it (5.4% coloured, 13.5% non-white for this run); a blank page
   // or one whose SVGs failed has none.
-  EXPECT_GT(coloured, n / 50) << coloured << " coloured pixels of " << n;
-  EXPECT_GT(inked, n / 20) << inked << " non-white pixels of " << n;
+  const Ink page = inkIn(img, 0, img.height);
+  EXPECT_GT(page.coloured, n / 50) << page.coloured << " coloured pixels of " << n;
+  EXPECT_GT(page.inked, n / 20) << page.inked << " non-white pixels of " << n;
+
+  // Each chart on its own: the same report.html, with a style and a script appended that
+  // hide everything but the charts (visibility) and stack every `.chart` box in a band of
+  // kBand px. Each band must carry the chart's ink: a chart that failed to draw (an empty
+  // <div>, an SVG with no paths) leaves its band white.
+  const std::string html = slurp(fs::path(dir) / "report.html");
+  size_t charts = 0;
+  for (size_t at = html.find("class=\"chart\""); at != std::string::npos;
+       at = html.find("class=\"chart\"", at + 1))
+    ++charts;
+  ASSERT_GE(charts, 2u) << "report.html has no charts";
+  constexpr int kBand = 320, kChart = 300, kWidth = 800;
+  const std::string inject =
+      "<style>body *{visibility:hidden} .chart,.chart *{visibility:visible}"
+      ".chart{position:absolute!important;left:0;margin:0;padding:0;width:" +
+      std::to_string(kWidth) + "px;height:" + std::to_string(kChart) +
+      "px;overflow:hidden;background:#fff} .chart svg{width:" + std::to_string(kWidth) +
+      "px!important;height:" + std::to_string(kChart) +
+      "px!important;max-width:none}</style><script>document.querySelectorAll('.chart')"
+      ".forEach((c,i)=>{c.style.top=(i*" +
+      std::to_string(kBand) + ")+'px'});</script>";
+  std::string one = html;
+  const auto body = one.rfind("</body>");
+  one.insert(body == std::string::npos ? one.size() : body, inject);
+  const fs::path chartsHtml = fs::path(dir) / "charts-only.html";
+  std::ofstream(chartsHtml) << one;
+  const fs::path chartsPng = fs::path(dir) / "charts-only.png";
+  r = screenshot(chartsHtml, chartsPng, kWidth, int(charts) * kBand);
+  ASSERT_TRUE(fs::exists(chartsPng)) << r.out;
+  Image each;
+  ASSERT_TRUE(decodePng(slurp(chartsPng), each)) << chartsPng;
+  ASSERT_EQ(each.height, int(charts) * kBand);
+  for (size_t i = 0; i < charts; ++i) {
+    const Ink ink = inkIn(each, int(i) * kBand, int(i) * kBand + kChart);
+    const size_t area = size_t(kWidth) * kChart;
+    // Axes, tick labels and a key are ~2% of the band; data drawn in colour adds more.
+    EXPECT_GT(ink.inked, area / 100) << "chart " << i << " of " << charts << ": " << ink.inked
+                                     << " non-white pixels of " << area;
+    EXPECT_GT(ink.coloured, area / 500) << "chart " << i << " of " << charts << ": "
+                                        << ink.coloured << " coloured pixels of " << area;
+  }
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ TEST(PipefbTrain, BadInputExitsTwoWithOneLine) {
        "did you mean 'name'"},
       {"pipefb_train --config " + cfg("mlp-tiny.yaml") + " --bogus-flag", "bogus"},
       {"pipefb_train", "--config"},
-      {"pipefb_train --config " + cfg("vgg16.yaml") + " --set data.path=/nonexistent/fm",
+      {"pipefb_train --config " + cfg("vgg16-single.yaml") + " --set data.path=/nonexistent/fm",
        "/nonexistent/fm"},
   };
   for (const auto& c : cases) {

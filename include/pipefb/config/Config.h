@@ -110,6 +110,11 @@ struct DistributedOptions {
 struct OutputOptions {
   std::string dir = "runs/latest";
   bool progress = true;
+  /// trace.json's window (Note [Trace window] in Trainer.cpp): skip the first
+  /// trace_skip steps (warm-up), then trace trace_steps steps. memory.json and the report
+  /// keep the exact peaks of the whole run either way.
+  int64_t trace_skip = 10;
+  int64_t trace_steps = 10;
 };
 
 struct Config {
@@ -124,15 +129,23 @@ struct Config {
   std::string source;
 };
 
+/// What a config is read for. The trainer runs the pipeline the config names, so every
+/// cross-key rule applies. The planners (pipefb_plan, pipefb_sweep, pipefb_profile) choose
+/// the schedule, stages, partition, placement and microbatches themselves: the rules that
+/// tie those keys to devices.count (e.g. "pipeline.schedule none trains on one device") do
+/// not apply, and devices.count is the cluster's size.
+enum class ConfigUse { Train, Plan };
+
 /// Loads and checks a config file, then applies `section.key=value` overrides in order.
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {},
+                  ConfigUse use = ConfigUse::Train);
 /// Same, from YAML text (tests). `source` names it in error messages.
 Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides = {},
-                   const std::string& source = "<string>");
+                   const std::string& source = "<string>", ConfigUse use = ConfigUse::Train);
 /// Applies one `section.key=value` override to a config and re-checks it.
 void applyOverride(Config& config, const std::string& assignment);
 /// Cross-key checks (e.g. batch divisible by microbatches). Called by the loaders.
-void validate(const Config& config);
+void validate(const Config& config, ConfigUse use = ConfigUse::Train);
 
 /// The resolved config as YAML, every key present; parseConfig(toYaml(c)) == c.
 std::string toYaml(const Config& config);

@@ -15,10 +15,11 @@ namespace pipefb::report {
 
 class StepTrace {
  public:
-  /// Starts recording the event stream of `device` (unless someone else records
-  /// already) for the next `eventSteps` steps. Step spans are kept for `spanSteps`.
-  explicit StepTrace(memory::MemoryDomain& device, int64_t eventSteps = 2,
-                     int64_t spanSteps = 1000);
+  /// The trace window (output.trace_steps): step spans are kept for `spanSteps` steps
+  /// after the first `skipSteps`; the event stream of `device` is recorded (unless
+  /// someone else records already) for the window's first `eventSteps` steps.
+  explicit StepTrace(memory::MemoryDomain& device, int64_t skipSteps = 0,
+                     int64_t spanSteps = 1000, int64_t eventSteps = 2);
   ~StepTrace();
   StepTrace(const StepTrace&) = delete;
   StepTrace& operator=(const StepTrace&) = delete;
@@ -29,14 +30,16 @@ class StepTrace {
   void write(const std::string& path);
 
  private:
+  void startRecording();
   void stopRecording();
 
   struct Span {
+    int64_t step;  // 1-based
     int64_t startNs, endNs;
     CategoryBytes liveAfter;
   };
   memory::MemoryDomain& device_;
-  int64_t eventSteps_, spanSteps_;
+  int64_t skipSteps_, spanSteps_, eventSteps_;
   int64_t originNs_, lastNs_;
   int64_t steps_ = 0;
   bool recording_ = false;

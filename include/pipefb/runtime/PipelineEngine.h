@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -56,11 +57,12 @@ struct EngineOptions {
   /// The watchdog: a step() during which no device finishes an action for this long
   /// fails with a PipelineError that marks every device's current action.
   double stallTimeoutSeconds = 60.0;
-  /// Record the memory event stream (ALLOC/FREE) for the first `traceIterations`
-  /// iterations, for trace.json. Action spans and per-action memory samples are
-  /// always recorded.
+  /// Record the memory event stream (ALLOC/FREE) for `traceIterations` iterations from
+  /// iteration `traceFirstIteration` (0-based, of this engine), for trace.json. Action
+  /// spans and per-action memory samples are always recorded.
   bool recordMemoryEvents = true;
   int64_t traceIterations = 2;
+  int64_t traceFirstIteration = 0;
   /// Log the partition and the schedule shape (spdlog info).
   bool log = true;
   /// Fault injection for tests: called on the device's worker thread before each of its
@@ -223,8 +225,10 @@ class PipelineEngine {
   int64_t clockOriginNs() const;
   /// Chrome trace event format (Perfetto, chrome://tracing): one process per device
   /// with a compute track ("X" per action) and memory counters ("C" per category),
-  /// plus the host pool's counters.
-  void writeTrace(const std::string& path) const;
+  /// plus the host pool's counters. Only what overlaps [fromNs, toNs] (memory::nowNs()
+  /// clock) is written: the trace window (output.trace_steps).
+  void writeTrace(const std::string& path, int64_t fromNs = 0,
+                  int64_t toNs = std::numeric_limits<int64_t>::max()) const;
   /// Peaks per device and category, for summary.json.
   std::string summaryJson() const;
 

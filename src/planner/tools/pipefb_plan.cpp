@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
   app.add_flag("--quiet,-q", quiet, "print only the summary line");
   return runProgram("pipefb_plan", app, argc, argv, [&] {
-    config::Config cfg = config::loadConfig(configPath, overrides);
+    config::Config cfg = config::loadConfig(configPath, overrides, config::ConfigUse::Plan);
     Planning pl = setupPlanning(cfg, setup);
     SolverOptions o = pl.solver;
     o.budget = sizeFlag(budgetText, "--budget");

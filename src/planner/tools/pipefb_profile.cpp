@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", opt.device, "name of this device in the profile key (cpu)");
   return runProgram("pipefb_profile", app, argc, argv, [&] {
     opt.validate();
-    config::Config cfg = config::loadConfig(configPath, overrides);
+    config::Config cfg = config::loadConfig(configPath, overrides, config::ConfigUse::Plan);
     ProfileResult r = loadOrMeasureProfile(cfg, opt, out, force);
     std::cout << (r.fromCache ? "cached profile " : "measured profile ") << r.path << " ("
               << profileKey(r.profile) << ")"

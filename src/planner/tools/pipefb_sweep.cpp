@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     if (measure > 0 && !fs::exists(train))
       throw UserError("--measure: no pipefb_train next to pipefb_sweep (" + train +
                       "); build it: cmake --build <build> --target pipefb_train");
-    config::Config cfg = config::loadConfig(configPath, overrides);
+    config::Config cfg = config::loadConfig(configPath, overrides, config::ConfigUse::Plan);
     Planning pl = setupPlanning(cfg, setup);
     SolverOptions o = pl.solver;
     search.applyTo(o);
