@@ -304,16 +304,28 @@ bool memoryChart(const ReportOptions& o, const fs::path& dir, const std::string&
 bool curveChart(const ReportOptions& o, const fs::path& dir, const std::string& name,
                 const std::string& title, const std::string& ylabel, const std::vector<double>& x,
                 const std::vector<double>& y) {
-  std::ostringstream dat;
-  size_t n = 0;
+  std::vector<std::pair<double, double>> points;
   for (size_t i = 0; i < x.size() && i < y.size(); ++i)
-    if (std::isfinite(x[i]) && std::isfinite(y[i])) {
-      dat << x[i] << ' ' << y[i] << '\n';
-      ++n;
+    if (std::isfinite(x[i]) && std::isfinite(y[i])) points.emplace_back(x[i], y[i]);
+  if (points.empty()) return false;
+  // One point per step made a 5-epoch run's curves 0.6 MB each (every point an SVG
+  // element): above kMaxCurvePoints, each bucket of consecutive steps is drawn as its mean.
+  constexpr size_t kMaxCurvePoints = 400;
+  const size_t bucket = (points.size() + kMaxCurvePoints - 1) / kMaxCurvePoints;
+  std::ostringstream dat;
+  for (size_t b = 0; b < points.size(); b += bucket) {
+    const size_t e = std::min(points.size(), b + bucket);
+    double sx = 0, sy = 0;
+    for (size_t i = b; i < e; ++i) {
+      sx += points[i].first;
+      sy += points[i].second;
     }
-  if (n == 0) return false;
+    dat << sx / double(e - b) << ' ' << sy / double(e - b) << '\n';
+  }
   writeFile(dir / (name + ".dat"), dat.str());
-  std::string gp = svgHeader(name, title, 300);
+  std::string gp = svgHeader(
+      name, bucket > 1 ? title + " (mean of every " + std::to_string(bucket) + " steps)" : title,
+      300);
   gp += "set xlabel 'step'\nset ylabel '" + ylabel + "'\nset key off\n";
   gp += "plot '" + name + ".dat' using 1:2 with linespoints pt 7 ps 0.3 lw 2 lc rgb '#4e79a7'\n";
   runGnuplot(o.gnuplot, dir, gp, name);
