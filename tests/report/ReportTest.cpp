@@ -172,14 +172,14 @@ TEST(ReportTest, TraceStepsKeepsAWindowAndThePeaksStayExact) {
   const std::string part = train("window-part", args + " --set output.trace_steps=[8,3]");
   auto forwards = [](const std::string& dir) {
     int n = 0;
-    for (const auto& e : json::parse(slurp(fs::path(dir) / "trace.json"))["traceEvents"])
-      n += e["ph"] == "X" && e.value("cat", "") == "F";
+    const json t = json::parse(slurp(fs::path(dir) / "trace.json"));
+    for (const auto& e : t["traceEvents"]) n += e["ph"] == "X" && e.value("cat", "") == "F";
     return n;
   };
   EXPECT_EQ(forwards(whole), 20 * 2 * 2);  // every F of 20 iterations
   EXPECT_EQ(forwards(part), 3 * 2 * 2);    // iterations 9..11 only
   EXPECT_LT(fs::file_size(fs::path(part) / "trace.json"),
-            fs::file_size(fs::path(whole) / "trace.json") / 3);
+            fs::file_size(fs::path(whole) / "trace.json") / 2);
   // memory.json's peaks are the whole run's (summary.json, the domains' counters), not the
   // window's: at least the highest traced sample.
   const json memory = json::parse(slurp(fs::path(part) / "memory.json"));
