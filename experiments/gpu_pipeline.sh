@@ -56,7 +56,7 @@ echo "model,row,samples_per_s,peak_dev_mib,peak_device,peak_top_category,overlap
 for model in $MODELS; do
   case $model in
     resnet50) config=$ROOT/configs/resnet50.yaml ;;
-    vgg16) config=$ROOT/configs/vgg16.yaml ;;
+    vgg16) config=$ROOT/configs/vgg16-single.yaml ;;
     *) echo "$(basename "$0"): unknown model '$model'; allowed: resnet50 vgg16" >&2; exit 2 ;;
   esac
   sets=(--set model.width=1 --set model.input_size=224 --set model.channels=3

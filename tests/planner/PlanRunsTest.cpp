@@ -70,7 +70,7 @@ struct ZooModel {
 // dominates memory (VGG/AlexNet fc6, GPT-2's embedding and head), so budgets bind.
 const std::vector<ZooModel>& zoo() {
   static const std::vector<ZooModel> z = {
-      {"vgg16/8", "vgg16.yaml", {"model.width=0.125", "model.input_size=32"}, 16},
+      {"vgg16/8", "vgg16-single.yaml", {"model.width=0.125", "model.input_size=32"}, 16},
       {"alexnet/8", "alexnet.yaml", {"model.width=0.125", "model.input_size=64"}, 8},
       {"resnet50/8", "resnet50.yaml", {"model.width=0.125", "model.input_size=32"}, 8},
       {"gpt2-tiny", "gpt2-tiny.yaml", {"model.input_size=32"}, 8},
@@ -281,7 +281,7 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
   for (const std::string family : {"pipedream-keep", "1f1b-keep", "pipefb-sync-offload"}) {
     const std::string schedule = family.substr(0, family.rfind('-'));
     const std::string sets = "--config " + std::string(PIPEFB_SOURCE_DIR) +
-                             "/configs/vgg16.yaml --set model.width=0.25 --set training.batch=32"
+                             "/configs/vgg16-single.yaml --set model.width=0.25 --set training.batch=32"
                              " --set pipeline.microbatches=4 --set devices.count=4"
                              " --set pipeline.schedule=" + schedule +
                              " --set data.name=synthetic --set data.synthetic_train=64"

@@ -111,7 +111,7 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
     std::vector<std::string> sets;
   };
   const std::vector<Case> models = {
-      {"vgg16.yaml", {"model.width=0.0625", "training.batch=4"}},
+      {"vgg16-single.yaml", {"model.width=0.0625", "training.batch=4"}},
       {"alexnet.yaml", {"model.width=0.0625", "training.batch=2"}},
       {"resnet50.yaml", {"model.width=0.0625", "model.input_size=32", "training.batch=2"}},
       {"gpt2-tiny.yaml", {"model.input_size=16", "training.batch=2"}},
