@@ -190,22 +190,57 @@ std::string sizeText(int64_t bytes) {
   return std::to_string(bytes);
 }
 
+const char* const kSizeAllowed = "a size such as 512MiB or 2GiB (> 0), or unlimited";
+
+std::optional<int64_t> sizeValue(const std::string& key, const std::string& allowed,
+                                 const YAML::Node& n, const Where& w) {
+  if (!n.IsScalar()) expected(w, key, allowed, n);
+  if (n.Scalar() == "unlimited" || n.Scalar() == "null" || n.Scalar() == "~") return std::nullopt;
+  auto v = parseSize(n.Scalar());
+  if (!v || *v <= 0) expected(w, key, allowed, n);
+  return *v;
+}
+
+std::string sizeOrUnlimited(const std::optional<int64_t>& v) {
+  return v ? sizeText(*v) : std::string("unlimited");
+}
+
 KeySpec size(std::string key, Field<std::optional<int64_t>> f) {
-  std::string allowed = "a size such as 512MiB or 2GiB (> 0), or unlimited";
   return {key,
           [=](Config& c, const YAML::Node& n, const Where& w) {
-            if (!n.IsScalar()) expected(w, key, allowed, n);
-            if (n.Scalar() == "unlimited" || n.Scalar() == "null" || n.Scalar() == "~") {
-              f(c) = std::nullopt;
+            f(c) = sizeValue(key, kSizeAllowed, n, w);
+          },
+          [=](const Config& c, YAML::Emitter& e) { e << sizeOrUnlimited(ref(f, c)); }};
+}
+
+// devices.memory: one size, or a list with one per device (Note [The plan is the
+// program]); `memory` is then the smallest (unlimited counts as the largest).
+KeySpec deviceMemoryKey() {
+  const std::string key = "devices.memory";
+  const std::string allowed = std::string(kSizeAllowed) + ", or a list of them (one per device)";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            c.devices.device_memory.clear();
+            if (!n.IsSequence()) {
+              c.devices.memory = sizeValue(key, allowed, n, w);
               return;
             }
-            auto v = parseSize(n.Scalar());
-            if (!v || *v <= 0) expected(w, key, allowed, n);
-            f(c) = *v;
+            if (n.size() == 0) expected(w, key, allowed, n);
+            c.devices.memory = std::nullopt;
+            for (const auto& item : n) {
+              const auto v = sizeValue(key, allowed, item, w);
+              c.devices.device_memory.push_back(v);
+              if (v && (!c.devices.memory || *v < *c.devices.memory)) c.devices.memory = v;
+            }
           },
-          [=](const Config& c, YAML::Emitter& e) {
-            const auto& v = ref(f, c);
-            e << (v ? sizeText(*v) : std::string("unlimited"));
+          [](const Config& c, YAML::Emitter& e) {
+            if (c.devices.device_memory.empty()) {
+              e << sizeOrUnlimited(c.devices.memory);
+              return;
+            }
+            e << YAML::Flow << YAML::BeginSeq;
+            for (const auto& v : c.devices.device_memory) e << sizeOrUnlimited(v);
+            e << YAML::EndSeq;
           }};
 }
 
@@ -271,6 +306,41 @@ KeySpec lookaheadKey() {
             }
             e << YAML::Flow << YAML::BeginSeq;
             for (auto v : c.pipeline.stage_lookahead) e << v;
+            e << YAML::EndSeq;
+          }};
+}
+
+// pipeline.stash: a policy, or a list with one per stage (`stash` is then the first).
+KeySpec stashKey() {
+  const std::string key = "pipeline.stash";
+  const std::vector<std::string>& names = stashPolicyNames();
+  const std::string allowed = joinAllowed(names) + ", or a list of them (one per stage)";
+  return {key,
+          [=](Config& c, const YAML::Node& n, const Where& w) {
+            auto one = [&](const YAML::Node& item) {
+              if (!item.IsScalar()) expected(w, key, allowed, item);
+              const std::string& v = item.Scalar();
+              if (std::find(names.begin(), names.end(), v) == names.end())
+                fail(w, key,
+                     "unknown value '" + v + "'" + didYouMean(v, names) + "; allowed: " + allowed);
+              return v;
+            };
+            c.pipeline.stage_stash.clear();
+            if (!n.IsSequence()) {
+              c.pipeline.stash = one(n);
+              return;
+            }
+            if (n.size() == 0) expected(w, key, allowed, n);
+            for (const auto& item : n) c.pipeline.stage_stash.push_back(one(item));
+            c.pipeline.stash = c.pipeline.stage_stash.front();
+          },
+          [](const Config& c, YAML::Emitter& e) {
+            if (c.pipeline.stage_stash.empty()) {
+              e << c.pipeline.stash;
+              return;
+            }
+            e << YAML::Flow << YAML::BeginSeq;
+            for (const auto& v : c.pipeline.stage_stash) e << v;
             e << YAML::EndSeq;
           }};
 }
@@ -432,7 +502,7 @@ const std::vector<KeySpec>& schema() {
                         4096));
     s.push_back(choice("devices.kind", [](Config& c) -> auto& { return c.devices.kind; },
                        {"cpu", "cuda"}));
-    s.push_back(size("devices.memory", [](Config& c) -> auto& { return c.devices.memory; }));
+    s.push_back(deviceMemoryKey());
     s.push_back(size("devices.host_memory",
                      [](Config& c) -> auto& { return c.devices.host_memory; }));
     s.push_back(choice("devices.bind", [](Config& c) -> auto& { return c.devices.bind; },
@@ -451,8 +521,7 @@ const std::vector<KeySpec>& schema() {
                        {"planner", "params"}));
     s.push_back(integer("pipeline.microbatches",
                         [](Config& c) -> auto& { return c.pipeline.microbatches; }, 1, 1 << 16));
-    s.push_back(choice("pipeline.stash", [](Config& c) -> auto& { return c.pipeline.stash; },
-                       stashPolicyNames()));
+    s.push_back(stashKey());
     s.push_back(lookaheadKey());
     s.push_back(text("pipeline.placement", [](Config& c) -> auto& { return c.pipeline.placement; }));
     s.push_back(integer("pipeline.async_lag",
@@ -638,6 +707,16 @@ void validate(const Config& c, ConfigUse use) {
                       std::to_string(c.pipeline.stage_optimizer_offload.size()) +
                       " values for " + std::to_string(stages) +
                       " stages; give one, or one per stage");
+    if (!c.pipeline.stage_stash.empty() &&
+        static_cast<int64_t>(c.pipeline.stage_stash.size()) != stages)
+      throw UserError(src + ": pipeline.stash: " + std::to_string(c.pipeline.stage_stash.size()) +
+                      " values for " + std::to_string(stages) +
+                      " stages; give one, or one per stage");
+    if (!c.devices.device_memory.empty() &&
+        static_cast<int64_t>(c.devices.device_memory.size()) != c.devices.count)
+      throw UserError(src + ": devices.memory: " + std::to_string(c.devices.device_memory.size()) +
+                      " values for " + std::to_string(c.devices.count) +
+                      " devices (devices.count); give one, or one per device");
     if (!c.pipeline.stage_lookahead.empty() &&
         static_cast<int64_t>(c.pipeline.stage_lookahead.size()) != stages)
       throw UserError(src + ": pipeline.lookahead: " +

@@ -21,23 +21,16 @@ bool sameModel(const std::string& planModel, const std::string& configModel) {
 
 }  // namespace
 
-std::string runtimeStashPolicy(const PlanSpec& spec, const std::string& source) {
-  const bool split = isSplit(parseScheduleKind(spec.schedule));
+std::vector<std::string> runtimeStashPolicies(const PlanSpec& spec, const std::string& source) {
   if (spec.stages.empty()) throw UserError(source + ": stages: the plan has no stages");
-  const StashPolicy first = schedules::effectivePolicy(spec.stages.front().policy, split);
-  for (size_t k = 1; k < spec.stages.size(); ++k)
-    if (schedules::effectivePolicy(spec.stages[k].policy, split) != first) {
-      std::string all;
-      for (const auto& s : spec.stages) all += (all.empty() ? "" : ", ") + std::string(toString(s.policy));
-      throw UserError(source + ": stages[" + std::to_string(k) +
-                      "].policy: the plan mixes stash policies (" + all +
-                      ") but the runtime takes one pipeline.stash for every stage; plan with "
-                      "one policy, e.g. pipefb_plan --schedules " + spec.schedule + "-" +
-                      toString(spec.stages.front().policy));
-    }
-  if (!split) return toString(first);
-  // The runtime's keep on a split stage hands the graph over through the host.
-  return first == StashPolicy::Offload ? "keep" : toString(first);
+  std::vector<std::string> out;
+  bool uniform = true;
+  for (const auto& s : spec.stages) {
+    out.push_back(toString(s.policy));
+    uniform = uniform && s.policy == spec.stages.front().policy;
+  }
+  if (uniform) out.resize(1);
+  return out;
 }
 
 void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& source) {
@@ -52,7 +45,7 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +
                     "; --set training.batch=" + std::to_string(spec.batch) + " or re-plan");
-  const std::string stash = runtimeStashPolicy(spec, source);
+  const std::vector<std::string> stash = runtimeStashPolicies(spec, source);
   const bool split = isSplit(parseScheduleKind(spec.schedule));
   auto& p = cfg.pipeline;
   p.schedule = spec.schedule;
@@ -61,7 +54,8 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   p.microbatches = spec.microbatches;
   p.lookahead = spec.lookahead;
   p.replicas = spec.replicas;  // Note [Replicated pipelines]
-  p.stash = stash;
+  p.stash = stash.front();  // Note [Plan policies in the runtime]
+  p.stage_stash = stash.size() > 1 ? stash : std::vector<std::string>{};
   cfg.devices.count = (split ? 2 : 1) * p.stages;
   try {
     config::validate(cfg);

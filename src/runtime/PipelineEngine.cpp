@@ -35,6 +35,7 @@
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/PipelinePlan.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/schedules/StashPolicy.h"
@@ -458,7 +459,7 @@ std::string nonFinite(const Tensor& t) {
 
 struct PipelineEngine::Impl {
   model::Model& model;
-  config::Config config;
+  schedules::PipelinePlan pipeline;  // Note [The plan is the program]
   EngineOptions options;
   std::string kind;                      // its name, for messages and reports
   schedules::ScheduleKind scheduleKind{};  // traits: pipefb/schedules/ScheduleKind.h
@@ -534,8 +535,8 @@ struct PipelineEngine::Impl {
   std::map<int, CategoryBytes> eventBase;  // domain id -> live per category at start
   int64_t eventBaseNs = 0;
 
-  Impl(model::Model& m, const config::Config& c, EngineOptions o)
-      : model(m), config(c), options(o), current(0) {}
+  Impl(model::Model& m, schedules::PipelinePlan p, EngineOptions o)
+      : model(m), pipeline(std::move(p)), options(std::move(o)), current(0) {}
 
   // ---------------------------------------------------------------- set-up
   void build();
@@ -570,8 +571,8 @@ struct PipelineEngine::Impl {
 
   // Note [Numerics check] (pipefb/common/NumericalError.h): checkAll for activations
   // and gradients, checkLoss for the loss; mb is the run-wide microbatch index.
-  bool checkAll() const { return config.training.check_numerics == "all"; }
-  bool checkLoss() const { return config.training.check_numerics != "off"; }
+  bool checkAll() const { return options.training.check_numerics == "all"; }
+  bool checkLoss() const { return options.training.check_numerics != "off"; }
   void check(const Tensor& t, const std::string& what, int stage, int mb) const {
     std::string v = nonFinite(t);
     if (!v.empty())
@@ -620,75 +621,31 @@ void PipelineEngine::Impl::precomputeVersions(StageState& st) {
 }
 
 void PipelineEngine::Impl::build() {
-  const auto& p = config.pipeline;
-  kind = p.schedule;
-  if (kind == "none")
-    throw UserError(config.source +
-                    ": pipeline.schedule: none has no pipeline; allowed: " +
-                    joinAllowed(schedules::scheduleKindNames()));
-  scheduleKind = schedules::parseScheduleKind(kind);
+  // Note [The plan is the program]: everything below comes from `pipeline` (checked and
+  // lowered by schedules::lowerPlan) and `options`; nothing is re-derived here.
+  scheduleKind = pipeline.kind;
+  kind = schedules::toString(scheduleKind);
   async = schedules::isAsync(scheduleKind);
   if (schedules::splitsBackward(scheduleKind))  // before any device or thread exists
-    throw UserError(config.source + ": pipeline.schedule: " + kind +
+    throw UserError(options.source + ": pipeline.schedule: " + kind +
                     " splits the backward into I and W, which the runtime does not run yet; "
                     "simulate or plan it with pipefb_sim, or train with another schedule");
-  S = stagesFor(config);
-  M = static_cast<int>(p.microbatches);
-  K = std::max<int64_t>(1, options.iterations);
+  S = pipeline.numStages();
+  M = pipeline.microbatches;
+  K = pipeline.iterations;
   if (options.totalSteps <= 0) options.totalSteps = K;
-  auto policy = schedules::parseStashPolicy(p.stash);
   offload::installSavedTensorHooks();  // Note [Saved-tensor hooks]
-
-  // Partition.
-  const int64_t L = static_cast<int64_t>(model.numLayers());
-  if (!p.partition.empty()) {
-    partition = partitionFromCuts(p.partition, L);
-  } else {
-    if (S > L)
-      throw UserError(config.source + ": pipeline.stages: " + std::to_string(S) +
-                      " stages but model " + config.model.name + " has only " + std::to_string(L) +
-                      " layers; allowed: 1.." + std::to_string(L) +
-                      " (lower pipeline.stages or devices.count)");
-    std::vector<int64_t> costs;
-    for (const auto& l : model.layers()) {
-      int64_t b = 0;
-      for (const auto& t : l->parameters()) b += tensorBytes(t);
-      costs.push_back(b);
-    }
-    partition = balancedPartition(costs, S);
-    if (options.log) {
-      std::string sizes;
-      for (const auto& r : partition) {
-        int64_t b = 0;
-        for (int64_t i = r.first; i < r.last; ++i) b += costs[i];
-        sizes += (sizes.empty() ? "" : ", ") + std::to_string(b / 1024) + " KiB";
-      }
-      spdlog::info("pipeline: partition balanced by parameter bytes: {} ({})", toString(partition),
-                   sizes);
-    }
-  }
-
-  // Schedule: generate, lower, validate (a deadlock is impossible after this).
-  auto placement = schedules::Placement::defaultFor(kind, S);
-  if (!p.placement.empty()) {
-    const std::string where = config.source + ": pipeline.placement";
-    placement = schedules::Placement::parse(p.placement, where);
-    if (placement.numStages() != S)
-      throw UserError(where + ": " + std::to_string(placement.numStages()) + " entries for " +
-                      std::to_string(S) + " stages; give one <forward>/<backward> per stage");
-    placement.checkFor(kind, static_cast<int>(config.devices.count), where);
-  }
-  std::vector<int> lookahead;
-  for (int64_t v : p.stage_lookahead) lookahead.push_back(static_cast<int>(v));
-  if (lookahead.empty()) lookahead.push_back(static_cast<int>(p.lookahead));
-  auto raw = schedules::makeSchedule(kind, S, M, placement, static_cast<int>(K),
-                                     static_cast<int>(p.async_lag));
-  const bool offloadWeights = p.offload_weights != "none";  // Note [Weight-version offload]
-  plan = schedules::lower(raw, schedules::policiesPerStage({policy}, S),
-                          schedules::lookaheadPerStage(lookahead, S), offloadWeights);
-  if (p.replicas > 1) plan.schedule = schedules::addAllReduce(plan.schedule);
+  if (static_cast<size_t>(pipeline.stages.back().last) != model.numLayers())
+    throw UserError(options.source + ": the pipeline covers layers [0," +
+                    std::to_string(pipeline.stages.back().last) + ") but model " +
+                    model.options().name + " has " + std::to_string(model.numLayers()) +
+                    " layers; re-plan for this model");
+  for (const auto& st : pipeline.stages) partition.push_back({st.first, st.last});
+  const auto placement = pipeline.placement();
+  plan = pipeline.lowered;
+  PIPEFB_ASSERT(plan.schedule.numStages == S, "PipelinePlan::lowered is for its stages (lowerPlan)");
   // Note [Gradient buckets]: the last B of each stage before each of its ARs.
-  if (p.replicas > 1 && config.distributed.overlap)
+  if (pipeline.replicas > 1 && options.overlap)
     for (const auto& list : plan.schedule.devices)
       for (size_t i = 0; i < list.size(); ++i) {
         if (list[i].type != ActionType::AllReduce) continue;
@@ -698,10 +655,9 @@ void PipelineEngine::Impl::build() {
             break;
           }
       }
-  schedules::validate(plan.schedule, &plan.contract);
   D = plan.schedule.numDevices();
-  R = static_cast<int>(p.replicas);
-  checkProcesses(config.source, D, R, options.group ? options.group->size() : 0);
+  R = pipeline.replicas;
+  checkProcesses(options.source, D, R, options.group ? options.group->size() : 0);
   if (options.group) {  // Note [Channels across processes]
     myDevice = options.group->rank() % D;
     myReplica = options.group->rank() / D;
@@ -710,20 +666,22 @@ void PipelineEngine::Impl::build() {
       for (int r = 0; r < R; ++r) ranks.push_back(r * D + myDevice);
       replicaGroup = options.group->subgroup("replicas-of-cpu" + std::to_string(myDevice), ranks);
     }
-    for (int s = 0; s < S; ++s)
-      if (placement.forward(s) != placement.backward(s) && !schedules::isCheckpoint(policy))
-        throw UserError(config.source + ": pipeline.stash: " + p.stash + " cannot cross processes: stage " +
-                        std::to_string(s) + " runs F on rank " +
-                        std::to_string(placement.forward(s)) + " and B on rank " +
-                        std::to_string(placement.backward(s)) +
+    for (int s = 0; s < S; ++s) {
+      const auto& st = pipeline.stages[s];
+      if (st.split() && !schedules::isCheckpoint(st.stash))
+        throw UserError(options.source + ": pipeline.stash: " + toString(st.stash) +
+                        " cannot cross processes: stage " + std::to_string(s) +
+                        " runs F on rank " + std::to_string(st.forwardDevice) + " and B on rank " +
+                        std::to_string(st.backwardDevice) +
                         " and an autograd graph cannot move between processes; allowed: "
                         "checkpoint, checkpoint-offload");
+    }
   }
   if (options.log)
     spdlog::info(
         "pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
         "{} iterations, {} actions",
-        kind, S, M, D, placement.toString(), p.stash, K, plan.schedule.numActions());
+        kind, S, M, D, placement.toString(), pipeline.stashText(), K, plan.schedule.numActions());
 
   // Devices.
   memory::installTrackingAllocator();
@@ -731,11 +689,10 @@ void PipelineEngine::Impl::build() {
   for (int d = 0; d < D; ++d) {
     devices[d].id = d;
     devices[d].domain = &memory::configureDomain(
-        memory::virtualDeviceName(d), config.devices.memory.value_or(memory::kUnlimited));
+        memory::virtualDeviceName(d), pipeline.deviceCapacity.at(d));
     devices[d].domain->resetPeak();
   }
-  host = &memory::configureDomain(memory::kHostDomain,
-                                  config.devices.host_memory.value_or(memory::kUnlimited));
+  host = &memory::configureDomain(memory::kHostDomain, pipeline.hostCapacity);
   host->resetPeak();
   transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true, schedules::kOffloadsInFlight});
 
@@ -746,14 +703,14 @@ void PipelineEngine::Impl::build() {
     StageState& st = stages[s];
     st.index = s;
     st.range = partition[s];
-    st.fDev = placement.forward(s);
-    st.bDev = placement.backward(s);
-    st.split = placement.split(s);
-    st.recompute = schedules::isCheckpoint(policy);
-    st.offloadSaved =
-        schedules::effectivePolicy(policy, st.split) == schedules::StashPolicy::Offload;
-    st.offloadWeights =
-        offloadWeights && schedules::isOffloaded(schedules::effectivePolicy(policy, st.split));
+    const schedules::PipelineStage& planned = pipeline.stages[s];
+    st.fDev = planned.forwardDevice;
+    st.bDev = planned.backwardDevice;
+    st.split = planned.split();
+    // Note [Plan policies in the runtime]: each stage runs its own policy.
+    st.recompute = schedules::isCheckpoint(planned.stash);
+    st.offloadSaved = planned.effectiveStash() == schedules::StashPolicy::Offload;
+    st.offloadWeights = pipeline.offloadWeights && schedules::isOffloaded(planned.effectiveStash());
     auto master = std::make_shared<Replica>();
     master->stage = s;
     for (int64_t i = st.range.first; i < st.range.last; ++i)
@@ -771,9 +728,7 @@ void PipelineEngine::Impl::build() {
       for (auto& t : master->params) t.mutable_grad() = torch::zeros_like(t);
     }
     st.master = master;
-    const auto& offloadOpt = p.stage_optimizer_offload;
-    st.optimizerOnHost = (offloadOpt.empty() ? p.optimizer_offload
-                                             : offloadOpt.at(static_cast<size_t>(s))) == "host";
+    st.optimizerOnHost = planned.optimizer == schedules::OptimizerPlacement::Host;
     if (st.optimizerOnHost) {  // Note [Optimizer offload]
       {
         memory::MemoryScope scope(*host, MemoryCategory::Weights);
@@ -783,12 +738,12 @@ void PipelineEngine::Impl::build() {
       memory::MemoryScope scope(*host, MemoryCategory::Grads);
       for (auto& t : master->params) st.hostGrads.push_back(torch::zeros_like(t));
     }
-    st.optimizer = train::makeOptimizer(config.training,
+    st.optimizer = train::makeOptimizer(options.training,
                                         st.optimizerOnHost ? st.hostParams : master->params);
     if (st.split)
       st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
                            MemoryCategory::Weights);
-    st.predict = st.split && async && p.weight_prediction != "none";  // auto: on
+    st.predict = st.split && async && options.weightPrediction;
     precomputeVersions(st);
   }
 
@@ -826,7 +781,7 @@ void PipelineEngine::Impl::build() {
 void PipelineEngine::Impl::workerMain(int d) {
   // Note [Intra-op threads] in MemoryScope.h: one intra-op thread per device worker.
   at::set_num_threads(1);
-  bindDeviceThreads(config.devices.bind, d, transfers.get());  // Note [Device binding]
+  bindDeviceThreads(options.bind, d, transfers.get());  // Note [Device binding]
   DeviceState& dev = devices[d];
   memory::MemoryScope scope(*dev.domain, MemoryCategory::WorkingSet);
   const auto& list = plan.schedule.devices[d];
@@ -989,7 +944,7 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
   ReplicaPtr rep = forwardReplica(st, a.index);
   // Note [Dropout streams]: the recompute in B(s,m) draws the same masks.
   model::DropoutStream masks(
-      model::dropoutSeed(config.training.seed, a.stage, options.firstStep * M + a.index));
+      model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
   auto entry = std::make_shared<StashEntry>();
   const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
   Tensor out;
@@ -1114,7 +1069,7 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
       for (const auto& b : rep->buffers) savedBuffers.push_back(b.clone());
     }
     model::DropoutStream masks(
-        model::dropoutSeed(config.training.seed, a.stage, options.firstStep * M + a.index));
+        model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
     output = rep->forward(input);
   }
   e.reset();
@@ -1474,7 +1429,7 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
     }
   }
   const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
-  train::setLearningRate(*st.optimizer, train::learningRate(config.training,
+  train::setLearningRate(*st.optimizer, train::learningRate(options.training,
                                                             options.firstStep + iteration,
                                                             options.totalSteps));
   if (st.optimizerOnHost) {
@@ -1574,7 +1529,7 @@ GradBuckets& PipelineEngine::Impl::bucketsOf(DeviceState& dev, StageState& st) {
   auto gb = std::make_unique<GradBuckets>();
   const auto& params = st.master->params;
   const int64_t cap =
-      std::max<int64_t>(1, static_cast<int64_t>(config.distributed.bucket_mb * (1 << 20)));
+      std::max<int64_t>(1, static_cast<int64_t>(options.bucketMb * (1 << 20)));
   gb->bucketOf.assign(params.size(), -1);
   gb->slotOf.assign(params.size(), -1);
   gb->ready.assign(params.size(), 0);
@@ -1802,10 +1757,9 @@ void PipelineEngine::Impl::drainEvents() {
 
 // ------------------------------------------------------------------------ public
 
-PipelineEngine::PipelineEngine(model::Model& model, const config::Config& config,
+PipelineEngine::PipelineEngine(model::Model& model, schedules::PipelinePlan plan,
                                EngineOptions options)
-    // Note [No silent fallback] (DeviceKind.h): before any domain or thread exists.
-    : impl_((checkDeviceKind(config), std::make_unique<Impl>(model, config, options))) {
+    : impl_(std::make_unique<Impl>(model, std::move(plan), std::move(options))) {
   impl_->build();
 }
 
@@ -1958,6 +1912,8 @@ int64_t PipelineEngine::weightVersion(int stage) const {
 }
 int PipelineEngine::backwardDevice(int stage) const { return impl_->stages.at(stage).bDev; }
 int PipelineEngine::forwardDevice(int stage) const { return impl_->stages.at(stage).fDev; }
+const schedules::PipelinePlan& PipelineEngine::plan() const { return impl_->pipeline; }
+
 const schedules::Schedule& PipelineEngine::schedule() const { return impl_->plan.schedule; }
 const schedules::MemoryContract& PipelineEngine::contract() const { return impl_->plan.contract; }
 const std::vector<StageRange>& PipelineEngine::partition() const { return impl_->partition; }

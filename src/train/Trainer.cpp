@@ -518,7 +518,9 @@ RunSummary Trainer::run() {
       data::Batch batch = loader_->next();
       if (hooks_.beforeStep) hooks_.beforeStep(s + 1, batch);
       double lr = learningRate(t, stepsDone_, totalSteps_);
-      if (s == traceFrom) traceFromNs = memory::nowNs();
+      // A window from step 0 keeps everything before it too: the engine's first actions
+      // (weight syncs, receives posted) can start before this step's clock mark.
+      if (s == traceFrom && s > 0) traceFromNs = memory::nowNs();
       lastLoss = step(batch);
       if (stepTrace) stepTrace->stepDone();
       if (s + 1 == traceTo) traceToNs = memory::nowNs();

@@ -74,7 +74,7 @@ TEST(Config, WrongTypesAndRanges) {
       {"devices: {memory: 12 parsecs}", "devices.memory", "512MiB"},
       {"devices: {memory: 0}", "devices.memory", "512MiB"},
       {"pipeline: {schedule: 1f1c}", "pipeline.schedule", "did you mean '1f1b'"},
-      {"pipeline: {stash: [a]}", "pipeline.stash", "got a list"},
+      {"pipeline: {stash: [a]}", "pipeline.stash", "unknown value 'a'"},
       {"model: {hidden: [3, x]}", "model.hidden", "list of integers"},
       {"output: {progress: maybe}", "output.progress", "true | false"},
       {"output: {trace_steps: [10]}", "output.trace_steps", "[skip, steps]"},

@@ -2,6 +2,8 @@
 // memory contract, its errors and its trace.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -49,9 +51,15 @@ model::ModelOptions gpt2Options() {
   return o;
 }
 
+// `stash`: one policy, or "a,b,c,d" with one per stage (pipeline.stash as a list).
 config::Config makeConfig(const model::ModelOptions& m, const std::string& schedule, int S, int M,
                           const std::string& stash, int64_t batch) {
-  return test::pipelineConfig(m, schedule, S, M, stash, batch);
+  std::vector<std::string> perStage;
+  std::stringstream in(stash);
+  for (std::string v; std::getline(in, v, ',');) perStage.push_back(v);
+  auto c = test::pipelineConfig(m, schedule, S, M, perStage.front(), batch);
+  if (perStage.size() > 1) c.pipeline.stage_stash = perStage;
+  return c;
 }
 
 data::Batch makeBatch(const model::Model& m, int64_t n, int64_t classes, uint64_t seed) {
@@ -259,6 +267,18 @@ TEST(PipelineEquivalence, Gpt2) { checkEquivalence({"gpt2", gpt2Options(), 4}, {
 // Issue 5: the stash goes through the data-transfer manager (pipefb-sync with S=2, 3 runs
 // on 4 and 6 devices).
 const std::vector<std::string> kOffloaded = {"offload", "checkpoint-offload"};
+// Note [Plan policies in the runtime]: every stage its own policy, still gradient-exact.
+TEST(PipelineEquivalenceMixed, Mlp) {
+  checkEquivalence({"mlp", mlpOptions()}, {4}, {2, 4},
+                   {"checkpoint,offload,keep,checkpoint-offload",
+                    "offload,checkpoint-offload,checkpoint,keep"});
+}
+
+TEST(PipelineEquivalenceMixed, Vgg16) {
+  checkEquivalence({"vgg16", visionOptions("vgg16")}, {4}, {2},
+                   {"checkpoint,offload,keep,checkpoint-offload"});
+}
+
 TEST(PipelineEquivalenceOffload, Mlp) {
   checkEquivalence({"mlp", mlpOptions(), 12}, {2, 3, 4}, {1, 3, 4}, kOffloaded);
 }

@@ -47,7 +47,11 @@ struct TrainingOptions {
 struct DevicesOptions {
   int64_t count = 1;
   std::string kind = "cpu";       // cpu (virtual devices) | cuda
-  std::optional<int64_t> memory;  // per-device capacity in bytes; nullopt = unlimited
+  /// Per-device capacity in bytes; nullopt = unlimited. devices.memory is one size for
+  /// every device, or a list with one per device (then `device_memory` holds them and
+  /// `memory` is the smallest of them, for one-device runs and the planner).
+  std::optional<int64_t> memory;
+  std::vector<std::optional<int64_t>> device_memory;
   std::optional<int64_t> host_memory;  // host-pool capacity; nullopt = unlimited
   /// none | cores: pin each device's worker and copy-engine threads to a core
   /// (Note [Device binding], pipefb/topology/Binding.h).
@@ -64,7 +68,10 @@ struct PipelineOptions {
   std::vector<int64_t> partition;   // explicit cut points (first layer of stages 1..S-1)
   std::string partition_by = "planner";  // without partition: planner | params
   int64_t microbatches = 1;
-  std::string stash = "keep";       // keep | offload | checkpoint | checkpoint-offload
+  /// keep | offload | checkpoint | checkpoint-offload: one for every stage, or a list with
+  /// one per stage (then `stage_stash` holds them and `stash` is the first stage's).
+  std::string stash = "keep";
+  std::vector<std::string> stage_stash;
   /// Prefetch lookahead (pipeline.lookahead: one value, or a list with one per stage; then
   /// `lookahead` is their largest and `stage_lookahead` holds them).
   int64_t lookahead = 1;

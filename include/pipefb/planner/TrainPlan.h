@@ -4,12 +4,13 @@
 // config that names a pipeline schedule but no pipeline.partition. Torch-free.
 //
 // Note [Plan policies in the runtime]
-// The runtime takes one pipeline.stash for every stage. A plan whose stages agree is
-// applied as that policy; a mixed plan is refused (UserError). On a split PipeFB stage
-// the planner's "offload" is what the runtime calls "keep" (the graph moves to the
-// backward device through the host), and "keep" there means offload as well
-// (docs/planner.md, "Cost model"), so both map to the runtime's keep; checkpoint and
-// checkpoint-offload both move the stage input through the host on a split stage.
+// Every stage runs its own stash policy (issue 15): a plan's per-stage policies become
+// pipeline.stash as a list with one per stage (one value when they agree), and the
+// runtime lowers and runs each stage with its own (schedules::PipelinePlan). On a split
+// PipeFB stage keep and offload both move the graph to the backward device through the
+// host, and checkpoint and checkpoint-offload both move the stage input there
+// (schedules::effectivePolicy, Note [PipeFB hand-off]); the runtime and the planner's
+// cost model apply that one rule.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,8 +22,8 @@
 namespace pipefb::planner {
 
 /// The runtime's pipeline.stash for a plan's per-stage policies (Note [Plan policies in
-/// the runtime]); UserError naming `source` when the stages disagree.
-std::string runtimeStashPolicy(const PlanSpec& spec, const std::string& source);
+/// the runtime]): one per stage, or one value when they all agree.
+std::vector<std::string> runtimeStashPolicies(const PlanSpec& spec, const std::string& source);
 
 /// Sets the pipeline of `config` from a plan: schedule, stages, partition, microbatches,
 /// stash, lookahead, devices.count; then re-validates it. UserError (one line, naming

@@ -33,6 +33,7 @@
 #include "pipefb/runtime/Partition.h"
 #include "pipefb/schedules/ActionSpan.h"
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/PipelinePlan.h"
 #include "pipefb/schedules/Schedule.h"
 
 namespace pipefb::dist {
@@ -44,10 +45,25 @@ class MemoryDomain;
 
 namespace pipefb::runtime {
 
-/// Options of the engine itself (the schedule comes from the config).
+/// Options of the engine itself; the pipeline is the PipelinePlan (Note [The plan is the
+/// program], pipefb/schedules/PipelinePlan.h).
 struct EngineOptions {
-  /// Iterations the schedule is generated for; step() may be called this many times.
+  /// Iterations the schedule is generated for (the config constructor resolves the plan for
+  /// this many); step() may be called this many times.
   int64_t iterations = 1;
+  /// The optimizer, learning-rate schedule, seed (dropout masks) and check_numerics.
+  config::TrainingOptions training;
+  /// devices.bind: none | cores (Note [Device binding]).
+  std::string bind = "none";
+  /// pipeline.replicas: gradient buckets of about this many MiB, started while backward
+  /// runs (overlap) or all at AR (Note [Gradient buckets]).
+  double bucketMb = 25.0;
+  bool overlap = true;
+  /// Split stages of an asynchronous schedule hand the forwards predicted weights (Note
+  /// [Weight prediction]; pipeline.weight_prediction auto or linear).
+  bool weightPrediction = true;
+  /// Names the config or plan in user errors.
+  std::string source = "<plan>";
   /// Optimizer steps of the whole run, for the learning-rate schedule (0: iterations).
   int64_t totalSteps = 0;
   /// Optimizer steps done before this engine's first iteration (a resumed run, or the
@@ -155,9 +171,13 @@ class PipelineOutOfMemoryError : public OutOfMemoryError {
 
 class PipelineEngine {
  public:
-  /// Builds stages and devices from config.pipeline / config.devices and starts the
-  /// workers. Configures the domains cpu:0..D-1 (devices.memory) and host
-  /// (devices.host_memory) and resets their peaks. Invalid settings are UserErrors.
+  /// Builds stages and devices from the plan and starts the workers. Configures the
+  /// domains cpu:0..D-1 (plan.deviceCapacity) and host (plan.hostCapacity) and resets
+  /// their peaks. `plan` must be lowered (schedules::lowerPlan or runtime::resolvePlan).
+  PipelineEngine(model::Model& model, schedules::PipelinePlan plan, EngineOptions options);
+  /// The config's pipeline (runtime::resolvePlan for options.iterations) with the
+  /// config's training, devices.bind, distributed and weight-prediction options
+  /// (engineOptions). Invalid settings are UserErrors.
   PipelineEngine(model::Model& model, const config::Config& config, EngineOptions options = {});
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
@@ -202,6 +222,8 @@ class PipelineEngine {
   int forwardDevice(int stage) const;
 
   const schedules::Schedule& schedule() const;
+  /// What the engine runs (its lowered action lists are schedule() and contract()).
+  const schedules::PipelinePlan& plan() const;
   const schedules::MemoryContract& contract() const;
   const std::vector<StageRange>& partition() const;
   int numDevices() const;
