@@ -34,22 +34,10 @@ void checkSameDevice(const std::string& kind, const Placement& p) {
   }
 }
 
-// PipeFB: F(s) != B(s) and all 2S devices distinct.
+// PipeFB: Placement::checkFor's rule (at least one stage split; at most one stage's forward
+// and one stage's backward per device, Note [Folded placements]).
 void checkSplit(const std::string& kind, const Placement& p) {
-  std::set<int> used;
-  for (int s = 0; s < p.numStages(); ++s) {
-    if (!p.split(s))
-      throw UserError(kind +
-                      " needs a different forward and backward device for every stage, "
-                      "but stage " +
-                      std::to_string(s) + " is placed " + std::to_string(p.forward(s)) + "/" +
-                      std::to_string(p.backward(s)));
-    if (!used.insert(p.forward(s)).second || !used.insert(p.backward(s)).second)
-      throw UserError(kind +
-                      ": a device holds more than one pass; every forward and backward "
-                      "device must be distinct (placement " +
-                      p.toString() + ")");
-  }
+  p.checkFor(kind, p.numDevices(), kind);
 }
 
 Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p) {
@@ -147,6 +135,22 @@ namespace {
 // Shared by both PipeFB variants; `lag` is how many forwards of iteration k the forward
 // device runs before it receives RW s.(k-1): 0 = sync (a flush per iteration), M = async
 // (forwards never wait for the previous iteration's backward; one version stale).
+//
+// Note [PipeFB device order]
+// Per iteration, a device runs the forwards of its forward stage and the backwards of its
+// backward stage, then that stage's STEP and SyncWeights. A device with one pass (the
+// 2S-device form) runs its list in microbatch order. A device with both (folded, Note
+// [Folded placements]) merges them by slot: F(s,j) has slot s + j and B(s,j) slot
+// 2S - 1 - s + j, the step at which each would run in a perfectly pipelined chain
+// F0 .. F(S-1), B(S-1) .. B0 (ties: F first). A folded device d thus runs S forwards, then
+// alternates B(S-1-d, j) and F(d, j + S), like 1F1B with a longer warm-up; its copies
+// (OFFs of one stage, PREs of the other) spread over the iteration instead of piling up
+// in a forward phase. Every dependency (the previous stage's F, the stash, the next
+// stage's B) has a smaller slot, so no placement with at most one forward and one
+// backward stage per device can deadlock within an iteration; across iterations each
+// device finishes iteration k (and RW waits for SW of k-1 only). A stage that is not
+// split (folded, odd S: the middle one) runs the same merge on one device; its STEP makes
+// the version its next forwards use, so it needs no SW/RW and keeps one version.
 SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, int K, int lag) {
   checkShape(kind, S, M, K, p);
   checkSplit(kind, p);
@@ -156,27 +160,50 @@ SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, i
   const int inFlight = K > 1 ? M + lag : M;
   const int versions = (lag > 0 && K > 1) ? 2 : 1;
   SchedulePlan plan{emptySchedule(kind, S, M, K, p), uniformContract(S, inFlight, versions)};
-  for (int s = 0; s < S; ++s) {
-    int fd = p.forward(s), bd = p.backward(s);
-    auto& fwd = plan.schedule.devices[fd];
-    auto& bwd = plan.schedule.devices[bd];
-    for (int k = 0; k < K; ++k) {
-      for (int j = 0; j < M; ++j) {
-        if (k > 0 && j == lag) fwd.push_back(recvWeights(s, k - 1, bd));
-        fwd.push_back(F(s, k * M + j));
-      }
-      if (k > 0 && lag == M) fwd.push_back(recvWeights(s, k - 1, bd));
-      for (int j = 0; j < M; ++j) bwd.push_back(B(s, k * M + j));
-      bwd.push_back(step(s, k));
-      bwd.push_back(syncWeights(s, k, fd));
+  for (int s = 0; s < S; ++s)
+    if (!p.split(s)) {
+      plan.contract.inFlight[s] = plan.contract.residentForward[s] =
+          plan.contract.residentBackward[s] = unsplitPipefbInFlight(S, M);
+      plan.contract.weightVersions[s] = plan.contract.residentWeightVersions[s] = 1;
     }
-    // The forward device ends with the newest weights.
-    fwd.push_back(recvWeights(s, K - 1, bd));
+  const int D = p.numDevices();
+  std::vector<int> forwardOf(D, -1), backwardOf(D, -1);
+  for (int s = 0; s < S; ++s) forwardOf[p.forward(s)] = backwardOf[p.backward(s)] = s;
+  for (int d = 0; d < D; ++d) {
+    auto& out = plan.schedule.devices[d];
+    const int fs = forwardOf[d], bs = backwardOf[d];
+    for (int k = 0; k < K; ++k) {
+      int j = 0, i = 0;  // next forward / backward of this iteration
+      const int nf = fs >= 0 ? M : 0, nb = bs >= 0 ? M : 0;
+      while (j < nf || i < nb) {
+        const bool forward = j < nf && (i >= nb || fs + j <= 2 * S - 1 - bs + i);
+        if (forward) {
+          if (p.split(fs) && k > 0 && j == lag)
+            out.push_back(recvWeights(fs, k - 1, p.backward(fs)));
+          out.push_back(F(fs, k * M + j));
+          if (p.split(fs) && k > 0 && lag == M && j + 1 == M)
+            out.push_back(recvWeights(fs, k - 1, p.backward(fs)));
+          ++j;
+        } else {
+          out.push_back(B(bs, k * M + i));
+          if (++i == M) {
+            out.push_back(step(bs, k));
+            if (p.split(bs)) out.push_back(syncWeights(bs, k, p.forward(bs)));
+          }
+        }
+      }
+    }
   }
+  auto& dev = plan.schedule.devices;
+  // The forward device ends with the newest weights.
+  for (int s = 0; s < S; ++s)
+    if (p.split(s)) dev[p.forward(s)].push_back(recvWeights(s, K - 1, p.backward(s)));
   return plan;
 }
 
 }  // namespace
+
+int unsplitPipefbInFlight(int S, int M) { return std::min(M, S + 1); }
 
 SchedulePlan pipefbSync(int S, int M, const Placement& p, int K) {
   return pipefb("pipefb-sync", S, M, p, K, 0);

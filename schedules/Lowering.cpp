@@ -104,13 +104,21 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
     // inserts[i] = prefetches to place in front of list[i], in consumption order.
     std::vector<std::vector<Action>> inserts(list.size() + 1);
     std::vector<int> computeIdx;  // positions of F/B in `list`
+    std::vector<int> backIdx;     // positions of B in `list`
+    std::set<int> forwardsOther;  // stages whose F runs here and B elsewhere
     std::set<std::pair<int, int>> offloadedHere;
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Action& a = list[i];
       if (a.type == ActionType::Offload && a.stash == StashKind::Activation)
         offloadedHere.insert({a.stage, a.index});
       if (a.isCompute()) computeIdx.push_back(i);
+      if (a.type == ActionType::Backward) backIdx.push_back(i);
+      if (a.type == ActionType::Forward && in.placement.backward(a.stage) != d)
+        forwardsOther.insert(a.stage);
     }
+    bool foldedHere = false;  // this device runs B of a stage and F of another
+    for (int i : backIdx)
+      for (int f : forwardsOther) foldedHere = foldedHere || f != list[i].stage;
     for (size_t c = 0; c < computeIdx.size(); ++c) {
       int i = computeIdx[c];
       const Action& b = list[i];
@@ -119,8 +127,36 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
       if (!present.insert(keyOf(pre)).second) continue;
       const size_t ahead = static_cast<size_t>(lookahead[b.stage]);
       int anchor = c >= ahead ? computeIdx[c - ahead] : 0;
+      // Note [Folded lookahead]: a device that runs another stage's forwards between its
+      // backwards (folded) counts the lookahead in its backwards, so PRE s.m goes out as
+      // many whole F + B cycles ahead (the cost model hides a copy under a microbatch's
+      // compute) and still holds at most lookahead + 1 stashes of stage s.
+      if (foldedHere) {
+        const size_t nb = static_cast<size_t>(std::lower_bound(backIdx.begin(), backIdx.end(), i) -
+                                              backIdx.begin());
+        anchor = nb >= ahead ? backIdx[nb - ahead] : 0;
+      }
       // Issue the copy before the device blocks on the receives feeding the anchor.
       while (anchor > 0 && list[anchor - 1].isRecv()) --anchor;
+      // Note [Prefetch behind other stages' offloads]
+      // The copy engine is FIFO. A folded device (Note [Folded placements]) offloads one
+      // stage and prefetches another; PRE s.m waits for OFF s.m on another device, which
+      // waits (through F(s,m)'s inputs, OFF backpressure, or RW from an earlier iteration)
+      // for this device's OFFs of forwards with a smaller slot (Note [PipeFB device order]:
+      // F(s',m') before F(s,m) when s' + m' <= s + m) or of an earlier iteration. A PRE
+      // queued ahead of one of those would wait for a copy that waits for it, so it goes
+      // behind the last of them; later OFFs may queue behind it (the lookahead holds in
+      // the steady state).
+      const int iteration = b.index / in.numMicrobatches;
+      for (int j = i - 1; j >= anchor; --j) {
+        const Action& u = list[j];
+        if (u.type == ActionType::Offload && u.stash == StashKind::Activation &&
+            u.stage != b.stage &&
+            (u.index / in.numMicrobatches < iteration || u.stage + u.index <= b.stage + b.index)) {
+          anchor = j + 1;
+          break;
+        }
+      }
       // Never before this device's own OFF of the same stash.
       if (offloadedHere.count({b.stage, b.index})) {
         for (int j = i - 1; j >= 0; --j)

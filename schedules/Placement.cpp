@@ -57,10 +57,26 @@ Placement Placement::vShape(int numStages) {
                     std::to_string(numStages));
   std::vector<StagePlacement> out;
   for (int s = 0; s < numStages; ++s) {
-    const int d = std::min(s, numStages - 1 - s);
+    const int d = foldedDevice(s, numStages);  // Note [Folded placements]
     out.push_back({d, d});
   }
   return Placement(std::move(out));
+}
+
+Placement Placement::folded(int numStages) {
+  std::vector<StagePlacement> v;
+  for (int s = 0; s < numStages; ++s) v.push_back({s, numStages - 1 - s});
+  return Placement(std::move(v));
+}
+
+bool Placement::sharesDevices() const {
+  std::map<int, int> forwardOf;
+  for (int s = 0; s < numStages(); ++s) forwardOf[forward(s)] = s;
+  for (int s = 0; s < numStages(); ++s) {
+    auto it = forwardOf.find(backward(s));
+    if (it != forwardOf.end() && it->second != s) return true;
+  }
+  return false;
 }
 
 Placement Placement::defaultFor(ScheduleKind kind, int numStages) {
@@ -111,7 +127,8 @@ Placement Placement::parse(const std::string& text, const std::string& where) {
     stages.push_back({device(tok, tok.substr(0, slash)), device(tok, tok.substr(slash + 1))});
   }
   if (stages.empty())
-    throw UserError(where + ": an empty placement; expected <forward>/<backward> per stage, e.g. 0/3 1/2");
+    throw UserError(where +
+                    ": an empty placement; expected <forward>/<backward> per stage, e.g. 0/3 1/2");
   try {
     return Placement(std::move(stages));
   } catch (const UserError& e) {
@@ -129,10 +146,8 @@ void Placement::checkFor(const std::string& kind, int devices, const std::string
     if (std::max(p.forward, p.backward) >= devices)
       throw UserError(where + ": " + entry + " uses device " +
                       std::to_string(std::max(p.forward, p.backward)) + " but devices.count is " +
-                      std::to_string(devices) + " (devices 0.." + std::to_string(devices - 1) + ")");
-    if (split && p.forward == p.backward)
-      throw UserError(where + ": " + entry + " runs F and B on one device; " + kind +
-                      " puts them on two (e.g. " + Placement::pipefb(numStages()).toString() + ")");
+                      std::to_string(devices) + " (devices 0.." + std::to_string(devices - 1) +
+                      ")");
     if (!split && p.forward != p.backward)
       throw UserError(where + ": " + entry + " runs F and B on two devices; " + kind +
                       " runs both on one device (use pipefb-sync or pipefb-async to split)");
@@ -144,10 +159,13 @@ void Placement::checkFor(const std::string& kind, int devices, const std::string
                         " of stages " + std::to_string(it->second) + " and " + std::to_string(s) +
                         "; a device runs at most one stage's " + pass);
     }
-    if (split && (backwardOf.count(p.forward) || forwardOf.count(p.backward)))
-      throw UserError(where + ": " + entry + " shares a device between a forward and a backward; " +
-                      "pipefb-* keeps forward and backward devices apart (activations flow one way)");
   }
+  if (split && numStages() > 0 &&
+      std::none_of(stages_.begin(), stages_.end(),
+                   [](const StagePlacement& p) { return p.forward != p.backward; }))
+    throw UserError(where + ": " + kind + " splits at least one stage, but every stage runs F " +
+                    "and B on one device (e.g. " + Placement::pipefb(numStages()).toString() +
+                    ", or folded " + Placement::folded(numStages()).toString() + ")");
 }
 
 }  // namespace pipefb::schedules

@@ -693,6 +693,16 @@ void validate(const Config& c, ConfigUse use) {
       if (c.devices.count == perStage * S)
         placement.checkFor(c.pipeline.schedule, static_cast<int>(c.devices.count),
                            src + ": pipeline.placement");
+      // Note [Folded placements]: the planner and the simulator take them; the runtime
+      // does not run one device's forward of one stage and backward of another yet.
+      bool unsplit = false;
+      for (int s = 0; s < placement.numStages(); ++s) unsplit = unsplit || !placement.split(s);
+      if (split && (placement.sharesDevices() || unsplit))
+        throw UserError(src + ": pipeline.placement: " + placement.toString() +
+                        " runs a forward and a backward on one device (folded); pipefb_train "
+                        "runs PipeFB with separate forward and backward devices only, e.g. " +
+                        schedules::Placement::pipefb(static_cast<int>(S)).toString() +
+                        " (pipefb_sim and pipefb_plan take folded placements)");
     }
     if (c.pipeline.async_lag > c.pipeline.microbatches)
       throw UserError(src + ": pipeline.async_lag: " + std::to_string(c.pipeline.async_lag) +

@@ -64,97 +64,96 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
 
   for (const ScheduleFamily& fam : families) {
     // Policies that behave identically under this placement are tried once.
-    std::vector<StashPolicy> pols;
-    for (StashPolicy p : fam.policies) {
-      StashPolicy e = schedules::effectivePolicy(p, isSplit(fam.kind));
-      if (std::find(pols.begin(), pols.end(), e) == pols.end()) pols.push_back(e);
-    }
-   for (int R : replicaCounts(cl, options)) {  // Note [Replicated pipelines]
-    const std::int64_t sub = options.batch / R;
-    std::vector<int> Ms = microbatchCounts(sub, options.maxMicrobatches);
-    if (options.microbatches > 0)
-      Ms = sub % options.microbatches == 0 ? std::vector<int>{options.microbatches}
-                                           : std::vector<int>{};
-    for (int M : Ms) {
-      for (int S = 1; S <= L; ++S) {
-        if (options.maxStages > 0 && S > options.maxStages) break;
-        PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
-        sh.replicas = R;
-        const int len = sh.chainLength();
-        if (R * len > D) break;
-        std::vector<std::vector<int>> chains, parts;
-        std::vector<int> cur;
-        std::vector<bool> used(D, false);
-        chainsOf(D, len, cur, used, chains);
-        std::vector<int> cuts{0};
-        partitionsOf(L, S, cuts, parts);
-        for (const auto& chain : chains) {
-          sh.chain = chain;
-          sh.corePace = model.corePace(sh);  // Note [Shared cores]
-          sh.fill = model.fill(sh.kind);      // Note [Zero-bubble fill]
-          for (const auto& cut : parts) {
-            // Stage costs per (stage, policy), then every policy combination.
-            std::vector<std::vector<StageEstimate>> est(S);
-            for (int k = 0; k < S; ++k)
-              for (StashPolicy p : pols) est[k].push_back(model.stage(sh, k, cut[k], cut[k + 1], p));
-            std::vector<int> choice(S, 0);
-            while (true) {
-              // Note [Devices and processes]: a stage split across processes can only
-              // take a checkpoint kind.
-              bool allowed = true;
-              for (int k = 0; k < S; ++k)
-                if (inputStashOnly(cl, sh, k) && !schedules::isCheckpoint(pols[choice[k]]))
-                  allowed = false;
-              ++res.visited;
-              std::vector<std::int64_t> mem(D, 0);
-              std::int64_t host = 0;
-              double tau = 0;
-              for (int k = 0; k < S; ++k) {
-                const StageEstimate& e = est[k][choice[k]];
-                tau = std::max(tau, e.time);
-                host += e.hostBytes;
-                if (e.same) {
-                  mem[sh.forwardDevice(k)] += total(e.backwardMemory);
-                } else {
-                  mem[sh.forwardDevice(k)] += total(e.forwardMemory);
-                  mem[sh.backwardDevice(k)] += total(e.backwardMemory);
-                }
-              }
-              bool ok = allowed && (hostLimit < 0 || host <= hostLimit);
-              std::int64_t peak = 0;
-              for (int d = 0; d < D && ok; ++d) {
-                if (limits[d] >= 0 && mem[d] > limits[d]) ok = false;
-                peak = std::max(peak, mem[d]);
-              }
-              if (ok) {
-                const double obj =
-                    options.objective == Objective::Time ? sh.iterationTime(tau) : double(peak);
-                if (obj < res.objective) {
-                  res.objective = obj;
-                  res.feasible = true;
-                  Plan p;
-                  p.family = fam.name;
-                  p.shape = sh;
-                  for (int k = 0; k < S; ++k) {
-                    StagePlan st;
-                    st.first = cut[k];
-                    st.last = cut[k + 1];
-                    st.policy = pols[choice[k]];
-                    p.stages.push_back(st);
+    // A folded shape's middle stage (odd S) is not split: there every policy differs.
+    std::vector<StashPolicy> splitPols, allPols;
+    for (StashPolicy p : fam.policies)
+      for (auto [list, e] :
+           {std::pair{&splitPols, schedules::effectivePolicy(p, isSplit(fam.kind))},
+            std::pair{&allPols, p}})
+        if (std::find(list->begin(), list->end(), e) == list->end()) list->push_back(e);
+    for (int R : replicaCounts(cl, options)) {  // Note [Replicated pipelines]
+      const std::int64_t sub = options.batch / R;
+      std::vector<int> Ms = microbatchCounts(sub, options.maxMicrobatches);
+      if (options.microbatches > 0)
+        Ms = sub % options.microbatches == 0 ? std::vector<int>{options.microbatches}
+                                             : std::vector<int>{};
+      for (int M : Ms) {
+        for (int S = 1; S <= L; ++S)
+          for (bool folded : {false, true}) {  // Note [Folded placements]: PipeFB on S devices
+            if (options.maxStages > 0 && S > options.maxStages) break;
+            if (folded && (!isSplit(fam.kind) || S < 2 || !options.foldedPlacements)) continue;
+            PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
+            sh.replicas = R;
+            sh.folded = folded;
+            const int len = sh.chainLength();
+            if (R * len > D) continue;
+            const std::vector<StashPolicy>& pols = folded && S % 2 == 1 ? allPols : splitPols;
+            std::vector<std::vector<int>> chains, parts;
+            std::vector<int> cur;
+            std::vector<bool> used(D, false);
+            chainsOf(D, len, cur, used, chains);
+            std::vector<int> cuts{0};
+            partitionsOf(L, S, cuts, parts);
+            for (const auto& chain : chains) {
+              sh.chain = chain;
+              sh.corePace = model.corePace(sh);  // Note [Shared cores]
+               sh.fill = model.fill(sh.kind);      // Note [Zero-bubble fill]
+              for (const auto& cut : parts) {
+                // Stage costs per (stage, policy), then every policy combination.
+                std::vector<std::vector<StageEstimate>> est(S);
+                for (int k = 0; k < S; ++k)
+                  for (StashPolicy p : pols)
+                    est[k].push_back(model.stage(sh, k, cut[k], cut[k + 1], p));
+                std::vector<int> choice(S, 0);
+                while (true) {
+                  // Note [Devices and processes]: a stage split across processes can only
+                  // take a checkpoint kind.
+                  bool allowed = true;
+                  for (int k = 0; k < S; ++k)
+                    if (inputStashOnly(cl, sh, k) && !schedules::isCheckpoint(pols[choice[k]]))
+                      allowed = false;
+                  ++res.visited;
+                  std::vector<StageEstimate> chosen;
+                  for (int k = 0; k < S; ++k) chosen.push_back(est[k][choice[k]]);
+                  const PlanLoad load = planLoad(model, sh, chosen, cut);
+                  const std::vector<std::int64_t>& mem = load.deviceMemory;
+                  const std::int64_t host = load.hostBytes;
+                  const double tau = load.tau;
+                  bool ok = allowed && (hostLimit < 0 || host <= hostLimit);
+                  std::int64_t peak = 0;
+                  for (int d = 0; d < D && ok; ++d) {
+                    if (limits[d] >= 0 && mem[d] > limits[d]) ok = false;
+                    peak = std::max(peak, mem[d]);
                   }
-                  evaluatePlan(model, p);
-                  res.plan = p;
+                  if (ok) {
+                    const double obj =
+                        options.objective == Objective::Time ? sh.iterationTime(tau) : double(peak);
+                    if (obj < res.objective) {
+                      res.objective = obj;
+                      res.feasible = true;
+                      Plan p;
+                      p.family = fam.name;
+                      p.shape = sh;
+                      for (int k = 0; k < S; ++k) {
+                        StagePlan st;
+                        st.first = cut[k];
+                        st.last = cut[k + 1];
+                        st.policy = pols[choice[k]];
+                        p.stages.push_back(st);
+                      }
+                      evaluatePlan(model, p);
+                      res.plan = p;
+                    }
+                  }
+                  int k = 0;
+                  while (k < S && ++choice[k] == static_cast<int>(pols.size())) choice[k++] = 0;
+                  if (k == S) break;
                 }
               }
-              int k = 0;
-              while (k < S && ++choice[k] == static_cast<int>(pols.size())) choice[k++] = 0;
-              if (k == S) break;
             }
           }
-        }
       }
     }
-   }
   }
   return res;
 }

@@ -6,6 +6,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
+#include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/sim/CostTable.h"
@@ -124,7 +125,9 @@ std::vector<StashPolicy> allStashPolicies() {
 }
 
 double PipelineShape::slots() const {
-  return isFlushing(kind) ? microbatches + (chainLength() - 1) * fill : microbatches;
+  // A folded device runs iteration k's backwards before iteration k+1's forwards (Note
+  // [PipeFB device order]), so folded pipefb-async fills and drains like a flush too.
+  return isFlushing(kind) || folded ? microbatches + (chainLength() - 1) * fill : microbatches;
 }
 
 double CostModel::fill(ScheduleKind k) const {
@@ -136,9 +139,7 @@ double CostModel::fill(ScheduleKind k) const {
   return std::max(0.0, F + iw.input - iw.weight) / (F + B);
 }
 
-double PipelineShape::iterationTime(double tau) const {
-  return slots() * std::max(tau, corePace);
-}
+double PipelineShape::iterationTime(double tau) const { return slots() * std::max(tau, corePace); }
 
 double CostModel::corePace(const PipelineShape& shape) const {
   const int D = shape.chainLength(), C = cluster_.cores;
@@ -229,7 +230,8 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     step_[l + 1] = step_[l] + c.step;
     // Note [Backward after a step]: B after a step (B when not measured). The excess is
     // taken over a whole stage, so that the noise of small layers cancels.
-    afterStep_[l + 1] = afterStep_[l] + (c.backwardAfterStep > 0 ? c.backwardAfterStep : c.backward);
+    afterStep_[l + 1] =
+        afterStep_[l] + (c.backwardAfterStep > 0 ? c.backwardAfterStep : c.backward);
     snapshot_[l + 1] = snapshot_[l] + c.snapshot;
     saved_[l + 1] = saved_[l] + c.savedBytes;
     param_[l + 1] = param_[l] + c.paramBytes;
@@ -307,14 +309,9 @@ std::int64_t CostModel::limit(int device, std::int64_t budget) const {
 double CostModel::linkTime(const PipelineShape& shape, int k, int first) const {
   if (k == 0) return 0;
   const std::int64_t bytes = scaled(inputBytes(first), scale(shape));
-  double act, grad;
-  if (isSplit(shape.kind)) {
-    act = cluster_.link(shape.forwardDevice(k - 1), shape.forwardDevice(k)).time(bytes);
-    grad = cluster_.link(shape.backwardDevice(k), shape.backwardDevice(k - 1)).time(bytes);
-  } else {
-    act = cluster_.link(shape.chain[k - 1], shape.chain[k]).time(bytes);
-    grad = cluster_.link(shape.chain[k], shape.chain[k - 1]).time(bytes);
-  }
+  const double act = cluster_.link(shape.forwardDevice(k - 1), shape.forwardDevice(k)).time(bytes);
+  const double grad =
+      cluster_.link(shape.backwardDevice(k), shape.backwardDevice(k - 1)).time(bytes);
   return std::max(act, grad);
 }
 
@@ -325,7 +322,7 @@ double CostModel::computeLowerBound(const PipelineShape& shape, int k, int first
       range(step_, first, last) * stepsPerMicrobatch(shape.kind, shape.microbatches);
   const double sf = speed(shape, shape.forwardDevice(k));
   const double sb = speed(shape, shape.backwardDevice(k));
-  if (isSplit(shape.kind)) return std::max(fw / sf, (bw + step) / sb);
+  if (shape.splits(k)) return std::max(fw / sf, (bw + step) / sb);
   return (fw + bw + step) / sf;
 }
 
@@ -350,7 +347,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
                 "bad stage [" << first << "," << last << ")");
   const double f = scale(shape);
   const int S = shape.stages, M = shape.microbatches;
-  const bool split = isSplit(shape.kind);
+  const bool split = shape.splits(k);
+  // A PipeFB stage that is not split (folded, odd S: the middle one) runs F and B on one
+  // device (Note [PipeFB device order]): min(M, S + 1) stashes, one version, no weight
+  // messages.
+  const bool unsplitPipeFb = isSplit(shape.kind) && !split;
   const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);
   const ClusterDevice& fdev = cluster_.devices[fd];
   const ClusterDevice& bdev = cluster_.devices[bd];
@@ -370,9 +371,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const std::int64_t graph = scaled(range(saved_, first, last), f);
   const std::int64_t input = scaled(inputBytes(first), f);
   e.stashBytes = ckpt ? input : graph;
-  e.inFlight = inFlightStashes(shape.kind, S, k, M);
-  e.versions = weightVersions(shape.kind, S, k, M);
-  const int copies = weightCopies(shape.kind, S, k, M);
+  e.inFlight =
+      unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M) : inFlightStashes(shape.kind, S, k, M);
+  e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M);
+  const int copies = unsplitPipeFb ? 0 : weightCopies(shape.kind, S, k, M);
   // Note [Weight-version offload] (Lowering.h): an offloaded stage's stashed versions go to
   // the host pool; the contract's count stays on the device (pipefb-async's one copy always
   // stays). PipeDream moves one version per microbatch (OFFW after its F, PREW lookahead
@@ -385,7 +387,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // pipedream --policy offload --microbatches 8 --iterations 3, S = 2..5, lookahead 0..3)
   // equals the stages' sum of this in 13 of 16 cases and is one version below it in 3.
   const bool offW = off && shape.offloadWeights;
-  const int deviceCopies = offW ? schedules::residentStashedVersions(copies, shape.lookahead) : copies;
+  const int deviceCopies =
+      offW ? schedules::residentStashedVersions(copies, shape.lookahead) : copies;
   const bool movesCopies = offW && shape.kind == ScheduleKind::PipeDream && copies > 0 &&
                            2 * (copies - 1) > shape.lookahead;
   const int hostCopies = movesCopies ? copies - 1 - shape.lookahead / 2 : 0;
@@ -425,7 +428,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
-  const bool flushing = isFlushing(shape.kind);
+  const bool flushing = isFlushing(shape.kind) || unsplitPipeFb;
   auto stepExcess = [&](std::int64_t stash, std::int64_t working) {
     return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
   };
@@ -470,8 +473,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       (shape.kind == ScheduleKind::PipeFbAsync ? W : 0) +  // SyncWeights' snapshot
           (shape.replicas > 1 ? G : 0));  // the gradient buckets (Note [Gradient buckets])
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
-    w(e.backwardMemory, MemoryCategory::WorkingSet,
-      wsB + stepExcess(resident * e.stashBytes, wsB));
+    w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB));
   } else {
     e.forwardCompute = e.backwardCompute =
         e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;
@@ -498,13 +500,60 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
     const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
-    w(m, MemoryCategory::WorkingSet,
-      wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
+    w(m, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
     e.forwardMemory = m;
   }
   e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer +
                 static_cast<std::int64_t>(hostCopies) * W;  // Note [Weight-version offload]
   return e;
+}
+
+double CostModel::foldedLinkTime(const PipelineShape& shape, int a, int actLayer,
+                                 int gradLayer) const {
+  const double f = scale(shape);
+  const Link& l = cluster_.link(shape.chain.at(a), shape.chain.at(a + 1));
+  return l.time(scaled(inputBytes(actLayer), f)) + l.time(scaled(inputBytes(gradLayer), f));
+}
+
+double foldedDeviceTime(const StageEstimate& forwardPart, const StageEstimate& backwardPart) {
+  return std::max(forwardPart.forwardCompute + backwardPart.backwardCompute,
+                  forwardPart.forwardCopy + backwardPart.backwardCopy);
+}
+
+std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
+                                const StageEstimate& backwardPart) {
+  const int ws = index(MemoryCategory::WorkingSet);
+  return total(forwardPart.forwardMemory) + total(backwardPart.backwardMemory) -
+         std::min(forwardPart.forwardMemory[ws], backwardPart.backwardMemory[ws]);
+}
+
+PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
+                  const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
+  const int S = static_cast<int>(stages.size());
+  PlanLoad out;
+  out.deviceMemory.assign(model.cluster().numDevices(), 0);
+  for (int k = 0; k < S; ++k) {
+    const StageEstimate& e = stages[k];
+    out.tau = std::max(out.tau, e.time);
+    out.hostBytes += e.hostBytes;
+    if (shape.folded && e.same == false) continue;  // below, per device
+    if (e.same) {
+      out.deviceMemory[shape.forwardDevice(k)] += total(e.backwardMemory);
+    } else {
+      out.deviceMemory[shape.forwardDevice(k)] += total(e.forwardMemory);
+      out.deviceMemory[shape.backwardDevice(k)] += total(e.backwardMemory);
+    }
+  }
+  if (!shape.folded) return out;
+  // Note [Folded pace]: device chain[d] runs F(d) and B(S-1-d).
+  for (int d = 0; d < S; ++d) {
+    if (!shape.splits(d)) continue;
+    out.tau = std::max(out.tau, foldedDeviceTime(stages[d], stages[S - 1 - d]));
+    out.deviceMemory[shape.chain[d]] += foldedDeviceMemory(stages[d], stages[S - 1 - d]);
+  }
+  for (int a = 0; a + 1 < S; ++a)
+    out.tau = std::max(out.tau, model.foldedLinkTime(shape, a, cuts[a + 1], cuts[S - 1 - a]));
+  return out;
 }
 
 bool inputStashOnly(const Cluster& cluster, const PipelineShape& shape, int k) {

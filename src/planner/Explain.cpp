@@ -11,9 +11,12 @@ namespace pipefb::planner {
 
 std::string formatSeconds(double s) {
   char buf[64];
-  if (s >= 1) std::snprintf(buf, sizeof buf, "%.3f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
   return buf;
 }
 
@@ -61,9 +64,9 @@ std::string breakdown(const CategoryBytes& b) {
 std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t budget) {
   std::ostringstream o;
   const std::vector<std::pair<std::string, size_t>> cols = {
-      {"stage", 5},   {"layers", 34},  {"dev F/B", 7},  {"policy", 18}, {"F/mb", 10},
-      {"B/mb", 10},   {"pace", 10},    {"bound by", 24}, {"weights", 11}, {"grads+opt", 11},
-      {"stash", 16},  {"work", 11},    {"total", 11}};
+      {"stage", 5},  {"layers", 34}, {"dev F/B", 7},   {"policy", 18},  {"F/mb", 10},
+      {"B/mb", 10},  {"pace", 10},   {"bound by", 24}, {"weights", 11}, {"grads+opt", 11},
+      {"stash", 16}, {"work", 11},   {"total", 11}};
   for (auto& [n, w] : cols) o << pad(n, w) << " ";
   o << "\n";
   for (size_t k = 0; k < plan.stages.size(); ++k) {
@@ -82,27 +85,31 @@ std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t bu
       << pad(formatSeconds(e.forwardTime), 10) << " " << pad(formatSeconds(e.backwardTime), 10)
       << " " << pad(formatSeconds(e.time), 10) << " " << pad(toString(e.binding), 24) << " "
       << pad(mem(cat(m, MemoryCategory::Weights) + cat(m, MemoryCategory::WeightVersions)), 11)
-      << " "
-      << pad(mem(cat(m, MemoryCategory::Grads) + cat(m, MemoryCategory::OptimizerState)), 11)
+      << " " << pad(mem(cat(m, MemoryCategory::Grads) + cat(m, MemoryCategory::OptimizerState)), 11)
       << " " << pad(stash, 16) << " " << pad(mem(cat(m, MemoryCategory::WorkingSet)), 11) << " "
       << pad(formatBytes(pipefb::planner::total(m)), 11) << "\n";
     if (!e.same)
       o << pad("", 5) << " " << pad("  forward device " + std::to_string(s.forwardDevice), 34)
         << " " << pad("", 7 + 18 + 10 + 10 + 10 + 24 + 6) << " "
-        << pad(mem(cat(e.forwardMemory, MemoryCategory::Weights)), 11) << " " << pad("-", 11)
-        << " " << pad(mem(cat(e.forwardMemory, MemoryCategory::Stash)), 16) << " "
+        << pad(mem(cat(e.forwardMemory, MemoryCategory::Weights)), 11) << " " << pad("-", 11) << " "
+        << pad(mem(cat(e.forwardMemory, MemoryCategory::Stash)), 16) << " "
         << pad(mem(cat(e.forwardMemory, MemoryCategory::WorkingSet)), 11) << " "
         << pad(formatBytes(pipefb::planner::total(e.forwardMemory)), 11) << "\n";
   }
   const PipelineShape& sh = plan.shape;
-  o << "\n" << toString(sh.kind) << " (" << plan.family << "), " << sh.stages << " stages on "
-    << sh.chainLength() << " devices, " << sh.microbatches << " microbatches of "
-    << sh.microbatchSize << ": predicted iteration " << formatSeconds(plan.iterationTime)
-    << ", " << lpad([&] {
-         char b[32];
-         std::snprintf(b, sizeof b, "%.2f", plan.throughput);
-         return std::string(b);
-       }(), 0)
+  o << "\n"
+    << toString(sh.kind) << " (" << plan.family << "), " << sh.stages << " stages on "
+    << sh.chainLength() << " devices"
+    << (sh.folded ? " (folded: device d runs F of stage d and B of stage S-1-d)" : "") << ", "
+    << sh.microbatches << " microbatches of " << sh.microbatchSize << ": predicted iteration "
+    << formatSeconds(plan.iterationTime) << ", "
+    << lpad(
+           [&] {
+             char b[32];
+             std::snprintf(b, sizeof b, "%.2f", plan.throughput);
+             return std::string(b);
+           }(),
+           0)
     << " samples/s";
   if (plan.simulated) o << "; simulated " << formatSeconds(plan.simIterationTime);
   o << "\npeak per device (cost model";
@@ -155,11 +162,10 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       << static_cast<int>(100.0 * (D - 1) * sh.fill / sh.slots() + 0.5) << "%.\n";
   } else if (isFlushing(sh.kind)) {
     const int D = sh.chainLength();
-    o << "  " << toString(sh.kind) << " flushes every iteration: (" << sh.microbatches << " + "
-      << D << " - 1) x " << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
-      << formatSeconds(plan.iterationTime)
-      << ", a bubble of " << static_cast<int>(100.0 * (D - 1) / (sh.microbatches + D - 1) + 0.5)
-      << "%.\n";
+    o << "  " << toString(sh.kind) << " flushes every iteration: (" << sh.microbatches << " + " << D
+      << " - 1) x " << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
+      << formatSeconds(plan.iterationTime) << ", a bubble of "
+      << static_cast<int>(100.0 * (D - 1) / (sh.microbatches + D - 1) + 0.5) << "%.\n";
   } else {
     o << "  " << toString(sh.kind) << " does not flush: " << sh.microbatches << " x "
       << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "

@@ -53,8 +53,8 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
   o << "profile: " << quote(ctx.profile) << "\n";
   o << "cluster: " << quote(ctx.cluster) << "\n";
   o << "budget: " << sizeOrCapacity(ctx.budget) << "          # per device\n";
-  o << "host_budget: " << (ctx.hostBudget < 0 ? std::string("cluster") : formatBytes(ctx.hostBudget))
-    << "\n";
+  o << "host_budget: "
+    << (ctx.hostBudget < 0 ? std::string("cluster") : formatBytes(ctx.hostBudget)) << "\n";
   o << "layers: " << model.numLayers() << "\n";
   o << "schedule: " << toString(sh.kind) << "\n";
   o << "family: " << plan.family << "\n";
@@ -115,6 +115,13 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
   o << "  - pipeline.microbatches=" << sh.microbatches << "\n";
   o << "  - pipeline.lookahead=" << sh.lookahead << "\n";
   o << "  - devices.count=" << sh.chainLength() << "\n";
+  if (sh.folded) {  // Note [Folded placements]
+    std::string placement;
+    for (const StagePlan& st : plan.stages)
+      placement += (placement.empty() ? "" : " ") + std::to_string(st.forwardDevice) + "/" +
+                   std::to_string(st.backwardDevice);
+    o << "  - pipeline.placement=" << placement << "\n";
+  }
   if (sh.replicas > 1) o << "  - pipeline.replicas=" << sh.replicas << "\n";
   std::ostringstream part;
   for (size_t k = 1; k < plan.stages.size(); ++k)
@@ -131,6 +138,20 @@ void writePlanFile(const std::string& path, const CostModel& model, const Plan& 
   if (!out) throw UserError("writing the plan file '" + path + "' failed");
 }
 
+schedules::Placement PlanSpec::placement() const {
+  std::vector<schedules::StagePlacement> v;
+  for (const PlanStage& st : stages) v.push_back({st.forwardDevice, st.backwardDevice});
+  return schedules::Placement(std::move(v));
+}
+
+bool PlanSpec::folded() const {
+  const int S = static_cast<int>(stages.size());
+  if (!isSplit(parseScheduleKind(schedule)) || S < 2) return false;
+  for (int k = 0; k < S; ++k)
+    if (stages[k].backwardDevice != stages[S - 1 - k].forwardDevice) return false;
+  return true;
+}
+
 std::vector<std::int64_t> PlanSpec::partition() const {
   std::vector<std::int64_t> out;
   for (size_t k = 1; k < stages.size(); ++k) out.push_back(stages[k].first);
@@ -145,7 +166,8 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     throw UserError(source + ": not valid YAML: " + e.what());
   }
   if (!n.IsMap())
-    throw UserError(source + ": not a plan file (expected a YAML mapping with version, "
+    throw UserError(source +
+                    ": not a plan file (expected a YAML mapping with version, "
                     "schedule, stages, ...; write one with pipefb_plan -o)");
   auto need = [&](const char* k) {
     if (!n[k]) throw UserError(source + ": plan file without '" + std::string(k) + "'");
@@ -164,7 +186,8 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     p.lookahead = n["lookahead"] ? n["lookahead"].as<int>() : 1;
     p.replicas = n["replicas"] ? n["replicas"].as<int>() : 1;
     if (p.replicas < 1 || p.replicas > 1024)
-      throw UserError(source + ": replicas must be in [1, 1024], got " + std::to_string(p.replicas));
+      throw UserError(source + ": replicas must be in [1, 1024], got " +
+                      std::to_string(p.replicas));
     p.numLayers = need("layers").as<int>();
     // The bound on microbatch_size keeps the product from overflowing (a signed-overflow
     // UB, seen under fuzz/PlanFuzzer's UBSan with microbatch_size: 4611686018427387904).
@@ -172,10 +195,10 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
         p.microbatchSize > std::numeric_limits<std::int64_t>::max() / p.microbatches ||
         p.microbatches * p.microbatchSize > std::numeric_limits<std::int64_t>::max() / p.replicas ||
         p.batch != p.replicas * p.microbatches * p.microbatchSize)
-      throw UserError(source + ": batch must equal microbatches x microbatch_size x replicas (got " +
+      throw UserError(source +
+                      ": batch must equal microbatches x microbatch_size x replicas (got " +
                       std::to_string(p.batch) + ", " + std::to_string(p.microbatches) + " x " +
-                      std::to_string(p.microbatchSize) + " x " + std::to_string(p.replicas) +
-                      ")");
+                      std::to_string(p.microbatchSize) + " x " + std::to_string(p.replicas) + ")");
     int expect = 0;
     for (const auto& s : need("stages")) {
       PlanStage st;
@@ -189,14 +212,15 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
                         "].layers must start at " + std::to_string(expect) +
                         " and be non-empty; got [" + std::to_string(st.first) + ", " +
                         std::to_string(st.last) + "]");
-      if ((st.forwardDevice != st.backwardDevice) != isSplit(kind))
-        throw UserError(source + ": stages[" + std::to_string(p.stages.size()) + "]: " +
-                        p.schedule +
-                        (isSplit(kind) ? " needs different forward and backward devices"
-                                       : " runs forward and backward on the same device"));
+      if (!isSplit(kind) && st.forwardDevice != st.backwardDevice)
+        throw UserError(source + ": stages[" + std::to_string(p.stages.size()) +
+                        "]: " + p.schedule + " runs forward and backward on the same device");
       expect = st.last;
       p.stages.push_back(st);
     }
+    // PipeFB: Placement::checkFor's rule (Note [Folded placements]).
+    if (isSplit(kind))
+      p.placement().checkFor(p.schedule, schedules::kMaxDevices, source + ": stages");
     if (expect != p.numLayers)
       throw UserError(source + ": the stages cover layers [0, " + std::to_string(expect) +
                       ") but the model has " + std::to_string(p.numLayers));
@@ -237,11 +261,13 @@ Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
   p.shape.microbatchSize = spec.microbatchSize;
   p.shape.lookahead = spec.lookahead;
   p.shape.replicas = spec.replicas;
+  p.shape.folded = spec.folded();
   const int S = p.shape.stages;
   p.shape.chain.assign(p.shape.chainLength(), 0);
   for (int k = 0; k < S; ++k) {
     p.shape.chain[k] = spec.stages[k].forwardDevice;
-    if (isSplit(p.shape.kind)) p.shape.chain[2 * S - 1 - k] = spec.stages[k].backwardDevice;
+    if (isSplit(p.shape.kind) && !p.shape.folded)
+      p.shape.chain[2 * S - 1 - k] = spec.stages[k].backwardDevice;
     StagePlan sp;
     sp.first = spec.stages[k].first;
     sp.last = spec.stages[k].last;

@@ -45,6 +45,12 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +
                     "; --set training.batch=" + std::to_string(spec.batch) + " or re-plan");
+  if (spec.folded())
+    throw UserError(source + ": stages: the plan folds " + spec.schedule + " onto " +
+                    std::to_string(spec.stages.size()) + " devices (placement " +
+                    spec.placement().toString() +
+                    "), which pipefb_train does not run yet; re-plan with pipefb_plan "
+                    "--no-folded for the 2S-device form");
   const std::vector<std::string> stash = runtimeStashPolicies(spec, source);
   const bool split = isSplit(parseScheduleKind(spec.schedule));
   auto& p = cfg.pipeline;
@@ -71,20 +77,22 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
   shape.microbatches = static_cast<int>(cfg.pipeline.microbatches);
   // Note [Replicated pipelines]: each of pipeline.replicas copies runs batch / replicas.
   shape.replicas = static_cast<int>(std::max<std::int64_t>(1, cfg.pipeline.replicas));
-  shape.microbatchSize = std::max<std::int64_t>(
-      1, cfg.training.batch / (cfg.pipeline.microbatches * shape.replicas));
+  shape.microbatchSize =
+      std::max<std::int64_t>(1, cfg.training.batch / (cfg.pipeline.microbatches * shape.replicas));
   shape.lookahead = static_cast<int>(cfg.pipeline.lookahead);
   shape.offloadWeights = cfg.pipeline.offload_weights != "none";  // Note [Weight-version offload]
   // Note [Optimizer offload in the cost model]: one flag for all stages, so a per-stage
   // list counts as "host" only when every stage is.
   const auto& perStage = cfg.pipeline.stage_optimizer_offload;
-  shape.optimizerOnHost = perStage.empty() ? cfg.pipeline.optimizer_offload == "host"
-                                           : std::all_of(perStage.begin(), perStage.end(),
-                                                         [](const std::string& v) { return v == "host"; });
+  shape.optimizerOnHost = perStage.empty()
+                              ? cfg.pipeline.optimizer_offload == "host"
+                              : std::all_of(perStage.begin(), perStage.end(),
+                                            [](const std::string& v) { return v == "host"; });
   shape.chain.resize(shape.chainLength());
   std::iota(shape.chain.begin(), shape.chain.end(), 0);
   if (shape.chainLength() > model.cluster().numDevices())
-    throw UserError(cfg.source + ": devices.count: " + std::to_string(model.cluster().numDevices()) +
+    throw UserError(cfg.source +
+                    ": devices.count: " + std::to_string(model.cluster().numDevices()) +
                     " devices but " + cfg.pipeline.schedule + " with " + std::to_string(stages) +
                     " stages needs " + std::to_string(shape.chainLength()));
   if (stages > model.numLayers())

@@ -122,6 +122,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
                                                 "grads_bytes",
                                                 "optimizer_state_bytes",
                                                 "working_set_bytes",
+                                                "forward_working_set_bytes",
                                                 "step_working_bytes"};
   checkKeys(obj, keys, where);
   auto time = [&](const char* k, double& out) {
@@ -147,6 +148,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   bytes("grads_bytes", sc.gradsBytes);
   bytes("optimizer_state_bytes", sc.optimizerStateBytes);
   bytes("working_set_bytes", sc.workingSetBytes);
+  bytes("forward_working_set_bytes", sc.forwardWorkingSetBytes);
   bytes("step_working_bytes", sc.stepWorkingBytes);
 }
 

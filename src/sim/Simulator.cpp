@@ -255,7 +255,11 @@ class Simulation {
     threadTime_[d] = start + duration;
   }
 
-  void sendData(int d, int step, const Action& a, int kind, std::int64_t bytes) {
+  // `buffered`: the sender and the receiver each hold `bytes` of comm buffers while the
+  // message is in flight (activations and gradients). Weights are not: Note [Weight syncs
+  // in the simulator].
+  void sendData(int d, int step, const Action& a, int kind, std::int64_t bytes,
+                bool buffered = true) {
     double t = threadTime_[d];
     const LinkCost& link = c_.link(d, a.peer);
     double& free = linkFree_[static_cast<size_t>(d) * D_ + a.peer];
@@ -264,10 +268,12 @@ class Simulation {
     free = start + xfer;
     double arrival = start + xfer + link.latency;
     result_.spans[d][step] = {start, arrival};
-    mem(t, d, MemoryCategory::CommBuffers, bytes);
-    mem(arrival, d, MemoryCategory::CommBuffers, -bytes);
-    mem(start, a.peer, MemoryCategory::CommBuffers, bytes);
-    mem(arrival, a.peer, MemoryCategory::CommBuffers, -bytes);
+    if (buffered) {
+      mem(t, d, MemoryCategory::CommBuffers, bytes);
+      mem(arrival, d, MemoryCategory::CommBuffers, -bytes);
+      mem(start, a.peer, MemoryCategory::CommBuffers, bytes);
+      mem(arrival, a.peer, MemoryCategory::CommBuffers, -bytes);
+    }
     size_t k = key(kind, a.stage, a.index);
     if (times_[k] != kUnknown) fail(d, step, "sent twice");
     resolve(k, arrival);
@@ -283,8 +289,11 @@ class Simulation {
         const StageCosts& sc = cost(st);
         compute(d, step, t, sc.forward);
         double end = threadTime_[d];
-        mem(t, d, MemoryCategory::WorkingSet, sc.workingSetBytes);
-        mem(end, d, MemoryCategory::WorkingSet, -sc.workingSetBytes);
+        const std::int64_t ws = s_.placement.backward(st) != d && sc.forwardWorkingSetBytes >= 0
+                                    ? sc.forwardWorkingSetBytes
+                                    : sc.workingSetBytes;
+        mem(t, d, MemoryCategory::WorkingSet, ws);
+        mem(end, d, MemoryCategory::WorkingSet, -ws);
         std::int64_t bytes = recompute_[at(st, i)] ? sc.checkpointBytes : sc.stashBytes;
         stashBytes_[at(st, i)] = bytes;
         stashAt_[at(st, i)] = d;
@@ -354,7 +363,17 @@ class Simulation {
         sendData(d, step, a, kArrGrad, cost(st).gradientBytes);
         return true;
       case ActionType::SyncWeights:
-        sendData(d, step, a, kArrWeights, cost(st).weightVersionBytes);
+        // Note [Weight syncs in the simulator]
+        // As the runtime does within one process (Note [Weight syncs] in
+        // PipelineEngine.cpp): a synchronous schedule's message carries references and RW
+        // copies tensor by tensor into the forward copy in place, so neither side holds a
+        // second copy; pipefb-async sends a snapshot that the sender holds as comm buffers
+        // until RW took it. (This charged W on both sides while in flight, which made
+        // pipefb-sync's forward device of fc6 peak at 1.02 GiB against the cost model's
+        // 538.81 MiB on VGG16 224 px, 4x-t4-pcie.)
+        sendData(d, step, a, kArrWeights, cost(st).weightVersionBytes, /*buffered=*/false);
+        if (s_.kind == "pipefb-async")
+          mem(threadTime_[d], d, MemoryCategory::CommBuffers, cost(st).weightVersionBytes);
         return true;
       case ActionType::RecvAct:
       case ActionType::RecvGrad:
@@ -370,6 +389,8 @@ class Simulation {
         if (a.type == ActionType::RecvWeights) {
           curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
           updateVersions(end, st);
+          if (s_.kind == "pipefb-async")  // the sender's snapshot goes
+            mem(end, a.peer, MemoryCategory::CommBuffers, -cost(st).weightVersionBytes);
         }
         return true;
       }

@@ -89,6 +89,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   std::mt19937 rng(20240606);
   int feasible = 0, infeasible = 0, withHost = 0, heterogeneous = 0, nonKeep = 0;
   int processBound = 0;  // instances whose optimum the process restriction made worse
+  int folded = 0;        // optima that fold PipeFB onto S devices (Note [Folded search])
   for (int id = 0; id < 300; ++id) {
     Instance in = randomInstance(rng, id);
     CostModel m(in.profile, in.cluster);
@@ -119,6 +120,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
         << " S=" << dp.best.shape.stages << " M=" << dp.best.shape.microbatches
         << ") vs brute force " << bf.objective << " (" << bf.plan.family
         << " S=" << bf.plan.shape.stages << " M=" << bf.plan.shape.microbatches << ")";
+    if (bf.plan.shape.folded) ++folded;
     for (const auto& st : dp.best.stages)
       if (st.policy != StashPolicy::Keep) {
         ++nonKeep;
@@ -127,12 +129,13 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   }
   std::printf("optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
               "budget, %d heterogeneous, %d optima use a non-keep policy, %d optima bound by "
-              "the process restriction\n",
-              feasible, infeasible, withHost, heterogeneous, nonKeep, processBound);
+              "the process restriction, %d folded\n",
+              feasible, infeasible, withHost, heterogeneous, nonKeep, processBound, folded);
   EXPECT_GE(feasible, 140);
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
   EXPECT_GE(processBound, 5);
+  EXPECT_GE(folded, 2);
 }
 
 // Note [Replicated pipelines]: with replicas the DP still equals the exhaustive search, on

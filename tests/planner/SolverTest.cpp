@@ -736,4 +736,59 @@ TEST(SolverLiteral, ZeroBubbleFillAndStashes) {
     EXPECT_EQ(h1.stages[k].estimate.inFlight, 4);
     EXPECT_EQ(h2.stages[k].estimate.inFlight, 7);
   }
+// Note [Folded pace]: device 0 runs F0 and B1, device 1 runs F1 and B0, so the best cut
+// balances F(stage 0) + B(stage 1) against F(stage 1) + B(stage 0), which 1F1B's per-stage
+// F + B cannot: forwards {1, 1, 3, 3}, backwards 1 each. Folded [0,3) [3,4): 5 + 1 = 6 on
+// device 0, 3 + 3 = 6 on device 1. 1F1B's best on two devices is 8 ([0,2) [2,4): 4, 8 or
+// [0,3) [3,4): 8, 4), and PipeFB's 2S form fits only one stage on them (F 8, B 4).
+TEST(SolverLiteral, FoldedPipeFbPairsOneStagesForwardWithAnothersBackward) {
+  Profile prof = timesProfile({1, 1, 3, 3});
+  for (auto& l : prof.layers) l.backward = 1;
+  CostModel m(prof, freeCluster(2));
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbSync, 2, 1, {0, 1});
+  folded.folded = true;
+  auto p = solveShape(m, folded, {StashPolicy::Offload}, unlimited(2), -1, Objective::Time);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(cuts(*p), (std::vector<std::vector<int>>{{0, 3}, {3, 4}}));
+  EXPECT_DOUBLE_EQ(p->tau, 6);
+  EXPECT_EQ(p->stages[0].backwardDevice, 1);
+  EXPECT_EQ(p->stages[1].backwardDevice, 0);
+  auto one = solveShape(m, shapeOf(ScheduleKind::OneFOneB, 2, 1, {0, 1}), {StashPolicy::Keep},
+                        unlimited(2), -1, Objective::Time);
+  ASSERT_TRUE(one);
+  EXPECT_DOUBLE_EQ(one->tau, 8);
+  // The whole search finds the folded plan and prefers it: (1 + 2 - 1) x 6 = 12 against the
+  // 2S form's (1 + 2 - 1) x 8 = 16 and 1F1B's 16.
+  SolveResult r = solve(m, only("pipefb-sync"));
+  ASSERT_TRUE(r.feasible);
+  EXPECT_TRUE(r.best.shape.folded);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 12);
+  SolverOptions twoS = only("pipefb-sync");
+  twoS.foldedPlacements = false;
+  SolveResult r2 = solve(m, twoS);
+  ASSERT_TRUE(r2.feasible);
+  EXPECT_FALSE(r2.best.shape.folded);
+  EXPECT_DOUBLE_EQ(r2.best.iterationTime, 16);
+}
+
+// Odd S: the middle stage runs F and B on its own device (not split) and may keep its graph.
+TEST(SolverLiteral, FoldedMiddleStageIsNotSplit) {
+  Profile prof = timesProfile({1, 1, 1});
+  for (auto& l : prof.layers) {
+    l.backward = 2;
+    l.savedBytes = 10;
+  }
+  CostModel m(prof, freeCluster(3));
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbSync, 3, 2, {0, 1, 2});
+  folded.folded = true;
+  auto p = solveShape(m, folded, {StashPolicy::Keep}, unlimited(3), -1, Objective::Time);
+  ASSERT_TRUE(p);
+  EXPECT_DOUBLE_EQ(p->tau, 3);  // F + B on every device
+  EXPECT_EQ(p->stages[1].forwardDevice, 1);
+  EXPECT_EQ(p->stages[1].backwardDevice, 1);
+  EXPECT_EQ(p->stages[1].estimate.effective, StashPolicy::Keep);
+  EXPECT_EQ(p->stages[0].estimate.effective, StashPolicy::Offload);
+  // Keep on the middle stage: its M = 2 stashes stay on device 1.
+  EXPECT_EQ(p->stages[1].estimate.inFlight, 2);
+  EXPECT_EQ(p->stages[1].estimate.backwardMemory[index(pipefb::MemoryCategory::Stash)], 20);
 }

@@ -30,11 +30,13 @@ std::string errorOf(const std::function<void()>& f) {
 }
 
 // A plan from the solver, written and read back, sets the config's pipeline.
-Plan solvedPlan(const config::Config& cfg, const std::string& family, std::string* yaml) {
+Plan solvedPlan(const config::Config& cfg, const std::string& family, std::string* yaml,
+                bool folded = false) {
   Planning pl = setupPlanning(cfg, SetupOptions{});
   SolverOptions o = pl.solver;
   o.schedules = parseScheduleFamilies({family});
   o.simulateTop = 0;
+  o.foldedPlacements = folded;  // pipefb_train runs the 2S-device form only (below)
   SolveResult r = solve(*pl.model, o);
   EXPECT_TRUE(r.feasible);
   *yaml = planToYaml(*pl.model, r.best, PlanContext{cfg.source, pl.model->profile().model});
@@ -60,6 +62,26 @@ TEST(TrainPlan, RoundTripSetsThePipeline) {
                                                                             : "checkpoint";
     EXPECT_EQ(cfg.pipeline.stash, want) << family;
   }
+}
+
+// Note [Folded placements]: a folded plan reads back as the same plan, and pipefb_train
+// (which does not run it yet) refuses it with a hint instead of running something else.
+TEST(TrainPlan, FoldedPlanReadsBackAndTrainingRefusesIt) {
+  config::Config cfg = config::parseConfig(kVgg);
+  std::string yaml;
+  Plan plan = solvedPlan(cfg, "pipefb-sync-offload", &yaml, /*folded=*/true);
+  ASSERT_TRUE(plan.shape.folded) << yaml;
+  EXPECT_EQ(plan.shape.chainLength(), plan.shape.stages);
+  EXPECT_NE(yaml.find("pipeline.placement=0/3 1/2 2/1 3/0"), std::string::npos) << yaml;
+  PlanSpec spec = parsePlan(yaml, "plan.yaml");
+  EXPECT_TRUE(spec.folded());
+  Planning pl = setupPlanning(cfg, SetupOptions{});
+  const Plan back = planFromSpec(*pl.model, spec);
+  EXPECT_TRUE(back.shape.folded);
+  EXPECT_DOUBLE_EQ(back.iterationTime, plan.iterationTime);
+  EXPECT_EQ(back.deviceMemory, plan.deviceMemory);
+  const std::string err = errorOf([&] { applyPlan(cfg, spec, "plan.yaml"); });
+  EXPECT_NE(err.find("--no-folded"), std::string::npos) << err;
 }
 
 TEST(TrainPlan, RefusesOtherModelsAndAppliesMixedPolicies) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <set>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
@@ -188,7 +189,11 @@ TEST(GeneratorsTest, RejectsBadShapesAndPlacements) {
   EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement::pipefb(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("pipefb-sync", 2, 2, Placement::sameDevice(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement({{0, 0}, {0, 0}})), pipefb::UserError);
-  EXPECT_THROW(makeSchedule("pipefb-async", 2, 2, Placement({{0, 1}, {1, 2}})), pipefb::UserError);
+  // Device 1 would run the backwards of two stages.
+  EXPECT_THROW(makeSchedule("pipefb-async", 2, 2, Placement({{0, 1}, {2, 1}})), pipefb::UserError);
+  // No stage split: that is 1F1B's or GPipe's job.
+  EXPECT_THROW(makeSchedule("pipefb-sync", 2, 2, Placement::sameDevice(2)), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("pipefb-sync", 1, 2, Placement::folded(1)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("gpipe", 3, 2, Placement::sameDevice(2)), pipefb::UserError);
 }
 
@@ -265,4 +270,68 @@ TEST(GeneratorsTest, SplitKindsStateWhatTheirWsHold) {
     }
     if (S > 1) EXPECT_GT(h1.contract.deferredW[S - 1], 1);  // the last stage defers most
   }
+}
+// Note [Folded placements]: device d runs F(d) and B(S-1-d); with odd S the middle stage is
+// not split. Every shape, policy, lookahead and async lag validates against its contract.
+TEST(GeneratorsTest, FoldedPipefbValidatesOnEveryShapeAndPolicy) {
+  int checked = 0;
+  for (int S = 2; S <= 6; ++S)
+    for (int M : {1, 2, 3, 8})
+      for (int K : {1, 3})
+        for (std::string kind : {"pipefb-sync", "pipefb-async"})
+          for (int lag : kind == "pipefb-sync" ? std::vector<int>{0} : std::vector<int>{-1, 1})
+            for (StashPolicy policy : kPolicies)
+              for (int lookahead : {0, 1, 3}) {
+                SCOPED_TRACE(kind + " S=" + std::to_string(S) + " M=" + std::to_string(M) +
+                             " K=" + std::to_string(K) + " lag=" + std::to_string(lag) + " " +
+                             toString(policy) + " lookahead=" + std::to_string(lookahead));
+                SchedulePlan raw = makeSchedule(kind, S, M, Placement::folded(S), K, lag);
+                EXPECT_EQ(raw.schedule.numDevices(), S);
+                SchedulePlan plan = lower(raw, {policy}, lookahead);
+                ValidationStats st;
+                EXPECT_NO_THROW(st = validate(plan.schedule, &plan.contract));
+                if (S % 2 == 1 && !(M == 1 && K == 1)) {
+                  // The middle stage runs on one device, B(s,i) before F(s,j) once j > S + i.
+                  EXPECT_EQ(st.peakInFlight[S / 2], std::min(M, S + 1));
+                  EXPECT_EQ(st.peakWeightVersions[S / 2], 1);
+                }
+                ++checked;
+              }
+  EXPECT_EQ(checked, 5 * 4 * 2 * 3 * 4 * 3);
+}
+
+TEST(GeneratorsTest, FoldedDevicesRunOneForwardAndOneBackwardStage) {
+  const int S = 5, M = 3, K = 2;
+  SchedulePlan plan = makeSchedule("pipefb-sync", S, M, Placement::folded(S), K);
+  EXPECT_EQ(plan.schedule.placement.toString(), "0/4 1/3 2/2 3/1 4/0");
+  EXPECT_TRUE(plan.schedule.placement.sharesDevices());
+  EXPECT_FALSE(Placement::pipefb(S).sharesDevices());
+  for (int d = 0; d < S; ++d) {
+    std::set<std::pair<ActionType, int>> passes;
+    bool sawB = false;
+    for (const Action& a : plan.schedule.devices[d]) {
+      if (a.isCompute()) passes.insert({a.type, a.stage});
+      // Note [PipeFB device order]: per iteration, F's before B's; the middle stage needs
+      // no weight messages.
+      if (a.type == ActionType::Backward) sawB = true;
+      if (a.type == ActionType::Forward && a.index % M == 0 && a.index > 0) sawB = false;
+      if (a.type == ActionType::Forward) {
+        EXPECT_FALSE(sawB) << toString(a) << " on " << d;
+      }
+      if (a.type == ActionType::RecvWeights || a.type == ActionType::SyncWeights) {
+        EXPECT_NE(a.stage, S / 2);
+      }
+    }
+    EXPECT_EQ(passes, (std::set<std::pair<ActionType, int>>{{ActionType::Forward, d},
+                                                            {ActionType::Backward, S - 1 - d}}));
+  }
+}
+
+TEST(GeneratorsTest, VShapeSharesTheMirrorFold) {
+  EXPECT_EQ(Placement::vShape(6).toString(), "0/0 1/1 2/2 2/2 1/1 0/0");
+  for (int n = 1; n <= 7; ++n)
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(Placement::foldedDevice(i, n), Placement::foldedDevice(n - 1 - i, n));
+      EXPECT_EQ(Placement::folded(n).forward(i), Placement::folded(n).backward(n - 1 - i));
+    }
 }

@@ -93,14 +93,18 @@ TEST(Placement, ParsesItsTextAndChecksItFitsTheKind) {
   fails([] { Placement::parse("  ", "<t>"); }, "empty placement");
   fails([] { Placement::parse("0/3 1/2", "<t>").checkFor("pipefb-sync", 3, "<t>"); },
         "devices.count is 3");
-  fails([] { Placement::parse("0/0 1/2", "<t>").checkFor("pipefb-async", 4, "<t>"); },
-        "runs F and B on one device");
+  fails([] { Placement::parse("0/0 1/1", "<t>").checkFor("pipefb-async", 4, "<t>"); },
+        "splits at least one stage");
+  // Note [Folded placements]: one stage's forward and another's backward may share a device,
+  // and a stage that is not split may sit in the middle.
+  Placement::parse("0/3 1/2 2/1 3/0", "<t>").checkFor("pipefb-sync", 4, "<t>");
+  Placement::parse("0/2 1/1 2/0", "<t>").checkFor("pipefb-async", 3, "<t>");
   fails([] { Placement::parse("0/1 1/1", "<t>").checkFor("1f1b", 2, "<t>"); },
         "runs F and B on two devices");
   fails([] { Placement::parse("0/0 0/0", "<t>").checkFor("gpipe", 2, "<t>"); },
         "device 0 runs the forward of stages 0 and 1");
-  fails([] { Placement::parse("0/2 2/3", "<t>").checkFor("pipefb-sync", 4, "<t>"); },
-        "shares a device between a forward and a backward");
+  fails([] { Placement::parse("0/2 1/2", "<t>").checkFor("pipefb-sync", 4, "<t>"); },
+        "device 2 runs the backward of stages 0 and 1");
 }
 
 TEST(Lowering, PerStageLookahead) {

@@ -102,3 +102,30 @@ TEST(PipefbSimCliTest, LoadsATextScheduleAndCostFile) {
   EXPECT_NE(bad.out.find("[*B0.0*]"), std::string::npos) << bad.out;
   std::filesystem::remove_all(dir);
 }
+
+// Note [Folded placements]: 4 stages on 4 devices, F(d) and B(3-d) on device d. With uniform
+// costs every device is busy F + B per microbatch, and the bubble is below 1F1B's (3/11) on
+// the same devices, far below the 2S-device form's.
+TEST(PipefbSimCliTest, FoldedPlacementRunsOnSDevices) {
+  auto bubble = [](const CliRun& r) {
+    return nlohmann::json::parse(r.out)["bubble_fraction"].get<double>();
+  };
+  const std::string common = " --stages 4 --microbatches 8 --iterations 3 --json --no-actions";
+  CliRun folded = pipefbSim("--schedule pipefb-sync --policy offload --placement \"0/3 1/2 2/1 3/0\"" + common);
+  ASSERT_EQ(folded.code, 0) << folded.out;
+  EXPECT_EQ(nlohmann::json::parse(folded.out)["devices"], 4);
+  CliRun twoS = pipefbSim("--schedule pipefb-sync --policy offload" + common);
+  CliRun oneFOneB = pipefbSim("--schedule 1f1b" + common);
+  ASSERT_EQ(twoS.code, 0) << twoS.out;
+  ASSERT_EQ(oneFOneB.code, 0) << oneFOneB.out;
+  EXPECT_LT(bubble(folded), bubble(oneFOneB));
+  EXPECT_LT(bubble(folded), bubble(twoS));
+  // Odd S: the middle stage is not split.
+  CliRun odd = pipefbSim("--schedule pipefb-async --stages 3 --microbatches 4 --policy offload "
+                         "--placement \"0/2 1/1 2/0\" --no-actions --json");
+  ASSERT_EQ(odd.code, 0) << odd.out;
+  // Two backwards on one device is still refused, with exit code 2.
+  CliRun bad = pipefbSim("--schedule pipefb-sync --stages 2 --placement \"0/1 2/1\"");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("backward of stages 0 and 1"), std::string::npos) << bad.out;
+}

@@ -111,8 +111,8 @@
 // to the system while the step's temporaries were freed (page faults; on this machine
 // about 0.5 ms per MB). The profiler measures B in that position
 // (LayerCost::backwardAfterStep); the stage's excess, max(0, sum of that - sum of B), is
-// parameter-sized, so it is not scaled by the microbatch. It is paid once per step: every microbatch for PipeDream,
-// once per iteration otherwise (stepsPerMicrobatch()).
+// parameter-sized, so it is not scaled by the microbatch. It is paid once per step: every
+// microbatch for PipeDream, once per iteration otherwise (stepsPerMicrobatch()).
 //
 // Note [Weight snapshots]
 // PipeDream runs F(s,m) on a snapshot of the current weights when a STEP comes before
@@ -185,7 +185,10 @@ std::vector<StashPolicy> allStashPolicies();
 
 /// A pipeline shape without its partition: schedule, stages, microbatches, and the chain
 /// of devices. Stage k runs F on chain[k] and B on chain[k] (same device) or on
-/// chain[2S-1-k] (PipeFB: activations flow F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0).
+/// chain[2S-1-k] (PipeFB: activations flow F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0), or,
+/// folded (PipeFB on S devices, Note [Folded placements] in schedules/Placement.h), on
+/// chain[S-1-k]: device chain[d] runs F(d) and B(S-1-d), and its time is the sum of the
+/// two (Note [Folded pace]).
 struct PipelineShape {
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int stages = 1;
@@ -200,6 +203,8 @@ struct PipelineShape {
   /// each on its own chainLength() devices and batch / R samples; microbatchSize is per
   /// replica. The chain is replica 0's.
   int replicas = 1;
+  /// PipeFB only: B(k) on chain[S-1-k] instead of chain[2S-1-k] (S devices, not 2S).
+  bool folded = false;
   std::vector<int> chain;
 
   /// A shape before its device chain is chosen; microbatchSize = batch / microbatches.
@@ -216,9 +221,12 @@ struct PipelineShape {
 
   int forwardDevice(int k) const { return chain.at(k); }
   int backwardDevice(int k) const {
-    return isSplit(kind) ? chain.at(2 * stages - 1 - k) : chain.at(k);
+    if (!isSplit(kind)) return chain.at(k);
+    return chain.at(folded ? stages - 1 - k : 2 * stages - 1 - k);
   }
-  int chainLength() const { return isSplit(kind) ? 2 * stages : stages; }
+  int chainLength() const { return isSplit(kind) && !folded ? 2 * stages : stages; }
+  /// Stage k runs F and B on two devices (folded: every stage but the middle one of odd S).
+  bool splits(int k) const { return isSplit(kind) && !(folded && 2 * k + 1 == stages); }
   /// The least pace the shared cores allow (Note [Shared cores]); CostModel::corePace()
   /// sets it once the chain is known; 0 = no bound.
   double corePace = 0;
@@ -243,21 +251,31 @@ using schedules::kOffloadsInFlight;
 std::int64_t total(const CategoryBytes& b);
 
 /// Which resource sets a stage's time.
-enum class Resource { ForwardCompute, BackwardCompute, Compute, ForwardCopy, BackwardCopy,
-                      Copy, LinkIn, LinkOut };
+enum class Resource {
+  ForwardCompute,
+  BackwardCompute,
+  Compute,
+  ForwardCopy,
+  BackwardCopy,
+  Copy,
+  LinkIn,
+  LinkOut
+};
 const char* toString(Resource r);
 
 struct StageEstimate {
-  StashPolicy policy = StashPolicy::Keep;  // as chosen
+  StashPolicy policy = StashPolicy::Keep;     // as chosen
   StashPolicy effective = StashPolicy::Keep;  // effectivePolicy(policy, split)
-  double forwardTime = 0;   // seconds per microbatch on its forward device
-  double backwardTime = 0;  // incl. recompute
-  double stepTime = 0;      // per iteration
-  double afterStepTime = 0; // extra of the first B after a step, per step (Note [Backward after a step])
-  double allReduceTime = 0; // replicas > 1: the gradient all-reduce before each step (Note [Replicated pipelines])
+  double forwardTime = 0;                     // seconds per microbatch on its forward device
+  double backwardTime = 0;                    // incl. recompute
+  double stepTime = 0;                        // per iteration
+  double afterStepTime =
+      0;  // extra of the first B after a step, per step (Note [Backward after a step])
+  double allReduceTime =
+      0;  // replicas > 1: the gradient all-reduce before each step (Note [Replicated pipelines])
   double snapshotTime = 0;  // weight snapshot per microbatch (Note [Weight snapshots])
   double forwardCompute = 0, backwardCompute = 0;  // busy time per microbatch per device
-  double forwardCopy = 0, backwardCopy = 0;         // copy-engine time per microbatch
+  double forwardCopy = 0, backwardCopy = 0;        // copy-engine time per microbatch
   double linkIn = 0;   // boundary with the previous stage (0 for stage 0)
   double linkOut = 0;  // split last stage: F(S-1) -> B(S-1)
   double time = 0;     // the largest of the above (the stage's pace)
@@ -271,6 +289,35 @@ struct StageEstimate {
   bool same = true;  // forward device == backward device
   std::int64_t peakMemory() const;
 };
+
+class CostModel;
+
+/// Note [Folded pace]
+/// A folded shape's device chain[d] runs F(d) and B(S-1-d) (Note [Folded placements]):
+///   its compute is F(d)'s forward device compute + B(S-1-d)'s backward device compute,
+///   its copy engine the OFFs of one plus the PREs of the other, and
+///   its memory both parts' sum, less the smaller of F's and B's working sets (one runs
+///   at a time, Note [PipeFB device order]);
+/// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
+/// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
+/// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the
+/// largest of these and of each stage's own time; iteration time = (M + S - 1) x tau as
+/// for 1F1B, for pipefb-async too (a device finishes an iteration before the next one's
+/// forwards, so folding gains async nothing but staleness). The middle stage of odd S is a
+/// same-device stage.
+double foldedDeviceTime(const StageEstimate& forwardPart, const StageEstimate& backwardPart);
+std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
+                                const StageEstimate& backwardPart);
+
+/// Pace, memory per cluster device and host bytes of a partition (stage k = [cuts[k],
+/// cuts[k+1]) with estimate stages[k]): evaluatePlan and the brute force both read it.
+struct PlanLoad {
+  double tau = 0;
+  std::vector<std::int64_t> deviceMemory;
+  std::int64_t hostBytes = 0;
+};
+PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
+                  const std::vector<StageEstimate>& stages, const std::vector<int>& cuts);
 
 /// Prefix sums over a profile and the cluster, to cost stages in O(1) (except the
 /// working-set maximum, which the caller may pass in).
@@ -287,10 +334,14 @@ class CostModel {
                       StashPolicy policy) const;
   /// Same, with the working-set maximum of [first, last) (unscaled) given. `timesOnly`
   /// leaves the memory fields empty (the DP's cheap first look at a candidate).
-  StageEstimate stage(const PipelineShape& shape, int k, int first, int last,
-                      StashPolicy policy, std::int64_t maxWorking, bool timesOnly = false) const;
+  StageEstimate stage(const PipelineShape& shape, int k, int first, int last, StashPolicy policy,
+                      std::int64_t maxWorking, bool timesOnly = false) const;
   /// Time of the boundary in front of stage k (k >= 1), whose first layer is `first`.
   double linkTime(const PipelineShape& shape, int k, int first) const;
+  /// Note [Folded pace]: the link chain[a] -> chain[a+1] of a folded shape carries the
+  /// activations of the boundary at layer `actLayer` and the gradients of the one at
+  /// `gradLayer` (boundary a+1 and boundary S-1-a); the sum of both messages' times.
+  double foldedLinkTime(const PipelineShape& shape, int a, int actLayer, int gradLayer) const;
   /// A lower bound of stage(...).time that never decreases as the stage grows.
   double computeLowerBound(const PipelineShape& shape, int k, int first, int last) const;
   /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.
@@ -357,7 +408,9 @@ class CostModel {
   std::vector<double> F_, B_, R_, step_, afterStep_, snapshot_;
   std::vector<std::int64_t> saved_, param_, grad_, opt_, states_;
   SparseMax stepWorkingMax_, forwardWorkingMax_;
-  std::int64_t stepWorking(int first, int last) const { return rangeMax(stepWorkingMax_, first, last); }
+  std::int64_t stepWorking(int first, int last) const {
+    return rangeMax(stepWorkingMax_, first, last);
+  }
   // Note [Gathered weight gradients]: per microbatch size, the range maxima of
   // scaled(ws(l)) - gradPrefix(l + 1), built on first use (the planner is single-threaded
   // today; the mutex keeps a shared model safe anyway).

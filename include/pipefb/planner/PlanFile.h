@@ -6,15 +6,16 @@
 #include <vector>
 
 #include "pipefb/planner/Solver.h"
+#include "pipefb/schedules/Placement.h"
 
 namespace pipefb::planner {
 
 /// Where a plan came from, for the file's header and the report.
 struct PlanContext {
-  std::string config;   // config path
-  std::string model;    // profile key
-  std::string profile;  // "analytic t4-16g" | "measured <file>"
-  std::string cluster;  // cluster name
+  std::string config;            // config path
+  std::string model;             // profile key
+  std::string profile;           // "analytic t4-16g" | "measured <file>"
+  std::string cluster;           // cluster name
   std::int64_t budget = -1;      // per device; -1 = capacities
   std::int64_t hostBudget = -1;  // -1 = the cluster's host pool
 };
@@ -47,6 +48,10 @@ struct PlanSpec {
 
   /// pipeline.partition: the first layer of stages 1..S-1.
   std::vector<std::int64_t> partition() const;
+  /// The stages' forward/backward devices.
+  schedules::Placement placement() const;
+  /// PipeFB folded onto S devices (Note [Folded placements]): B(k) runs where F(S-1-k) does.
+  bool folded() const;
 };
 
 /// Reads and checks a plan file (contiguous stages covering [0, layers), known schedule

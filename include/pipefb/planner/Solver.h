@@ -70,25 +70,31 @@ struct ScheduleFamily {
 ScheduleFamily parseScheduleFamily(const std::string& name);
 std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>& names);
 
+/// Folded PipeFB shapes (Note [Folded search] in Solver.cpp) are searched up to this many
+/// layers (their DP is O(S L^4) at worst).
+inline constexpr int kFoldedExactLayers = 64;
+
 enum class Objective {
   Time,    // minimise iteration time under the budgets
   Memory,  // minimise the largest device memory (the smallest feasible uniform budget)
 };
 
 struct SolverOptions {
-  std::int64_t batch = 1;  // global batch, samples per iteration
+  std::int64_t batch = 1;                 // global batch, samples per iteration
   std::vector<ScheduleFamily> schedules;  // empty = every kind with every policy
-  std::int64_t budget = -1;      // per device (min with its capacity); -1 = capacity only
-  std::int64_t hostBudget = -1;  // host pool (min with the cluster's); -1 = cluster's
-  int maxMicrobatches = 64;      // M ranges over divisors of batch up to this
-  int microbatches = 0;          // > 0: only this M (it must divide batch)
-  int maxStages = 0;             // 0 = as many as devices (and layers) allow
-  int lookahead = 1;             // prefetch distance of offloaded stashes
-  int maxChains = 5000;          // per chain length; beyond it, greedy chains
+  std::int64_t budget = -1;               // per device (min with its capacity); -1 = capacity only
+  std::int64_t hostBudget = -1;           // host pool (min with the cluster's); -1 = cluster's
+  int maxMicrobatches = 64;               // M ranges over divisors of batch up to this
+  int microbatches = 0;                   // > 0: only this M (it must divide batch)
+  int maxStages = 0;                      // 0 = as many as devices (and layers) allow
+  int lookahead = 1;                      // prefetch distance of offloaded stashes
+  int maxChains = 5000;                   // per chain length; beyond it, greedy chains
   /// Note [Replicated pipelines]: R in 1..maxReplicas copies of the pipeline are tried.
   int maxReplicas = 1;
-  int keepTop = 4;               // candidates kept (distinct shapes) for re-scoring
-  int simulateTop = 4;           // re-score this many with the simulator (0 = DP only)
+  /// Note [Folded search]: PipeFB families are also searched folded onto S devices.
+  bool foldedPlacements = true;
+  int keepTop = 4;      // candidates kept (distinct shapes) for re-scoring
+  int simulateTop = 4;  // re-score this many with the simulator (0 = DP only)
   Objective objective = Objective::Time;
   void validate() const;
 };
@@ -104,9 +110,9 @@ struct Plan {
   std::string family;  // the ScheduleFamily name it came from
   PipelineShape shape;
   std::vector<StagePlan> stages;
-  double tau = 0;            // pace: seconds per microbatch of the slowest resource
-  double iterationTime = 0;  // predicted by the cost model
-  double throughput = 0;     // samples per second
+  double tau = 0;                          // pace: seconds per microbatch of the slowest resource
+  double iterationTime = 0;                // predicted by the cost model
+  double throughput = 0;                   // samples per second
   std::vector<std::int64_t> deviceMemory;  // per cluster device (0 when unused)
   std::int64_t hostBytes = 0;
   std::int64_t peakMemory = 0;  // the largest of deviceMemory
@@ -117,7 +123,7 @@ struct Plan {
   std::int64_t simHostPeak = 0;
   bool simFits = true;  // the simulated peaks are within the limits
 
-  int bindingStage() const;   // the stage whose time is tau
+  int bindingStage() const;                                          // the stage whose time is tau
   int bindingDevice(const CostModel& m, std::int64_t budget) const;  // highest use of limit
 };
 
@@ -132,6 +138,9 @@ struct SolveResult {
   // Search statistics.
   long shapesTotal = 0, shapesSolved = 0;
   bool heuristicChains = false;  // some chain length used greedy chains
+  /// Note [Folded search] (Solver.cpp): the model has more than kFoldedExactLayers layers,
+  /// so PipeFB was searched only in its 2S-device form.
+  bool foldedSkipped = false;
   double seconds = 0;
 };
 
@@ -141,8 +150,8 @@ struct SolveResult {
 /// DP prunes with it (Note [Solver search]).
 std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
                                const std::vector<StashPolicy>& policies,
-                               const std::vector<std::int64_t>& limits,
-                               std::int64_t hostLimit, Objective objective,
+                               const std::vector<std::int64_t>& limits, std::int64_t hostLimit,
+                               Objective objective,
                                double bound = std::numeric_limits<double>::infinity());
 
 /// The whole search. With objective Time and nothing feasible, also searches for the

@@ -55,6 +55,11 @@ SchedulePlan pipefbSync(int S, int M, const Placement& placement, int iterations
 SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1,
                          int lag = -1);
 
+/// Stashes in flight of a pipefb stage that is not split (folded, odd S: the middle one):
+/// its device runs B(s,i) before F(s,j) once j > S + i (Note [PipeFB device order]), so
+/// min(M, S + 1). The contract and the planner's cost model both take it from here.
+int unsplitPipefbInFlight(int S, int M);
+
 /// By name. An unknown name, S < 1, M < 1, iterations < 1, or a placement the kind cannot
 /// use is a UserError listing what is allowed.
 SchedulePlan makeSchedule(ScheduleKind kind, int S, int M, const Placement& placement,

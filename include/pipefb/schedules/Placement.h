@@ -35,6 +35,17 @@ class Placement {
   /// ZB-V: S = 2D stages on D devices in a V, stage s on device min(s, S-1-s) for both
   /// passes: device 0 holds the first and the last stage. S odd is a UserError.
   static Placement vShape(int numStages);
+  /// Note [Folded placements]
+  /// Folded PipeFB on S devices: device d runs F of stage d and B of stage S-1-d, so every
+  /// device does about F + B of work (as in 1F1B) while each stage's forward and backward
+  /// still run on two devices and its stash still goes through the host pool. Activations
+  /// go round a ring: F0 on 0 -> ... -> F(S-1) on S-1 -> B(S-1) on 0 -> ... -> B0 on S-1.
+  /// With odd S the middle stage runs F and B on device (S-1)/2 (a stage that is not split).
+  /// ZB-V places its stages by the same mirror, foldedDevice() (vShape()).
+  static Placement folded(int numStages);
+  /// The mirror fold of position i in a chain of n onto n/2 (rounded up) devices:
+  /// min(i, n-1-i). folded() puts B(s) on F(n-1-s)'s device; vShape() puts stage s there.
+  static int foldedDevice(int i, int n) { return i < n - 1 - i ? i : n - 1 - i; }
   /// The default placement of a schedule kind (ScheduleKindInfo::splitPlacement -> pipefb,
   /// others -> sameDevice). By name: an unknown name is a UserError.
   static Placement defaultFor(ScheduleKind kind, int numStages);
@@ -46,6 +57,8 @@ class Placement {
   int forward(int stage) const { return stages_.at(stage).forward; }
   int backward(int stage) const { return stages_.at(stage).backward; }
   bool split(int stage) const { return forward(stage) != backward(stage); }
+  /// Some device runs the forward of one stage and the backward of another (folded()).
+  bool sharesDevices() const;
   const std::vector<StagePlacement>& stages() const { return stages_; }
 
   /// "0/5 1/4 2/3": forward/backward device per stage.
@@ -54,8 +67,10 @@ class Placement {
   static Placement parse(const std::string& text, const std::string& where);
   /// UserError (starting with `where`) unless this placement suits `kind` on `devices`
   /// devices: every device id below `devices`; same-device kinds (gpipe, 1f1b, pipedream)
-  /// run F and B of a stage on one device, pipefb-* on two; and no device runs more than
-  /// one stage's forward, or more than one stage's backward.
+  /// run F and B of a stage on one device; pipefb-* splits at least one stage (a stage it
+  /// does not split runs as in GPipe, e.g. folded()'s middle stage); and no device runs
+  /// more than one stage's forward, or more than one stage's backward. A pipefb device may
+  /// run one stage's forward and another's backward (Note [Folded placements]).
   void checkFor(const std::string& kind, int devices, const std::string& where) const;
   bool operator==(const Placement& o) const { return stages_ == o.stages_; }
 

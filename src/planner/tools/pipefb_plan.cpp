@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   int maxStages = 0, maxReplicas = 1;
   SearchFlags search;
   search.simulateTop = 4;
-  bool quiet = false;
+  bool quiet = false, noFolded = false;
   addConfigOptions(app, configPath, overrides);
   app.add_option("--budget,-b", budgetText,
                  "memory budget per device (e.g. 2GiB; default: capacity)");
@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
                  "also try up to this many copies of the pipeline (pipeline.replicas; only on "
                  "clusters of identical devices that do not share cores; default 1)")
       ->check(CLI::Range(1, 1024));
+  app.add_flag("--no-folded", noFolded,
+               "search PipeFB only on 2S devices, not folded onto S (device d runs F of stage d "
+               "and B of stage S-1-d); pipefb_train runs only the 2S-device form today");
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
   app.add_flag("--quiet,-q", quiet, "print only the summary line");
   return runProgram("pipefb_plan", app, argc, argv, [&] {
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
     search.applyTo(o);
     o.maxStages = maxStages;
     o.maxReplicas = maxReplicas;
+    o.foldedPlacements = !noFolded;
     const CostModel& model = *pl.model;
     std::cout << "model " << model.profile().model << ": " << model.numLayers() << " layers, "
               << pl.profileText << " profile; cluster " << model.cluster().name << " ("
@@ -81,6 +85,9 @@ int main(int argc, char** argv) {
               << " shapes (schedule x microbatches x stages x device chain) in "
               << formatSeconds(r.seconds)
               << (r.heuristicChains ? "; device chains: greedy (too many to enumerate)" : "")
+              << (r.foldedSkipped ? "; PipeFB not searched folded (over " +
+                                        std::to_string(kFoldedExactLayers) + " layers)"
+                                  : std::string())
               << "\n\n";
     PlanContext ctx{configPath, model.profile().model, pl.profileText, model.cluster().name,
                     o.budget,   o.hostBudget};
@@ -125,12 +132,13 @@ int main(int argc, char** argv) {
       std::cout << stageTable(model, r.best, o.budget) << "\n"
                 << explainPlan(model, r.best, o.budget, free) << "\n";
     writePlanFile(out, model, r.best, ctx);
-    std::cout << "plan written to " << out << ": " << toString(r.best.shape.kind) << ", "
-              << r.best.shape.stages << " stages, "
+    std::cout << "plan written to " << out << ": " << toString(r.best.shape.kind)
+              << (r.best.shape.folded ? " folded" : "") << ", " << r.best.shape.stages
+              << " stages, "
               << (r.best.shape.replicas > 1 ? std::to_string(r.best.shape.replicas) + " replicas, "
                                             : std::string())
-              << r.best.shape.microbatches
-              << " microbatches, " << formatSeconds(r.best.iterationTime) << " per iteration\n";
+              << r.best.shape.microbatches << " microbatches, "
+              << formatSeconds(r.best.iterationTime) << " per iteration\n";
     return 0;
   });
 }
