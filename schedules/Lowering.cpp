@@ -148,7 +148,7 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
       // behind the last of them; later OFFs may queue behind it (the lookahead holds in
       // the steady state).
       const int iteration = b.index / in.numMicrobatches;
-      for (int j = i - 1; j >= anchor; --j) {
+      for (int j = i - 1; foldedHere && j >= anchor; --j) {
         const Action& u = list[j];
         if (u.type == ActionType::Offload && u.stash == StashKind::Activation &&
             u.stage != b.stage &&

@@ -736,6 +736,8 @@ TEST(SolverLiteral, ZeroBubbleFillAndStashes) {
     EXPECT_EQ(h1.stages[k].estimate.inFlight, 4);
     EXPECT_EQ(h2.stages[k].estimate.inFlight, 7);
   }
+}
+
 // Note [Folded pace]: device 0 runs F0 and B1, device 1 runs F1 and B0, so the best cut
 // balances F(stage 0) + B(stage 1) against F(stage 1) + B(stage 0), which 1F1B's per-stage
 // F + B cannot: forwards {1, 1, 3, 3}, backwards 1 each. Folded [0,3) [3,4): 5 + 1 = 6 on
