@@ -189,7 +189,10 @@ class PlanRuns : public ::testing::Test {
     const std::string plan = "pipefb_plan " + x.sets() + " --profile " + profile(x) +
                              " --schedules " + x.family() + " --microbatches " +
                              std::to_string(x.microbatches) + " --max-stages " +
-                             std::to_string(x.stages) + " --quiet";
+                             std::to_string(x.stages) + " --quiet" +
+                             // pipefb_train runs PipeFB on 2S devices only (Note [Folded
+                             // placements]); folded plans are the simulator's and planner's.
+                             (isSplit(x.family()) ? " --no-folded" : "");
     auto lo = test::runProgram(plan + " --budget 1KiB");
     const std::int64_t minBudget = smallestBudget(lo.out);
     if (lo.code == 2 && minBudget < 0) {
@@ -287,7 +290,8 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
                              " --set data.name=synthetic --set data.synthetic_train=64"
                              " --set data.synthetic_test=32";
     const std::string plan =
-        "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet";
+        "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet" +
+        (isSplit(family) ? " --no-folded" : "");  // pipefb_train runs the 2S form only
     auto lo = test::runProgram(plan + " --budget 1KiB");
     const std::int64_t budget = smallestBudget(lo.out);
     ASSERT_GT(budget, 0) << family << "\n" << lo.out;
