@@ -503,12 +503,14 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
       chartNames.push_back(chart);
       dj["chart"] = "charts/" + chart + ".svg";
     }
-    // The allocator's event stream covers the first iterations only; when they are a
-    // small part of the run, a second chart shows them at full resolution.
+    // The allocator's event stream covers the first step(s) of the trace window only; when
+    // the samples reach beyond it, a second chart shows it at full resolution. (A test on
+    // how long it lasts against the whole, e.g. "under half", follows the machine's timing
+    // noise on short steps: ReportTest.SingleDeviceRunLeavesAReport failed in half its runs.)
     if (samples && pid != pidOfName.end() && trace.eventWindow.count(pid->second)) {
       const auto [w0, w1] = trace.eventWindow.at(pid->second);
       const double all = samples->back().tMs - samples->front().tMs;
-      if (w1 > w0 && all > 2 * (w1 - w0)) {
+      if (w1 > w0 && all > w1 - w0) {
         std::vector<Sample> window;
         for (const auto& x : *samples)
           if (x.tMs >= w0 && x.tMs <= w1) window.push_back(x);

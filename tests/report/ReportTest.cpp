@@ -149,7 +149,7 @@ TEST(ReportTest, SingleDeviceRunLeavesAReport) {
     if (e["ph"] == "C" && e["name"] == "memory events")
       maxStash = std::max<int64_t>(maxStash, e["args"]["stash"].get<int64_t>());
   EXPECT_GT(maxStash, 0);
-  // 2 of 20 steps are in the event stream: they get a chart of their own.
+  // The first step of the 10 traced is in the event stream: it gets a chart of its own.
   const json memory = json::parse(slurp(fs::path(dir) / "memory.json"));
   EXPECT_EQ(memory["devices"][0]["chart_detail"], "charts/memory-cpu0-detail.svg");
 }
