@@ -40,17 +40,6 @@ void checkSplit(const std::string& kind, const Placement& p) {
   p.checkFor(kind, p.numDevices(), kind);
 }
 
-Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p) {
-  Schedule s;
-  s.kind = kind;
-  s.numStages = S;
-  s.numMicrobatches = M;
-  s.numIterations = K;
-  s.placement = p;
-  s.devices.resize(p.numDevices());
-  return s;
-}
-
 MemoryContract uniformContract(int S, int inFlight, int versions) {
   MemoryContract c;
   c.inFlight.assign(S, inFlight);
@@ -79,6 +68,17 @@ void oneFOneBStage(std::vector<Action>& out, int s, int first, int n, int warmup
 }
 
 }  // namespace
+
+Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p) {
+  Schedule s;
+  s.kind = kind;
+  s.numStages = S;
+  s.numMicrobatches = M;
+  s.numIterations = K;
+  s.placement = p;
+  s.devices.resize(p.numDevices());
+  return s;
+}
 
 SchedulePlan gpipe(int S, int M, const Placement& p, int K) {
   checkShape("gpipe", S, M, K, p);

@@ -29,17 +29,6 @@ void checkPlacement(const std::string& kind, const Placement& p, const Placement
                     p.toString());
 }
 
-Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p) {
-  Schedule s;
-  s.kind = kind;
-  s.numStages = S;
-  s.numMicrobatches = M;
-  s.numIterations = K;
-  s.placement = p;
-  s.devices.resize(p.numDevices());
-  return s;
-}
-
 // Note [Greedy zero-bubble order]: one iteration's compute order per device.
 // `hold`: stashes of the device's same-device stages between the start of F and the end of
 // W; an F that starts a microbatch on the device needs fewer than hold - 1 alive, any other

@@ -310,10 +310,13 @@ KeySpec lookaheadKey() {
           }};
 }
 
-// pipeline.stash: a policy, or a list with one per stage (`stash` is then the first).
-KeySpec stashKey() {
-  const std::string key = "pipeline.stash";
-  const std::vector<std::string>& names = stashPolicyNames();
+// A per-stage choice: one of `names`, or a non-empty list of them with one per stage.
+// `list` holds the list (empty for one value); `summary` gets the value the list stands
+// for where one value is read (summarise(list)), or the one value itself.
+KeySpec choiceOrListKey(const std::string& key, const std::vector<std::string>& names,
+                        std::string PipelineOptions::*summary,
+                        std::vector<std::string> PipelineOptions::*list,
+                        std::string (*summarise)(const std::vector<std::string>&)) {
   const std::string allowed = joinAllowed(names) + ", or a list of them (one per stage)";
   return {key,
           [=](Config& c, const YAML::Node& n, const Where& w) {
@@ -325,63 +328,43 @@ KeySpec stashKey() {
                      "unknown value '" + v + "'" + didYouMean(v, names) + "; allowed: " + allowed);
               return v;
             };
-            c.pipeline.stage_stash.clear();
+            auto& values = c.pipeline.*list;
+            values.clear();
             if (!n.IsSequence()) {
-              c.pipeline.stash = one(n);
+              c.pipeline.*summary = one(n);
               return;
             }
             if (n.size() == 0) expected(w, key, allowed, n);
-            for (const auto& item : n) c.pipeline.stage_stash.push_back(one(item));
-            c.pipeline.stash = c.pipeline.stage_stash.front();
+            for (const auto& item : n) values.push_back(one(item));
+            c.pipeline.*summary = summarise(values);
           },
-          [](const Config& c, YAML::Emitter& e) {
-            if (c.pipeline.stage_stash.empty()) {
-              e << c.pipeline.stash;
+          [=](const Config& c, YAML::Emitter& e) {
+            const auto& values = c.pipeline.*list;
+            if (values.empty()) {
+              e << c.pipeline.*summary;
               return;
             }
             e << YAML::Flow << YAML::BeginSeq;
-            for (const auto& v : c.pipeline.stage_stash) e << v;
+            for (const auto& v : values) e << v;
             e << YAML::EndSeq;
           }};
 }
 
-// pipeline.optimizer_offload: none | host, or a list with one per stage.
+// pipeline.stash: a policy, or a list with one per stage (`stash` is then the first).
+KeySpec stashKey() {
+  return choiceOrListKey("pipeline.stash", stashPolicyNames(), &PipelineOptions::stash,
+                         &PipelineOptions::stage_stash,
+                         [](const std::vector<std::string>& v) { return v.front(); });
+}
+
+// pipeline.optimizer_offload: none | host, or a list with one per stage (`optimizer_offload`
+// is then host when any stage's is).
 KeySpec optimizerOffloadKey() {
-  const std::string key = "pipeline.optimizer_offload";
-  const std::vector<std::string> names{"none", "host"};
-  const std::string allowed = joinAllowed(names) + ", or a list of them (one per stage)";
-  return {key,
-          [=](Config& c, const YAML::Node& n, const Where& w) {
-            auto one = [&](const YAML::Node& item) {
-              if (!item.IsScalar()) expected(w, key, allowed, item);
-              const std::string& v = item.Scalar();
-              if (std::find(names.begin(), names.end(), v) == names.end())
-                fail(w, key,
-                     "unknown value '" + v + "'" + didYouMean(v, names) + "; allowed: " + allowed);
-              return v;
-            };
-            c.pipeline.stage_optimizer_offload.clear();
-            if (n.IsSequence()) {
-              if (n.size() == 0) expected(w, key, allowed, n);
-              c.pipeline.optimizer_offload = "none";
-              for (const auto& item : n) {
-                c.pipeline.stage_optimizer_offload.push_back(one(item));
-                if (c.pipeline.stage_optimizer_offload.back() == "host")
-                  c.pipeline.optimizer_offload = "host";
-              }
-            } else {
-              c.pipeline.optimizer_offload = one(n);
-            }
-          },
-          [](const Config& c, YAML::Emitter& e) {
-            if (c.pipeline.stage_optimizer_offload.empty()) {
-              e << c.pipeline.optimizer_offload;
-              return;
-            }
-            e << YAML::Flow << YAML::BeginSeq;
-            for (const auto& v : c.pipeline.stage_optimizer_offload) e << v;
-            e << YAML::EndSeq;
-          }};
+  return choiceOrListKey(
+      "pipeline.optimizer_offload", {"none", "host"}, &PipelineOptions::optimizer_offload,
+      &PipelineOptions::stage_optimizer_offload, [](const std::vector<std::string>& v) {
+        return std::string(std::find(v.begin(), v.end(), "host") != v.end() ? "host" : "none");
+      });
 }
 
 // output.trace_steps: [warm-up steps skipped, steps traced], e.g. [10, 20].

@@ -24,6 +24,10 @@ struct SchedulePlan {
   MemoryContract contract;
 };
 
+/// A schedule of `kind` with S stages, M microbatches, K iterations on placement `p`: one
+/// empty action list per device, what every generator starts from.
+Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p);
+
 /// GPipe: every forward, then every backward (microbatch order), STEP per stage, per
 /// iteration. Contract: M stashes per stage.
 SchedulePlan gpipe(int S, int M, const Placement& placement, int iterations = 1);
