@@ -3,7 +3,6 @@
 // a target is missed.
 //   build/bench_planner [--layers 1000] [--devices 64]
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -56,23 +55,25 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     SolveResult r = solve(m, o);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("plan %d layers x %d devices: %.3f s (target < 2 s), %ld of %ld shapes solved, "
-                "best %s S=%d M=%d iteration %.3f s%s\n",
-                layers, devices, s, r.shapesSolved, r.shapesTotal,
-                r.feasible ? r.best.family.c_str() : "-", r.best.shape.stages,
-                r.best.shape.microbatches, r.best.iterationTime, r.feasible ? "" : " (infeasible)");
+    std::printf(
+        "plan %d layers x %d devices: %.3f s (target < 2 s), %ld of %ld shapes solved, "
+        "best %s S=%d M=%d iteration %.3f s%s\n",
+        layers, devices, s, r.shapesSolved, r.shapesTotal, r.feasible ? r.best.family.c_str() : "-",
+        r.best.shape.stages, r.best.shape.microbatches, r.best.iterationTime,
+        r.feasible ? "" : " (infeasible)");
     // A tight budget makes memory bind, so the DP cannot stop early on compute alone.
     o.budget = std::int64_t(3) << 30;
     t0 = std::chrono::steady_clock::now();
     SolveResult r2 = solve(m, o);
     double s2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("plan %d layers x %d devices, budget 3 GiB: %.3f s (target < 2 s), %ld of %ld "
-                "shapes solved, %s\n",
-                layers, devices, s2, r2.shapesSolved, r2.shapesTotal,
-                r2.feasible ? (r2.best.family + " S=" + std::to_string(r2.best.shape.stages) +
-                               " M=" + std::to_string(r2.best.shape.microbatches))
-                                  .c_str()
-                            : "infeasible");
+    std::printf(
+        "plan %d layers x %d devices, budget 3 GiB: %.3f s (target < 2 s), %ld of %ld "
+        "shapes solved, %s\n",
+        layers, devices, s2, r2.shapesSolved, r2.shapesTotal,
+        r2.feasible ? (r2.best.family + " S=" + std::to_string(r2.best.shape.stages) +
+                       " M=" + std::to_string(r2.best.shape.microbatches))
+                          .c_str()
+                    : "infeasible");
     ok = ok && s < 2 && s2 < 2;
   }
   // VGG16 (width 1/4, 224 px) on 4 virtual devices, 16 budgets x 7 families, analytic.
@@ -98,9 +99,10 @@ int main(int argc, char** argv) {
     o.simulateTop = 0;
     SweepResult r = runSweep(m, o, parseBudgets("64MiB:4GiB:16"), defaultSweepFamilies());
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("sweep vgg16 (width 0.25, 224 px), 16 budgets x %zu families: %.3f s (target < "
-                "10 s)\n",
-                r.families.size(), s);
+    std::printf(
+        "sweep vgg16 (width 0.25, 224 px), 16 budgets x %zu families: %.3f s (target < "
+        "10 s)\n",
+        r.families.size(), s);
     ok = ok && s < 10;
   }
   return ok ? 0 : 1;

@@ -20,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   int expect = 0;
   for (const auto& st : p.stages) {
-    if (st.first != expect || st.last <= st.first) fuzz::fail("parsePlan accepted a gap or empty stage");
+    if (st.first != expect || st.last <= st.first)
+      fuzz::fail("parsePlan accepted a gap or empty stage");
     expect = st.last;
   }
   if (expect != p.numLayers) fuzz::fail("parsePlan accepted stages that do not cover the layers");

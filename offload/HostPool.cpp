@@ -108,9 +108,8 @@ at::Tensor HostPool::allocate(const at::Tensor& like, MemoryCategory category) {
       // Note [Host pool NUMA placement] (pipefb/topology/Binding.h): before pinHost touches
       // the pages; a no-op on one NUMA node.
       topology::bindMemoryNearThisThread(block, static_cast<size_t>(size));
-      const HostMemoryKind kind = s.lockPages
-                                      ? s.backend->pinHost(block, static_cast<size_t>(size))
-                                      : HostMemoryKind::Plain;
+      const HostMemoryKind kind = s.lockPages ? s.backend->pinHost(block, static_cast<size_t>(size))
+                                              : HostMemoryKind::Plain;
       if (kind == HostMemoryKind::Plain) s.anyPlain = true;
       s.blocks[block] = {size, kind};
       s.stats.blockBytes += size;

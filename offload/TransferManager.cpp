@@ -14,8 +14,8 @@ struct TransferManager::Entry {
   bool offloadIssued = false, offloaded = false;
   bool prefetchIssued = false, ready = false;
   bool dropped = false;
-  std::vector<at::Tensor> host;    // after the offload, until the prefetch copied it
-  std::vector<at::Tensor> device;  // after the prefetch
+  std::vector<at::Tensor> host;       // after the offload, until the prefetch copied it
+  std::vector<at::Tensor> device;     // after the prefetch
   std::shared_ptr<CopyFence> copied;  // after the prefetch's copies (Note [Copy backends])
   std::exception_ptr error;
 };
@@ -225,8 +225,8 @@ std::shared_future<void> TransferManager::copyInPlace(int device, TransferKey ke
                                                       std::vector<at::Tensor> dst,
                                                       std::vector<at::Tensor> src, bool toHost) {
   PIPEFB_ASSERT(device >= 0 && device < numDevices(), "copy on unknown device " << device);
-  PIPEFB_ASSERT(dst.size() == src.size(), "copyInPlace: " << dst.size() << " targets for "
-                                                          << src.size() << " sources");
+  PIPEFB_ASSERT(dst.size() == src.size(),
+                "copyInPlace: " << dst.size() << " targets for " << src.size() << " sources");
   auto done = std::make_shared<std::promise<void>>();
   std::shared_future<void> future = done->get_future().share();
   {

@@ -136,7 +136,8 @@ std::string toString(const Action& a) {
 namespace {
 
 const char* kAllowedForms =
-    "allowed: F<s>.<m>, B<s>.<m>, BR<s>.<m>, I<s>.<m>, IR<s>.<m>, W<s>.<m>, SA<s>.<m>><dev>, RA<s>.<m><<dev>, SG<s>.<m>><dev>, "
+    "allowed: F<s>.<m>, B<s>.<m>, BR<s>.<m>, I<s>.<m>, IR<s>.<m>, W<s>.<m>, SA<s>.<m>><dev>, "
+    "RA<s>.<m><<dev>, SG<s>.<m>><dev>, "
     "RG<s>.<m><<dev>, OFF[W]<s>.<i>, PRE[W]<s>.<i>, DROP[W]<s>.<i>, STEP<s>.<n>, "
     "SW<s>.<n>><dev>, RW<s>.<n><<dev>, AR<s>.<n>";
 

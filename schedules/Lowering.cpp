@@ -217,7 +217,7 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
       if (v.madeByStep) madeAt = find(ActionType::Step, v.stage, v.version);
       for (int m : v.microbatches) {
         if (!v.madeByStep) madeAt = std::max(madeAt, find(ActionType::Forward, v.stage, m));
-        const int b = find(ActionType::Backward, v.stage, m);     // B or I
+        const int b = find(ActionType::Backward, v.stage, m);    // B or I
         const int e = find(ActionType::WeightGrad, v.stage, m);  // B or W
         if (b < 0 || e < 0) complete = false;
         firstB = std::min(firstB, b);

@@ -53,13 +53,15 @@ std::vector<int> PipelinePlan::lookaheads() const {
 std::string PipelinePlan::rangesText() const {
   std::string out;
   for (const auto& s : stages)
-    out += (out.empty() ? "[" : " [") + std::to_string(s.first) + "," + std::to_string(s.last) + ")";
+    out +=
+        (out.empty() ? "[" : " [") + std::to_string(s.first) + "," + std::to_string(s.last) + ")";
   return out;
 }
 
 std::string PipelinePlan::stashText() const {
-  const bool uniform = std::all_of(stages.begin(), stages.end(),
-                                   [&](const PipelineStage& s) { return s.stash == stages[0].stash; });
+  const bool uniform = std::all_of(stages.begin(), stages.end(), [&](const PipelineStage& s) {
+    return s.stash == stages[0].stash;
+  });
   std::string out;
   for (const auto& s : stages) {
     out += (out.empty() ? "" : ",") + std::string(toString(s.stash));
@@ -78,7 +80,8 @@ void lowerPlan(PipelinePlan& plan, const std::string& where) {
       throw UserError(where + ": stage " + std::to_string(s) + " covers layers [" +
                       std::to_string(st.first) + "," + std::to_string(st.last) +
                       "); stages must be non-empty and contiguous from layer 0 (expected it to "
-                      "start at " + std::to_string(expectFirst) + ")");
+                      "start at " +
+                      std::to_string(expectFirst) + ")");
     if (st.lookahead < 0)
       throw UserError(where + ": stage " + std::to_string(s) + " has lookahead " +
                       std::to_string(st.lookahead) + "; allowed: >= 0");
@@ -94,8 +97,8 @@ void lowerPlan(PipelinePlan& plan, const std::string& where) {
                     " devices; give one, or one per device");
   const Placement placement = plan.placement();
   placement.checkFor(toString(plan.kind), D, where + ": placement");
-  SchedulePlan raw = makeSchedule(plan.kind, S, plan.microbatches, placement, plan.iterations,
-                                  plan.asyncLag);
+  SchedulePlan raw =
+      makeSchedule(plan.kind, S, plan.microbatches, placement, plan.iterations, plan.asyncLag);
   SchedulePlan lowered = lower(raw, plan.stashPolicies(), plan.lookaheads(), plan.offloadWeights);
   if (plan.replicas > 1) lowered.schedule = addAllReduce(lowered.schedule);
   validate(lowered.schedule, &lowered.contract);

@@ -124,16 +124,15 @@ class AbstractRun {
         const std::string sm = std::to_string(st) + "." + std::to_string(m);
         if (b.device >= 0 && (ip.device >= 0 || w.device >= 0))
           fail("B" + sm + " and a split backward (I/W" + sm + ") of the same microbatch",
-               {{b.device, b.step}, ip.device >= 0 ? GridMark{ip.device, ip.step}
-                                                   : GridMark{w.device, w.step}});
+               {{b.device, b.step},
+                ip.device >= 0 ? GridMark{ip.device, ip.step} : GridMark{w.device, w.step}});
         if ((ip.device >= 0) != (w.device >= 0))
           fail((ip.device >= 0 ? "I" + sm + " has no W" + sm : "W" + sm + " has no I" + sm) +
                    " (a split backward needs both)",
                {ip.device >= 0 ? GridMark{ip.device, ip.step} : GridMark{w.device, w.step}});
         if (ip.device >= 0 && ip.device != w.device)
           fail("W" + sm + " runs on device " + std::to_string(w.device) + " but I" + sm +
-                   " on device " + std::to_string(ip.device) +
-                   "; W uses what I left on its device",
+                   " on device " + std::to_string(ip.device) + "; W uses what I left on its device",
                {{ip.device, ip.step}, {w.device, w.step}});
         if (ip.device >= 0 && w.step < ip.step)
           fail("W before I: W" + sm + " comes before I" + sm + " on device " +

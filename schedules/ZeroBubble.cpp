@@ -80,8 +80,7 @@ std::vector<std::vector<Action>> greedyOrder(int S, int M, const Placement& p, i
         if (p.backward(s) != d || nextI[s] >= M) continue;
         const int m = nextI[s];
         const bool ready = fEnd[s][m] <= t && (s + 1 == S || iEnd[s + 1][m] <= t);
-        if (ready && (bestI < 0 || m < nextI[bestI] || (m == nextI[bestI] && s > bestI)))
-          bestI = s;
+        if (ready && (bestI < 0 || m < nextI[bestI] || (m == nextI[bestI] && s > bestI))) bestI = s;
       }
       if (bestI >= 0) {
         const int m = nextI[bestI]++;
@@ -153,7 +152,8 @@ Schedule repeatIterations(const std::string& kind, int S, int M, int K, const Pl
         if (a.type == ActionType::Forward && firstF && k > 0) {
           // pipefb-sync's flush: the forward device waits for the weights of step k-1.
           for (int s = 0; s < S; ++s)
-            if (p.split(s) && p.forward(s) == d) list.push_back(recvWeights(s, k - 1, p.backward(s)));
+            if (p.split(s) && p.forward(s) == d)
+              list.push_back(recvWeights(s, k - 1, p.backward(s)));
           firstF = false;
         }
         a.index += k * M;

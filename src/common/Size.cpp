@@ -31,16 +31,26 @@ std::optional<int64_t> parseSize(const std::string& text) {
   for (; i < text.size(); ++i)
     if (!std::isspace(static_cast<unsigned char>(text[i]))) return std::nullopt;
   double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "kib" || unit == "k") mult = 1024.0;
-  else if (unit == "mib" || unit == "m") mult = 1024.0 * 1024;
-  else if (unit == "gib" || unit == "g") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "tib" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "tb") mult = 1e12;
-  else return std::nullopt;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "kib" || unit == "k")
+    mult = 1024.0;
+  else if (unit == "mib" || unit == "m")
+    mult = 1024.0 * 1024;
+  else if (unit == "gib" || unit == "g")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "tib" || unit == "t")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "tb")
+    mult = 1e12;
+  else
+    return std::nullopt;
   double bytes = value * mult;
   if (!std::isfinite(bytes) || bytes > 9.0e18) return std::nullopt;
   return static_cast<int64_t>(std::llround(bytes));
@@ -55,8 +65,10 @@ std::string formatBytes(int64_t bytes) {
     ++u;
   }
   char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%s%lld B", bytes < 0 ? "-" : "", static_cast<long long>(v));
-  else std::snprintf(buf, sizeof buf, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%s%lld B", bytes < 0 ? "-" : "", static_cast<long long>(v));
+  else
+    std::snprintf(buf, sizeof buf, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
   return buf;
 }
 

@@ -12,11 +12,11 @@
 #include <sstream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/Size.h"
+#include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Placement.h"
 #include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/schedules/StashPolicy.h"
-#include "pipefb/common/Size.h"
-#include "pipefb/common/Suggest.h"
 
 namespace pipefb::config {
 
@@ -36,9 +36,8 @@ const std::vector<std::string>& stashPolicyNames() {
 
 namespace {
 
-const std::vector<std::string> kSections = {"model",   "data",     "training",
-                                            "devices", "pipeline", "distributed",
-                                            "output"};
+const std::vector<std::string> kSections = {"model",    "data",        "training", "devices",
+                                            "pipeline", "distributed", "output"};
 
 /// Where a value came from, for error messages: "configs/x.yaml:12" or
 /// "--set training.lr=abc".
@@ -176,8 +175,8 @@ KeySpec choice(std::string key, Field<std::string> f, std::vector<std::string> n
                 return;
               }
             fail(w, key,
-                 "unknown value '" + v + "'" + didYouMean(v, names) + "; allowed: " +
-                     joinAllowed(names));
+                 "unknown value '" + v + "'" + didYouMean(v, names) +
+                     "; allowed: " + joinAllowed(names));
           },
           [=](const Config& c, YAML::Emitter& e) { e << ref(f, c); }};
 }
@@ -401,133 +400,152 @@ const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> specs = [] {
     std::vector<KeySpec> s;
     // model
-    s.push_back(choice("model.name", [](Config& c) -> auto& { return c.model.name; },
-                       model::modelNames()));
-    s.push_back(number("model.width", [](Config& c) -> auto& { return c.model.width; }, 0, 16,
-                       true));
-    s.push_back(integer("model.input_size", [](Config& c) -> auto& { return c.model.input_size; },
-                        1, 4096));
-    s.push_back(integer("model.channels", [](Config& c) -> auto& { return c.model.channels; }, 1,
-                        4096));
-    s.push_back(integer("model.num_classes",
-                        [](Config& c) -> auto& { return c.model.num_classes; }, 2, 1 << 24));
-    s.push_back(choice("model.size", [](Config& c) -> auto& { return c.model.size; },
-                       model::gpt2Sizes()));
-    s.push_back(intList("model.hidden", [](Config& c) -> auto& { return c.model.hidden; }, 1));
-    s.push_back(number("model.dropout", [](Config& c) -> auto& { return c.model.dropout; }, 0,
-                       0.99));
-    s.push_back(boolean("model.batch_norm",
-                        [](Config& c) -> auto& { return c.model.batch_norm; }));
+    s.push_back(choice(
+        "model.name", [](Config & c) -> auto& { return c.model.name; }, model::modelNames()));
+    s.push_back(number(
+        "model.width", [](Config & c) -> auto& { return c.model.width; }, 0, 16, true));
+    s.push_back(integer(
+        "model.input_size", [](Config & c) -> auto& { return c.model.input_size; }, 1, 4096));
+    s.push_back(integer(
+        "model.channels", [](Config & c) -> auto& { return c.model.channels; }, 1, 4096));
+    s.push_back(integer(
+        "model.num_classes", [](Config & c) -> auto& { return c.model.num_classes; }, 2, 1 << 24));
+    s.push_back(choice(
+        "model.size", [](Config & c) -> auto& { return c.model.size; }, model::gpt2Sizes()));
+    s.push_back(intList(
+        "model.hidden", [](Config & c) -> auto& { return c.model.hidden; }, 1));
+    s.push_back(number(
+        "model.dropout", [](Config & c) -> auto& { return c.model.dropout; }, 0, 0.99));
+    s.push_back(boolean(
+        "model.batch_norm", [](Config & c) -> auto& { return c.model.batch_norm; }));
     // data
-    s.push_back(choice("data.name", [](Config& c) -> auto& { return c.data.name; },
-                       data::dataNames()));
-    s.push_back(text("data.path", [](Config& c) -> auto& { return c.data.path; }));
-    s.push_back(integer("data.synthetic_train",
-                        [](Config& c) -> auto& { return c.data.synthetic_train; }, 1));
-    s.push_back(integer("data.synthetic_test",
-                        [](Config& c) -> auto& { return c.data.synthetic_test; }, 1));
-    s.push_back(integer("data.limit_train", [](Config& c) -> auto& { return c.data.limit_train; },
-                        0));
-    s.push_back(integer("data.limit_test", [](Config& c) -> auto& { return c.data.limit_test; },
-                        0));
-    s.push_back(boolean("data.normalize", [](Config& c) -> auto& { return c.data.normalize; }));
+    s.push_back(choice(
+        "data.name", [](Config & c) -> auto& { return c.data.name; }, data::dataNames()));
+    s.push_back(text(
+        "data.path", [](Config & c) -> auto& { return c.data.path; }));
+    s.push_back(integer(
+        "data.synthetic_train", [](Config & c) -> auto& { return c.data.synthetic_train; }, 1));
+    s.push_back(integer(
+        "data.synthetic_test", [](Config & c) -> auto& { return c.data.synthetic_test; }, 1));
+    s.push_back(integer(
+        "data.limit_train", [](Config & c) -> auto& { return c.data.limit_train; }, 0));
+    s.push_back(integer(
+        "data.limit_test", [](Config & c) -> auto& { return c.data.limit_test; }, 0));
+    s.push_back(boolean(
+        "data.normalize", [](Config & c) -> auto& { return c.data.normalize; }));
     // training
     s.push_back(choice("training.optimizer",
-                       [](Config& c) -> auto& { return c.training.optimizer; }, {"sgd", "adam"}));
-    s.push_back(number("training.lr", [](Config& c) -> auto& { return c.training.lr; }, 0, 10,
-                       true));
-    s.push_back(number("training.momentum",
-                       [](Config& c) -> auto& { return c.training.momentum; }, 0, 0.9999));
-    s.push_back(number("training.weight_decay",
-                       [](Config& c) -> auto& { return c.training.weight_decay; }, 0, 1));
-    s.push_back(number("training.beta1", [](Config& c) -> auto& { return c.training.beta1; }, 0,
-                       0.9999));
-    s.push_back(number("training.beta2", [](Config& c) -> auto& { return c.training.beta2; }, 0,
-                       0.99999));
+                       [](Config & c) -> auto& { return c.training.optimizer; }, {"sgd", "adam"}));
+    s.push_back(number(
+        "training.lr", [](Config & c) -> auto& { return c.training.lr; }, 0, 10, true));
+    s.push_back(number(
+        "training.momentum", [](Config & c) -> auto& { return c.training.momentum; }, 0, 0.9999));
+    s.push_back(number(
+        "training.weight_decay", [](Config & c) -> auto& { return c.training.weight_decay; }, 0,
+        1));
+    s.push_back(number(
+        "training.beta1", [](Config & c) -> auto& { return c.training.beta1; }, 0, 0.9999));
+    s.push_back(number(
+        "training.beta2", [](Config & c) -> auto& { return c.training.beta2; }, 0, 0.99999));
     s.push_back(choice("training.lr_schedule",
-                       [](Config& c) -> auto& { return c.training.lr_schedule; },
+                       [](Config & c) -> auto& { return c.training.lr_schedule; },
                        {"constant", "cosine", "step"}));
-    s.push_back(integer("training.warmup_steps",
-                        [](Config& c) -> auto& { return c.training.warmup_steps; }, 0));
-    s.push_back(integer("training.step_every",
-                        [](Config& c) -> auto& { return c.training.step_every; }, 1));
-    s.push_back(number("training.step_gamma",
-                       [](Config& c) -> auto& { return c.training.step_gamma; }, 0, 1, true));
-    s.push_back(number("training.min_lr_ratio",
-                       [](Config& c) -> auto& { return c.training.min_lr_ratio; }, 0, 1));
-    s.push_back(integer("training.batch", [](Config& c) -> auto& { return c.training.batch; }, 1,
-                        1 << 20));
-    s.push_back(integer("training.epochs", [](Config& c) -> auto& { return c.training.epochs; },
-                        1, 100000));
-    s.push_back(integer("training.iterations",
-                        [](Config& c) -> auto& { return c.training.iterations; }, 0));
-    s.push_back(unsignedInt("training.seed", [](Config& c) -> auto& { return c.training.seed; }));
-    s.push_back(integer("training.log_every",
-                        [](Config& c) -> auto& { return c.training.log_every; }, 1));
-    s.push_back(integer("training.eval_batch",
-                        [](Config& c) -> auto& { return c.training.eval_batch; }, 1));
-    s.push_back(boolean("training.eval", [](Config& c) -> auto& { return c.training.eval; }));
-    s.push_back(integer("training.threads", [](Config& c) -> auto& { return c.training.threads; },
-                        0, 1024));
-    s.push_back(boolean("training.checkpoint",
-                        [](Config& c) -> auto& { return c.training.checkpoint; }));
-    s.push_back(integer("training.checkpoint_every",
-                        [](Config& c) -> auto& { return c.training.checkpoint_every; }, 0));
-    s.push_back(integer("training.keep_checkpoints",
-                        [](Config& c) -> auto& { return c.training.keep_checkpoints; }, 1, 1000));
-    s.push_back(boolean("training.deterministic",
-                        [](Config& c) -> auto& { return c.training.deterministic; }));
+    s.push_back(integer(
+        "training.warmup_steps", [](Config & c) -> auto& { return c.training.warmup_steps; }, 0));
+    s.push_back(integer(
+        "training.step_every", [](Config & c) -> auto& { return c.training.step_every; }, 1));
+    s.push_back(number(
+        "training.step_gamma", [](Config & c) -> auto& { return c.training.step_gamma; }, 0, 1,
+        true));
+    s.push_back(number(
+        "training.min_lr_ratio", [](Config & c) -> auto& { return c.training.min_lr_ratio; }, 0,
+        1));
+    s.push_back(integer(
+        "training.batch", [](Config & c) -> auto& { return c.training.batch; }, 1, 1 << 20));
+    s.push_back(integer(
+        "training.epochs", [](Config & c) -> auto& { return c.training.epochs; }, 1, 100000));
+    s.push_back(integer(
+        "training.iterations", [](Config & c) -> auto& { return c.training.iterations; }, 0));
+    s.push_back(unsignedInt(
+        "training.seed", [](Config & c) -> auto& { return c.training.seed; }));
+    s.push_back(integer(
+        "training.log_every", [](Config & c) -> auto& { return c.training.log_every; }, 1));
+    s.push_back(integer(
+        "training.eval_batch", [](Config & c) -> auto& { return c.training.eval_batch; }, 1));
+    s.push_back(boolean(
+        "training.eval", [](Config & c) -> auto& { return c.training.eval; }));
+    s.push_back(integer(
+        "training.threads", [](Config & c) -> auto& { return c.training.threads; }, 0, 1024));
+    s.push_back(boolean(
+        "training.checkpoint", [](Config & c) -> auto& { return c.training.checkpoint; }));
+    s.push_back(integer(
+        "training.checkpoint_every",
+        [](Config & c) -> auto& { return c.training.checkpoint_every; }, 0));
+    s.push_back(integer(
+        "training.keep_checkpoints",
+        [](Config & c) -> auto& { return c.training.keep_checkpoints; }, 1, 1000));
+    s.push_back(boolean(
+        "training.deterministic", [](Config & c) -> auto& { return c.training.deterministic; }));
     s.push_back(choice("training.check_numerics",
-                       [](Config& c) -> auto& { return c.training.check_numerics; },
+                       [](Config & c) -> auto& { return c.training.check_numerics; },
                        {"off", "loss", "all"}));
     // devices
-    s.push_back(integer("devices.count", [](Config& c) -> auto& { return c.devices.count; }, 1,
-                        4096));
-    s.push_back(choice("devices.kind", [](Config& c) -> auto& { return c.devices.kind; },
+    s.push_back(integer(
+        "devices.count", [](Config & c) -> auto& { return c.devices.count; }, 1, 4096));
+    s.push_back(choice("devices.kind", [](Config & c) -> auto& { return c.devices.kind; },
                        {"cpu", "cuda"}));
     s.push_back(deviceMemoryKey());
-    s.push_back(size("devices.host_memory",
-                     [](Config& c) -> auto& { return c.devices.host_memory; }));
-    s.push_back(choice("devices.bind", [](Config& c) -> auto& { return c.devices.bind; },
+    s.push_back(size(
+        "devices.host_memory", [](Config & c) -> auto& { return c.devices.host_memory; }));
+    s.push_back(choice("devices.bind", [](Config & c) -> auto& { return c.devices.bind; },
                        {"none", "cores"}));
-    s.push_back(boolean("devices.keep_freed_memory",
-                        [](Config& c) -> auto& { return c.devices.keep_freed_memory; }));
+    s.push_back(boolean(
+        "devices.keep_freed_memory",
+        [](Config & c) -> auto& { return c.devices.keep_freed_memory; }));
     // pipeline
-    s.push_back(choice("pipeline.schedule",
-                       [](Config& c) -> auto& { return c.pipeline.schedule; }, scheduleNames()));
-    s.push_back(integer("pipeline.stages", [](Config& c) -> auto& { return c.pipeline.stages; },
-                        0, 4096));
-    s.push_back(intList("pipeline.partition",
-                        [](Config& c) -> auto& { return c.pipeline.partition; }, 1));
+    s.push_back(choice(
+        "pipeline.schedule", [](Config & c) -> auto& { return c.pipeline.schedule; },
+        scheduleNames()));
+    s.push_back(integer(
+        "pipeline.stages", [](Config & c) -> auto& { return c.pipeline.stages; }, 0, 4096));
+    s.push_back(intList(
+        "pipeline.partition", [](Config & c) -> auto& { return c.pipeline.partition; }, 1));
     s.push_back(choice("pipeline.partition_by",
-                       [](Config& c) -> auto& { return c.pipeline.partition_by; },
+                       [](Config & c) -> auto& { return c.pipeline.partition_by; },
                        {"planner", "params"}));
-    s.push_back(integer("pipeline.microbatches",
-                        [](Config& c) -> auto& { return c.pipeline.microbatches; }, 1, 1 << 16));
+    s.push_back(integer(
+        "pipeline.microbatches", [](Config & c) -> auto& { return c.pipeline.microbatches; }, 1,
+        1 << 16));
     s.push_back(stashKey());
     s.push_back(lookaheadKey());
-    s.push_back(text("pipeline.placement", [](Config& c) -> auto& { return c.pipeline.placement; }));
-    s.push_back(integer("pipeline.async_lag",
-                        [](Config& c) -> auto& { return c.pipeline.async_lag; }, -1, 1 << 16));
+    s.push_back(text(
+        "pipeline.placement", [](Config & c) -> auto& { return c.pipeline.placement; }));
+    s.push_back(integer(
+        "pipeline.async_lag", [](Config & c) -> auto& { return c.pipeline.async_lag; }, -1,
+        1 << 16));
     s.push_back(choice("pipeline.weight_prediction",
-                       [](Config& c) -> auto& { return c.pipeline.weight_prediction; },
+                       [](Config & c) -> auto& { return c.pipeline.weight_prediction; },
                        {"auto", "none", "linear"}));
     s.push_back(choice("pipeline.offload_weights",
-                       [](Config& c) -> auto& { return c.pipeline.offload_weights; },
+                       [](Config & c) -> auto& { return c.pipeline.offload_weights; },
                        {"auto", "none"}));
-    s.push_back(integer("pipeline.replicas",
-                        [](Config& c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
+    s.push_back(integer(
+        "pipeline.replicas", [](Config & c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
     s.push_back(optimizerOffloadKey());
     // distributed
-    s.push_back(number("distributed.timeout",
-                       [](Config& c) -> auto& { return c.distributed.timeout; }, 0, 86400, true));
-    s.push_back(number("distributed.bucket_mb",
-                       [](Config& c) -> auto& { return c.distributed.bucket_mb; }, 0, 65536, true));
-    s.push_back(boolean("distributed.overlap",
-                        [](Config& c) -> auto& { return c.distributed.overlap; }));
+    s.push_back(number(
+        "distributed.timeout", [](Config & c) -> auto& { return c.distributed.timeout; }, 0, 86400,
+        true));
+    s.push_back(number(
+        "distributed.bucket_mb", [](Config & c) -> auto& { return c.distributed.bucket_mb; }, 0,
+        65536, true));
+    s.push_back(boolean(
+        "distributed.overlap", [](Config & c) -> auto& { return c.distributed.overlap; }));
     // output
-    s.push_back(text("output.dir", [](Config& c) -> auto& { return c.output.dir; }));
-    s.push_back(boolean("output.progress", [](Config& c) -> auto& { return c.output.progress; }));
+    s.push_back(text(
+        "output.dir", [](Config & c) -> auto& { return c.output.dir; }));
+    s.push_back(boolean(
+        "output.progress", [](Config & c) -> auto& { return c.output.progress; }));
     s.push_back(traceStepsKey());
     return s;
   }();
@@ -561,8 +579,8 @@ std::string keyName(const std::string& source, const YAML::Node& key, const std:
 void applyDocument(Config& config, const YAML::Node& root, const std::string& source) {
   if (root.IsNull()) return;
   if (!root.IsMap())
-    throw UserError(whereOf(source, root).text +
-                    ": the config must be a mapping with sections " + joinAllowed(kSections));
+    throw UserError(whereOf(source, root).text + ": the config must be a mapping with sections " +
+                    joinAllowed(kSections));
   // yaml-cpp keeps every pair of a mapping, duplicates included (a lookup finds the
   // first, iteration applies both, so the later one would silently win): refuse a
   // repeated section or key, naming both lines from the nodes' marks.
@@ -612,8 +630,7 @@ void applyOverride(Config& config, const std::string& assignment) {
   std::string key = assignment.substr(0, eq);
   std::string value = assignment.substr(eq + 1);
   const KeySpec* spec = findSpec(key);
-  if (!spec)
-    throw UserError(where + ": unknown key '" + key + "'" + didYouMean(key, knownKeys()));
+  if (!spec) throw UserError(where + ": unknown key '" + key + "'" + didYouMean(key, knownKeys()));
   YAML::Node node;
   try {
     node = YAML::Load(value);
@@ -688,18 +705,16 @@ void validate(const Config& c, ConfigUse use) {
                         " (pipefb_sim and pipefb_plan take folded placements)");
     }
     if (c.pipeline.async_lag > c.pipeline.microbatches)
-      throw UserError(src + ": pipeline.async_lag: " + std::to_string(c.pipeline.async_lag) +
-                      " is more than pipeline.microbatches (" +
-                      std::to_string(c.pipeline.microbatches) +
-                      "); allowed: -1 (a whole iteration) or 0.." +
-                      std::to_string(c.pipeline.microbatches));
+      throw UserError(
+          src + ": pipeline.async_lag: " + std::to_string(c.pipeline.async_lag) +
+          " is more than pipeline.microbatches (" + std::to_string(c.pipeline.microbatches) +
+          "); allowed: -1 (a whole iteration) or 0.." + std::to_string(c.pipeline.microbatches));
     const int64_t stages = S > 0 ? S : c.devices.count / perStage;
     if (!c.pipeline.stage_optimizer_offload.empty() &&
         static_cast<int64_t>(c.pipeline.stage_optimizer_offload.size()) != stages)
       throw UserError(src + ": pipeline.optimizer_offload: " +
-                      std::to_string(c.pipeline.stage_optimizer_offload.size()) +
-                      " values for " + std::to_string(stages) +
-                      " stages; give one, or one per stage");
+                      std::to_string(c.pipeline.stage_optimizer_offload.size()) + " values for " +
+                      std::to_string(stages) + " stages; give one, or one per stage");
     if (!c.pipeline.stage_stash.empty() &&
         static_cast<int64_t>(c.pipeline.stage_stash.size()) != stages)
       throw UserError(src + ": pipeline.stash: " + std::to_string(c.pipeline.stage_stash.size()) +
@@ -712,14 +727,14 @@ void validate(const Config& c, ConfigUse use) {
                       " devices (devices.count); give one, or one per device");
     if (!c.pipeline.stage_lookahead.empty() &&
         static_cast<int64_t>(c.pipeline.stage_lookahead.size()) != stages)
-      throw UserError(src + ": pipeline.lookahead: " +
-                      std::to_string(c.pipeline.stage_lookahead.size()) + " values for " +
-                      std::to_string(stages) + " stages; give one, or one per stage");
+      throw UserError(
+          src + ": pipeline.lookahead: " + std::to_string(c.pipeline.stage_lookahead.size()) +
+          " values for " + std::to_string(stages) + " stages; give one, or one per stage");
     if (S > 0 && c.devices.count != perStage * S)
       throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) + " but " +
                       c.pipeline.schedule + " with " + std::to_string(S) + " stages needs " +
-                      std::to_string(perStage * S) + " devices; set devices.count: " +
-                      std::to_string(perStage * S));
+                      std::to_string(perStage * S) +
+                      " devices; set devices.count: " + std::to_string(perStage * S));
     if (S == 0 && c.devices.count % perStage != 0)
       throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) +
                       " is odd, but " + c.pipeline.schedule +

@@ -2,23 +2,23 @@
 
 #include <glog/logging.h>
 #include <spdlog/spdlog.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
-#include <mutex>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <thread>
-#include <unistd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "pipefb/common/Error.h"
 #include "C10dBackend.h"
+#include "pipefb/common/Error.h"
 
 namespace pipefb::dist {
 
@@ -26,13 +26,12 @@ namespace {
 
 int envInt(const char* name, int lo, int hi, const char* hint) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == 0)
-    throw UserError(std::string(name) + " is not set; " + hint);
+  if (v == nullptr || *v == 0) throw UserError(std::string(name) + " is not set; " + hint);
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   if (*end != 0 || x < lo || x > hi)
-    throw UserError(std::string(name) + "=" + v + ": allowed: an integer in [" + std::to_string(lo) +
-                    ", " + std::to_string(hi) + "]; " + hint);
+    throw UserError(std::string(name) + "=" + v + ": allowed: an integer in [" +
+                    std::to_string(lo) + ", " + std::to_string(hi) + "]; " + hint);
   return static_cast<int>(x);
 }
 
@@ -65,7 +64,9 @@ const std::string kFailureKey = "pipefb/first_failure";
 class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this<C10dGroup> {
  public:
   C10dGroup(const DistEnv& env, const GroupOptions& options, detail::BackendSpec spec)
-      : env_(env), timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)), spec_(std::move(spec)) {
+      : env_(env),
+        timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)),
+        spec_(std::move(spec)) {
     QuietGlog quiet;
     rendezvous(options);
     connect("");
@@ -165,8 +166,8 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
     receive(header, src, 2 * tag);
     header = header.cpu();
     const auto* h = header.data_ptr<int64_t>();
-    PIPEFB_ASSERT(h[0] == kMagic, "c10d message from rank " << src << " tag " << tag
-                                                             << " has no pipefb header");
+    PIPEFB_ASSERT(h[0] == kMagic,
+                  "c10d message from rank " << src << " tag " << tag << " has no pipefb header");
     const auto dtype = static_cast<c10::ScalarType>(h[1]);
     const int64_t n = h[2];
     std::vector<std::vector<int64_t>> shapes;
@@ -285,12 +286,12 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
   }
 
   std::string peerText(int peer, const std::string& gloo) const {
-    const bool timedOut = gloo.find("imed out") != std::string::npos ||
-                          gloo.find("imeout") != std::string::npos;
+    const bool timedOut =
+        gloo.find("imed out") != std::string::npos || gloo.find("imeout") != std::string::npos;
     return "rank " + std::to_string(peer) +
-           (timedOut ? " did not answer within distributed.timeout " +
-                           seconds(timeout_.count() / 1000.0)
-                     : " is gone (its process died or closed the connection)") +
+           (timedOut
+                ? " did not answer within distributed.timeout " + seconds(timeout_.count() / 1000.0)
+                : " is gone (its process died or closed the connection)") +
            " [" + spec_.name + ": " + gloo + "]";
   }
 
@@ -332,15 +333,15 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
   // collectives use gloo's own.
   void connect(const std::string& prefix) {
     try {
-      p2p_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "p2p", store_),
-                        env_.rank, env_.worldSize, timeout_);
-      coll_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_),
-                         env_.rank, env_.worldSize, timeout_);
+      p2p_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "p2p", store_), env_.rank,
+                        env_.worldSize, timeout_);
+      coll_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_), env_.rank,
+                         env_.worldSize, timeout_);
     } catch (const std::exception& e) {
       throw UserError("rendezvous: rank " + std::to_string(env_.rank) + " of group '" + prefix +
                       "' could not connect the c10d " + spec_.name +
-                      " mesh within distributed.timeout " +
-                      seconds(timeout_.count() / 1000.0) + ": " + firstLine(e.what()));
+                      " mesh within distributed.timeout " + seconds(timeout_.count() / 1000.0) +
+                      ": " + firstLine(e.what()));
     }
     reaper_ = std::thread([this] { reap(); });
   }
@@ -366,10 +367,12 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
     }
     try {
       const std::string ws = std::to_string(env_.worldSize);
-      if (env_.rank == 0) store_->set("pipefb/world_size", std::vector<uint8_t>(ws.begin(), ws.end()));
+      if (env_.rank == 0)
+        store_->set("pipefb/world_size", std::vector<uint8_t>(ws.begin(), ws.end()));
       if (store_->add("pipefb/rank/" + std::to_string(env_.rank), 1) != 1)
-        throw UserError("RANK=" + std::to_string(env_.rank) +
-                        ": two processes claim this rank; each rank in [0, WORLD_SIZE) exactly once");
+        throw UserError(
+            "RANK=" + std::to_string(env_.rank) +
+            ": two processes claim this rank; each rank in [0, WORLD_SIZE) exactly once");
       auto got = store_->get("pipefb/world_size");
       const std::string theirs(got.begin(), got.end());
       if (theirs != ws)
@@ -389,9 +392,10 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
           throw UserError("WORLD_SIZE=" + ws + ": " + std::to_string(n) +
                           " processes joined the rendezvous at " + at);
         if (std::chrono::steady_clock::now() > deadline)
-          throw UserError("rendezvous at " + at + ": only " + std::to_string(n) + " of WORLD_SIZE=" +
-                          ws + " ranks arrived within distributed.timeout " + secs +
-                          "; start every rank (pipefb_launch -n " + ws + ") with the same MASTER_PORT");
+          throw UserError("rendezvous at " + at + ": only " + std::to_string(n) +
+                          " of WORLD_SIZE=" + ws + " ranks arrived within distributed.timeout " +
+                          secs + "; start every rank (pipefb_launch -n " + ws +
+                          ") with the same MASTER_PORT");
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       auto procs = std::make_shared<std::vector<std::string>>();
@@ -458,7 +462,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   DistEnv env_;
   std::shared_ptr<const std::vector<std::string>> processes_;  // per world rank
-  std::vector<int> worldRanks_;  // this group's ranks as world ranks
+  std::vector<int> worldRanks_;                                // this group's ranks as world ranks
   std::chrono::milliseconds timeout_;
   detail::BackendSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -486,7 +490,8 @@ std::optional<DistEnv> envFromTorchrun() {
   const char* lr = std::getenv("LOCAL_RANK");
   env.localRank = lr && *lr ? envInt("LOCAL_RANK", 0, 1 << 16, hint) : env.rank;
   const char* addr = std::getenv("MASTER_ADDR");
-  if (addr == nullptr || *addr == 0) throw UserError(std::string("MASTER_ADDR is not set; ") + hint);
+  if (addr == nullptr || *addr == 0)
+    throw UserError(std::string("MASTER_ADDR is not set; ") + hint);
   env.masterAddr = addr;
   env.masterPort = envInt("MASTER_PORT", 1, 65535, hint);
   return env;

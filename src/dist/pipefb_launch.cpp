@@ -9,11 +9,11 @@
 // is killed when the rank exits (nothing it started outlives it), and ranks die with the
 // launcher (PR_SET_PDEATHSIG).
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cerrno>

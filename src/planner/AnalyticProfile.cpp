@@ -91,8 +91,8 @@ ModelWork vgg16(const model::ModelOptions& o) {
       const int64_t out = model::scaled(blocks[b][i], o.width);
       const bool last = i + 1 == blocks[b].size();
       const int64_t hin = h;
-      m.layers.push_back(convRelu("conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1),
-                                  in, out, h, 3, 1, 1, last ? 2 : 0, last ? 2 : 0));
+      m.layers.push_back(convRelu("conv" + std::to_string(b + 1) + "_" + std::to_string(i + 1), in,
+                                  out, h, 3, 1, 1, last ? 2 : 0, last ? 2 : 0));
       if (o.batch_norm) {  // vgg16_bn: BatchNorm2d on the conv output (hin x hin, padding 1)
         LayerWork& w = m.layers.back();
         const double pre = double(out) * hin * hin;
@@ -251,12 +251,18 @@ ModelWork mlp(const model::ModelOptions& o) {
 ModelWork modelWork(const model::ModelOptions& o) {
   model::validate(o);
   ModelWork m;
-  if (o.name == "vgg16") m = vgg16(o);
-  else if (o.name == "alexnet") m = alexnet(o);
-  else if (o.name == "resnet50") m = resnet50(o);
-  else if (o.name == "gpt2") m = gpt2(o);
-  else if (o.name == "mlp") m = mlp(o);
-  else throw UserError("model.name: no analytic profile for '" + o.name + "'");
+  if (o.name == "vgg16")
+    m = vgg16(o);
+  else if (o.name == "alexnet")
+    m = alexnet(o);
+  else if (o.name == "resnet50")
+    m = resnet50(o);
+  else if (o.name == "gpt2")
+    m = gpt2(o);
+  else if (o.name == "mlp")
+    m = mlp(o);
+  else
+    throw UserError("model.name: no analytic profile for '" + o.name + "'");
   m.model = key(o);
   return m;
 }
@@ -296,8 +302,9 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.gradBytes = c.paramBytes;
     c.optimizerBytes = c.paramBytes * statesPerParam;
     // Note [Analytic step transient]
-    c.stepWorkingBytes = w.largestParam * kF * optimizer.stepTransients +
-                         (optimizer.statesPerParam + optimizer.stepTransients > 0 ? kStepScalarBytes : 0);
+    c.stepWorkingBytes =
+        w.largestParam * kF * optimizer.stepTransients +
+        (optimizer.statesPerParam + optimizer.stepTransients > 0 ? kStepScalarBytes : 0);
     // Read weights, grads and states, write weights and states.
     c.step = double(c.paramBytes) * (3 + 2 * statesPerParam) / (d.hbmBandwidth * d.efficiency);
     // A weight snapshot (Note [Weight snapshots] in CostModel.h) reads and writes the

@@ -51,7 +51,8 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
   res.objective = std::numeric_limits<double>::infinity();
   std::vector<ScheduleFamily> families = options.schedules;
   if (families.empty())
-    for (ScheduleKind k : defaultScheduleKinds()) families.push_back({toString(k), k, allStashPolicies()});
+    for (ScheduleKind k : defaultScheduleKinds())
+      families.push_back({toString(k), k, allStashPolicies()});
   const Cluster& cl = model.cluster();
   const int D = cl.numDevices(), L = model.numLayers();
   std::vector<std::int64_t> limits;
@@ -97,7 +98,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
             for (const auto& chain : chains) {
               sh.chain = chain;
               sh.corePace = model.corePace(sh);  // Note [Shared cores]
-               sh.fill = model.fill(sh.kind);      // Note [Zero-bubble fill]
+              sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
               for (const auto& cut : parts) {
                 // Stage costs per (stage, policy), then every policy combination.
                 std::vector<std::vector<StageEstimate>> est(S);

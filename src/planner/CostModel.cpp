@@ -3,17 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
-#include "pipefb/schedules/Generators.h"
 #include "pipefb/sim/CostTable.h"
-
-#include <map>
-#include <mutex>
-#include <tuple>
 
 namespace pipefb::planner {
 
@@ -488,8 +486,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // Note [Split backward]: the stashes waiting for their W stay beside the prefetched ones.
     const int deferred =
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
-    const int resident =
-        off ? std::min(e.inFlight, shape.lookahead + 2 + deferred) : e.inFlight;
+    const int resident = off ? std::min(e.inFlight, shape.lookahead + 2 + deferred) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, W);
     w(m, MemoryCategory::WeightVersions, deviceCopies * W);

@@ -218,7 +218,8 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
       auto v = t == "unlimited" ? std::optional<std::int64_t>(std::int64_t(1) << 50) : parseSize(t);
       if (!v || *v <= 0)
         throw UserError(where(source, d["memory"]) +
-                        ": devices.memory must be a size such as 16GiB or unlimited, got '" + t + "'");
+                        ": devices.memory must be a size such as 16GiB or unlimited, got '" + t +
+                        "'");
       spec.memory = *v;
     }
     int count = d["count"] ? d["count"].as<int>() : 1;
@@ -270,10 +271,10 @@ ClusterSpec parseClusterSpec(const std::string& yaml, const std::string& source,
           } catch (const YAML::Exception&) {
           }
           if (d < 0 || d >= D || c.processes[d] >= 0)
-            throw UserError(where(source, i) + ": processes: device '" + i.Scalar() + "' is " +
-                            (d >= 0 && d < D ? "listed twice" : "out of range 0.." +
-                                                                    std::to_string(D - 1)) +
-                            allowed);
+            throw UserError(
+                where(source, i) + ": processes: device '" + i.Scalar() + "' is " +
+                (d >= 0 && d < D ? "listed twice" : "out of range 0.." + std::to_string(D - 1)) +
+                allowed);
           c.processes[d] = g;
         }
         ++g;
@@ -435,7 +436,8 @@ std::string clusterSpecToYaml(const ClusterSpec& c) {
       << (c.hostPool < 0 ? std::string("unlimited") : std::to_string(c.hostPool));
   if (c.cores > 0) out << YAML::Key << "cores" << YAML::Value << c.cores;
   if (static_cast<int>(c.processes.size()) == D &&
-      std::any_of(c.processes.begin(), c.processes.end(), [&](int p) { return p != c.processes[0]; })) {
+      std::any_of(c.processes.begin(), c.processes.end(),
+                  [&](int p) { return p != c.processes[0]; })) {
     // Note [Devices and processes]: as groups of device indices, in order of first device.
     std::vector<int> order;
     std::map<int, std::vector<int>> groups;
@@ -452,8 +454,8 @@ std::string clusterSpecToYaml(const ClusterSpec& c) {
     for (const auto& [k, l] : kinds)
       out << YAML::Key << k << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key
           << "bandwidth" << YAML::Value
-          << (l.bandwidth > 0 ? exact(l.bandwidth) : std::string("unlimited")) << YAML::Key << "latency"
-          << YAML::Value << exact(l.latency) << YAML::EndMap;
+          << (l.bandwidth > 0 ? exact(l.bandwidth) : std::string("unlimited")) << YAML::Key
+          << "latency" << YAML::Value << exact(l.latency) << YAML::EndMap;
     out << YAML::EndMap;
     out << YAML::Key << "matrix" << YAML::Value << YAML::BeginSeq;
     for (int a = 0; a < D; ++a) out << YAML::Flow << names[a];

@@ -156,9 +156,9 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       << " per microbatch for the whole pipeline's work: that, not a stage, sets the pace.\n";
   if (splitsBackward(sh.kind)) {  // Note [Zero-bubble fill]
     const int D = sh.chainLength();
-    o << "  " << toString(sh.kind) << " splits B into I and W: (" << sh.microbatches << " + ("
-      << D << " - 1) x " << sh.fill << ") x " << formatSeconds(std::max(plan.tau, sh.corePace))
-      << " = " << formatSeconds(plan.iterationTime) << ", a bubble of "
+    o << "  " << toString(sh.kind) << " splits B into I and W: (" << sh.microbatches << " + (" << D
+      << " - 1) x " << sh.fill << ") x " << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
+      << formatSeconds(plan.iterationTime) << ", a bubble of "
       << static_cast<int>(100.0 * (D - 1) * sh.fill / sh.slots() + 0.5) << "%.\n";
   } else if (isFlushing(sh.kind)) {
     const int D = sh.chainLength();

@@ -66,7 +66,8 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   std::string profileText;
   if (!opt.profile.empty()) {
     std::ifstream in(opt.profile);
-    if (!in) throw UserError("--profile: file '" + opt.profile + "' cannot be read (does it exist?)");
+    if (!in)
+      throw UserError("--profile: file '" + opt.profile + "' cannot be read (does it exist?)");
     std::stringstream ss;
     ss << in.rdbuf();
     profileText = ss.str();

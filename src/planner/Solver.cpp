@@ -46,8 +46,7 @@ ScheduleFamily parseScheduleFamily(const std::string& name) {
       forms.push_back(std::string(toString(k)) + "-" + schedules::toString(p));
   }
   throw UserError("unknown schedule family '" + name + "'" + didYouMean(name, forms) +
-                  "; allowed: a schedule (" +
-                  joinAllowed([] {
+                  "; allowed: a schedule (" + joinAllowed([] {
                     std::vector<std::string> n;
                     for (ScheduleKind k : allScheduleKinds()) n.push_back(toString(k));
                     return n;
@@ -220,7 +219,7 @@ int Plan::bindingDevice(const CostModel& m, std::int64_t budget) const {
 
 void evaluatePlan(const CostModel& model, Plan& plan) {
   plan.shape.corePace = model.corePace(plan.shape);  // Note [Shared cores]
-  plan.shape.fill = model.fill(plan.shape.kind);      // Note [Zero-bubble fill]
+  plan.shape.fill = model.fill(plan.shape.kind);     // Note [Zero-bubble fill]
   const PipelineShape& sh = plan.shape;
   std::vector<StageEstimate> est;
   std::vector<int> cuts{0};
@@ -882,7 +881,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
             for (const auto& ch : chains(sh.chainLength())) {
               sh.chain = ch;
               sh.corePace = model.corePace(sh);  // Note [Shared cores]
-              sh.fill = model.fill(sh.kind);      // Note [Zero-bubble fill]
+              sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
               double bound;
               if (options.objective == Objective::Time) {
                 double sf = 0, sb = 0;

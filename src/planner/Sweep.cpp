@@ -24,7 +24,8 @@ std::vector<std::int64_t> parseBudgets(const std::string& text) {
   auto size = [&](const std::string& t) {
     auto v = parseSize(t);
     if (!v || *v <= 0)
-      throw UserError("--budgets: '" + t + "' is not a size; expected LOW:HIGH:COUNT such as "
+      throw UserError("--budgets: '" + t +
+                      "' is not a size; expected LOW:HIGH:COUNT such as "
                       "256MiB:4GiB:12, or a list such as 1GiB,2GiB");
     return *v;
   };
@@ -44,11 +45,12 @@ std::vector<std::int64_t> parseBudgets(const std::string& text) {
     } catch (const std::exception&) {
     }
     if (n < 1 || lo > hi || (n == 1 && lo != hi))
-      throw UserError("--budgets: need LOW <= HIGH and COUNT >= 2 (or LOW == HIGH), got '" +
-                      text + "'");
+      throw UserError("--budgets: need LOW <= HIGH and COUNT >= 2 (or LOW == HIGH), got '" + text +
+                      "'");
     for (int i = 0; i < n; ++i) {
       const double t = n == 1 ? 0 : double(i) / (n - 1);
-      out.push_back(std::llround(std::exp(std::log(double(lo)) * (1 - t) + std::log(double(hi)) * t)));
+      out.push_back(
+          std::llround(std::exp(std::log(double(lo)) * (1 - t) + std::log(double(hi)) * t)));
     }
     return out;
   }
@@ -138,11 +140,12 @@ MeasuredRun readMeasuredRun(const std::string& dir) {
   std::vector<double> dt;
   for (size_t i = 2; i < rows.size(); ++i)  // skip the first step (warm-up)
     if (rows[i].first > rows[i - 1].first)
-      dt.push_back((rows[i].second - rows[i - 1].second) / double(rows[i].first - rows[i - 1].first));
+      dt.push_back((rows[i].second - rows[i - 1].second) /
+                   double(rows[i].first - rows[i - 1].first));
   if (!dt.empty()) {
     std::sort(dt.begin(), dt.end());
-    m.iterationTime = dt.size() % 2 ? dt[dt.size() / 2]
-                                    : 0.5 * (dt[dt.size() / 2 - 1] + dt[dt.size() / 2]);
+    m.iterationTime =
+        dt.size() % 2 ? dt[dt.size() / 2] : 0.5 * (dt[dt.size() / 2 - 1] + dt[dt.size() / 2]);
   }
   return m;
 }
@@ -173,9 +176,9 @@ std::string sweepCsv(const SweepResult& r) {
       for (size_t k = 0; k < pl.stages.size(); ++k)
         pols += (k ? "|" : "") + std::string(schedules::toString(pl.stages[k].policy));
       o << toString(pl.shape.kind) << "," << pl.shape.stages << "," << pl.shape.microbatches << ","
-        << pl.shape.microbatchSize << "," << pols << "," << pl.iterationTime << ","
-        << pl.throughput << "," << (pl.simulated ? pl.simIterationTime : 0.0) << ","
-        << pl.peakMemory << "," << pl.hostBytes;
+        << pl.shape.microbatchSize << "," << pols << "," << pl.iterationTime << "," << pl.throughput
+        << "," << (pl.simulated ? pl.simIterationTime : 0.0) << "," << pl.peakMemory << ","
+        << pl.hostBytes;
     } else {
       o << ",,,,,,,,,";
     }
@@ -229,8 +232,9 @@ std::string sweepGnuplot(const SweepResult& r, const std::string& csvName,
     const std::int64_t m = r.minimalBudget.at(f);
     std::string label = f + (m >= 0 ? " (fits from " + formatBytes(m) + ")" : " (never fits)");
     o << "  '" << csvName << "' every ::1 using 3:(strcol(1) eq '" << f
-      << "' && $4 == 1 ? $11 : 1/0) with linespoints linecolor " << i << " pointtype " << (i % 13 + 1)
-      << " title '" << label << "'" << (i < int(r.families.size()) ? ", \\\n" : "\n");
+      << "' && $4 == 1 ? $11 : 1/0) with linespoints linecolor " << i << " pointtype "
+      << (i % 13 + 1) << " title '" << label << "'"
+      << (i < int(r.families.size()) ? ", \\\n" : "\n");
     ++i;
   }
   return o.str();

@@ -60,7 +60,7 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   p.microbatches = spec.microbatches;
   p.lookahead = spec.lookahead;
   p.replicas = spec.replicas;  // Note [Replicated pipelines]
-  p.stash = stash.front();  // Note [Plan policies in the runtime]
+  p.stash = stash.front();     // Note [Plan policies in the runtime]
   p.stage_stash = stash.size() > 1 ? stash : std::vector<std::string>{};
   cfg.devices.count = (split ? 2 : 1) * p.stages;
   try {
@@ -99,8 +99,8 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
     throw UserError(cfg.source + ": pipeline.stages: " + std::to_string(stages) +
                     " stages but the model has only " + std::to_string(model.numLayers()) +
                     " layers; lower pipeline.stages or devices.count");
-  const StashPolicy policy =
-      schedules::effectivePolicy(schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
+  const StashPolicy policy = schedules::effectivePolicy(
+      schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
   // Note [Devices and processes]: the runtime refuses a graph stash across processes too;
   // saying so here keeps the planner from being asked for a plan that cannot exist.
   for (int k = 0; k < stages && !schedules::isCheckpoint(policy); ++k)

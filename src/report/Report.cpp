@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
@@ -352,7 +352,6 @@ std::string jsonScalar(const json& v) {
   return v.dump();
 }
 
-
 // Note [Why stages are imbalanced]
 // The warning names the busiest and the idlest device (busy seconds of the run). When the
 // run folder has the plan its partition came from (pipefb_plan's, or the one pipefb_train
@@ -405,9 +404,11 @@ std::optional<std::string> imbalanceWarning(const std::map<std::string, double>&
   } catch (const YAML::Exception&) {
     return noPlan;
   }
-  const std::string planned = "; the planner chose this partition (" + planPath.filename().string() + ")";
+  const std::string planned =
+      "; the planner chose this partition (" + planPath.filename().string() + ")";
   if (split && forward > 0)
-    return head + planned + ": PipeFB runs only F on the forward devices and only B on the backward " +
+    return head + planned +
+           ": PipeFB runs only F on the forward devices and only B on the backward " +
            "devices, and B is " + fmt(backward / forward, "%.1f") +
            "x F in this plan (B is about 2F), so the backward devices compute more by design";
   if (!predicted.count(hiName) || !predicted.count(loName) || !(predicted[loName] > 0))
@@ -556,8 +557,8 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
           d["stall_seconds"].get<double>() > 0.05 * wall)
         warnings.push_back(d.value("name", "?") + " stalled " +
                            fmt(d["stall_seconds"].get<double>()) + " s (> 5% of the run)");
-  if (auto w = imbalanceWarning(busy, options.plan.empty() ? run / "plan.yaml"
-                                                            : fs::path(options.plan)))
+  if (auto w =
+          imbalanceWarning(busy, options.plan.empty() ? run / "plan.yaml" : fs::path(options.plan)))
     warnings.push_back(*w);
 
   // Predictions: the plan file's `predicted:` section (pipefb_plan's cost model).

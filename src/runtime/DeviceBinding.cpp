@@ -8,8 +8,7 @@
 
 namespace pipefb::runtime {
 
-void bindDeviceThreads(const std::string& policy, int device,
-                       offload::TransferManager* transfers) {
+void bindDeviceThreads(const std::string& policy, int device, offload::TransferManager* transfers) {
   if (policy != "cores") return;  // the config allows none | cores
   int core = -1;
   try {
@@ -29,8 +28,7 @@ void bindDeviceThreads(const std::string& policy, int device,
     try {
       topology::bindThisThreadToCore(core);
     } catch (const std::exception& e) {
-      spdlog::warn("devices.bind: cores: cpu:{}'s copy engine stays unbound: {}", device,
-                   e.what());
+      spdlog::warn("devices.bind: cores: cpu:{}'s copy engine stays unbound: {}", device, e.what());
     }
   });
 }

@@ -88,8 +88,8 @@ int stagesFor(const config::Config& c) {
 }
 
 void checkProcesses(const std::string& source, int64_t D, int64_t R, int64_t worldSize) {
-  const std::string launch = std::to_string(D * R) + " ranks (pipefb_launch -n " +
-                             std::to_string(D * R) + ")";
+  const std::string launch =
+      std::to_string(D * R) + " ranks (pipefb_launch -n " + std::to_string(D * R) + ")";
   if (R > 1 && worldSize == 0)
     throw UserError(source + ": pipeline.replicas: " + std::to_string(R) +
                     " replicas need one process per device; launch devices.count x replicas = " +

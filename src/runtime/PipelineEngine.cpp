@@ -1,7 +1,7 @@
 #include "pipefb/runtime/PipelineEngine.h"
-#include "pipefb/runtime/DeviceBinding.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,8 +18,6 @@
 #include <thread>
 #include <tuple>
 
-#include <torch/csrc/autograd/function_hook.h>
-
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
 #include "pipefb/common/Suggest.h"
@@ -31,6 +29,7 @@
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
 #include "pipefb/report/ChromeTrace.h"
+#include "pipefb/runtime/DeviceBinding.h"
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
@@ -258,7 +257,7 @@ struct StashEntry {
   ReplicaPtr replica;  // graph: the weights it ran on; checkpoint: a snapshot, or null
   // graph under the offload policy: what autograd saved (Note [Saved-tensor hooks]).
   std::shared_ptr<offload::SavedTensorGroup> saved;
-  bool onHost = false;  // its tensors are with the transfer manager
+  bool onHost = false;       // its tensors are with the transfer manager
   int stage = 0, index = 0;  // (stage, microbatch): its transfer key
 };
 using StashPtr = std::shared_ptr<StashEntry>;
@@ -366,7 +365,7 @@ struct DeviceState {
   // Stage inputs coming from another process (Note [Channels across processes]).
   std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
   std::vector<schedules::ActionSpan> records;  // [j]: action j of its list  // guarded by Impl::mu_
-  double busy = 0;                    // guarded by Impl::mu_
+  double busy = 0;                             // guarded by Impl::mu_
   // Note [Optimizer offload]: when compute waited for its own copies (guarded by Impl::mu_).
   std::vector<offload::CopyInterval> waits;
 };
@@ -415,10 +414,10 @@ struct StageState {
   StageRange range;
   int fDev = 0, bDev = 0;
   bool split = false;
-  bool recompute = false;  // checkpoint kinds
+  bool recompute = false;     // checkpoint kinds
   bool offloadSaved = false;  // effective policy offload: saved tensors through the hooks
-  ReplicaPtr master;       // on bDev
-  ReplicaPtr fwd;          // split: the forward copy on fDev
+  ReplicaPtr master;          // on bDev
+  ReplicaPtr fwd;             // split: the forward copy on fDev
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   bool gradsStale = false;  // a STEP ran since the last backward: zero before accumulating
   int masterVersion = 0;
@@ -433,13 +432,13 @@ struct StageState {
   std::set<int> away;
   // Note [Weight prediction]: split stages of pipefb-async with pipeline.weight_prediction.
   bool predict = false;
-  ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
-  std::map<int, int> lastUse;          // version -> last microbatch whose B needs it
+  ReplicaPtr predicted;        // on bDev: what RecvWeights of masterVersion hands the forwards
+  std::map<int, int> lastUse;  // version -> last microbatch whose B needs it
   // Note [Optimizer offload]: pipeline.optimizer_offload: host.
   bool optimizerOnHost = false;
-  std::vector<Tensor> hostParams;  // host pool: master copies, the optimizer's parameters
-  std::vector<Tensor> hostGrads;   // host pool: where STEP copies the device's .grad
-  int64_t stashBytesPerMb = -1;        // measured at the first F
+  std::vector<Tensor> hostParams;        // host pool: master copies, the optimizer's parameters
+  std::vector<Tensor> hostGrads;         // host pool: where STEP copies the device's .grad
+  int64_t stashBytesPerMb = -1;          // measured at the first F
   std::unique_ptr<GradBuckets> buckets;  // Note [Gradient buckets]
 };
 
@@ -461,7 +460,7 @@ struct PipelineEngine::Impl {
   model::Model& model;
   schedules::PipelinePlan pipeline;  // Note [The plan is the program]
   EngineOptions options;
-  std::string kind;                      // its name, for messages and reports
+  std::string kind;                        // its name, for messages and reports
   schedules::ScheduleKind scheduleKind{};  // traits: pipefb/schedules/ScheduleKind.h
   int S = 0, M = 0, D = 0;
   int64_t K = 0;
@@ -565,7 +564,8 @@ struct PipelineEngine::Impl {
   void bringToDevice(DeviceState& dev, StashEntry& e);
   ReplicaPtr forwardReplica(StageState& st, int mb);
   ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
-  void bringVersionBack(StageState& st, int version);  // Note [Weight-version offload in the runtime]
+  void bringVersionBack(StageState& st,
+                        int version);  // Note [Weight-version offload in the runtime]
   void stepOnHost(DeviceState& dev, StageState& st, int index);  // Note [Optimizer offload]
   void waitCopy(DeviceState& dev, const std::shared_future<void>& copy);
 
@@ -575,8 +575,7 @@ struct PipelineEngine::Impl {
   bool checkLoss() const { return options.training.check_numerics != "off"; }
   void check(const Tensor& t, const std::string& what, int stage, int mb) const {
     std::string v = nonFinite(t);
-    if (!v.empty())
-      throw NumericalError(what, v, options.firstStep + mb / M + 1, stage, mb % M, M);
+    if (!v.empty()) throw NumericalError(what, v, options.firstStep + mb / M + 1, stage, mb % M, M);
   }
   void fail(int d, int i, std::exception_ptr e);
   template <class Pred>
@@ -643,7 +642,8 @@ void PipelineEngine::Impl::build() {
   for (const auto& st : pipeline.stages) partition.push_back({st.first, st.last});
   const auto placement = pipeline.placement();
   plan = pipeline.lowered;
-  PIPEFB_ASSERT(plan.schedule.numStages == S, "PipelinePlan::lowered is for its stages (lowerPlan)");
+  PIPEFB_ASSERT(plan.schedule.numStages == S,
+                "PipelinePlan::lowered is for its stages (lowerPlan)");
   // Note [Gradient buckets]: the last B of each stage before each of its ARs.
   if (pipeline.replicas > 1 && options.overlap)
     for (const auto& list : plan.schedule.devices)
@@ -670,8 +670,8 @@ void PipelineEngine::Impl::build() {
       const auto& st = pipeline.stages[s];
       if (st.split() && !schedules::isCheckpoint(st.stash))
         throw UserError(options.source + ": pipeline.stash: " + toString(st.stash) +
-                        " cannot cross processes: stage " + std::to_string(s) +
-                        " runs F on rank " + std::to_string(st.forwardDevice) + " and B on rank " +
+                        " cannot cross processes: stage " + std::to_string(s) + " runs F on rank " +
+                        std::to_string(st.forwardDevice) + " and B on rank " +
                         std::to_string(st.backwardDevice) +
                         " and an autograd graph cannot move between processes; allowed: "
                         "checkpoint, checkpoint-offload");
@@ -688,13 +688,14 @@ void PipelineEngine::Impl::build() {
   devices.resize(D);
   for (int d = 0; d < D; ++d) {
     devices[d].id = d;
-    devices[d].domain = &memory::configureDomain(
-        memory::virtualDeviceName(d), pipeline.deviceCapacity.at(d));
+    devices[d].domain =
+        &memory::configureDomain(memory::virtualDeviceName(d), pipeline.deviceCapacity.at(d));
     devices[d].domain->resetPeak();
   }
   host = &memory::configureDomain(memory::kHostDomain, pipeline.hostCapacity);
   host->resetPeak();
-  transfers = std::make_unique<offload::TransferManager>(*host, offload::TransferOptions{D, true, schedules::kOffloadsInFlight});
+  transfers = std::make_unique<offload::TransferManager>(
+      *host, offload::TransferOptions{D, true, schedules::kOffloadsInFlight});
 
   // Stages: the master replica is the model's own layers, moved to the backward device.
   pool = std::make_shared<ShellPool>(model.options(), partition, true);
@@ -738,8 +739,8 @@ void PipelineEngine::Impl::build() {
       memory::MemoryScope scope(*host, MemoryCategory::Grads);
       for (auto& t : master->params) st.hostGrads.push_back(torch::zeros_like(t));
     }
-    st.optimizer = train::makeOptimizer(options.training,
-                                        st.optimizerOnHost ? st.hostParams : master->params);
+    st.optimizer =
+        train::makeOptimizer(options.training, st.optimizerOnHost ? st.hostParams : master->params);
     if (st.split)
       st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
                            MemoryCategory::Weights);
@@ -1229,9 +1230,7 @@ Tensor copyInto(const Tensor& t, memory::MemoryDomain& domain, MemoryCategory ca
 }
 }  // namespace
 
-bool PipelineEngine::Impl::isLocal(int d) const {
-  return !options.group || d == myDevice;
-}
+bool PipelineEngine::Impl::isLocal(int d) const { return !options.group || d == myDevice; }
 
 // Note [Channels across processes]
 void PipelineEngine::Impl::post(int peer, const ChanKey& k, std::vector<Tensor> tensors) {
@@ -1377,10 +1376,11 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
     memory::MemoryDomain* domain = dev.domain;
     const int from = rankOf(stages[a.stage].fDev);
     const int64_t tag = tagOf({Chan::Stash, a.stage, a.index, dev.id});
-    dev.remoteStash[{a.stage, a.index}] = std::async(std::launch::async, [group, domain, from, tag] {
-      memory::MemoryScope scope(*domain, MemoryCategory::Stash);
-      return group->recv(from, tag);
-    });
+    dev.remoteStash[{a.stage, a.index}] =
+        std::async(std::launch::async, [group, domain, from, tag] {
+          memory::MemoryScope scope(*domain, MemoryCategory::Stash);
+          return group->recv(from, tag);
+        });
     return;
   }
   // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
@@ -1429,9 +1429,9 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
     }
   }
   const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
-  train::setLearningRate(*st.optimizer, train::learningRate(options.training,
-                                                            options.firstStep + iteration,
-                                                            options.totalSteps));
+  train::setLearningRate(
+      *st.optimizer,
+      train::learningRate(options.training, options.firstStep + iteration, options.totalSteps));
   if (st.optimizerOnHost) {
     stepOnHost(dev, st, a.index);
   } else {
@@ -1484,8 +1484,9 @@ void PipelineEngine::Impl::waitCopy(DeviceState& dev, const std::shared_future<v
 void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
   const bool fromHost = st.optimizerOnHost && !st.predict;
-  const std::vector<Tensor>& w =
-      st.predict ? st.predicted->params : fromHost ? st.hostParams : st.master->params;
+  const std::vector<Tensor>& w = st.predict ? st.predicted->params
+                                 : fromHost ? st.hostParams
+                                            : st.master->params;
   const ChanKey key{Chan::Weights, a.stage, a.index, a.peer};
   if (!isLocal(a.peer)) return post(a.peer, key, w);
   Message m;
@@ -1528,8 +1529,7 @@ GradBuckets& PipelineEngine::Impl::bucketsOf(DeviceState& dev, StageState& st) {
   if (st.buckets) return *st.buckets;
   auto gb = std::make_unique<GradBuckets>();
   const auto& params = st.master->params;
-  const int64_t cap =
-      std::max<int64_t>(1, static_cast<int64_t>(options.bucketMb * (1 << 20)));
+  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(options.bucketMb * (1 << 20)));
   gb->bucketOf.assign(params.size(), -1);
   gb->slotOf.assign(params.size(), -1);
   gb->ready.assign(params.size(), 0);
@@ -1786,8 +1786,7 @@ double PipelineEngine::step(const data::Batch& batch) {
                            std::to_string(I.K) + " iterations (EngineOptions::iterations)");
   const int64_t k = I.fed;
   if (k == I.options.traceFirstIteration && I.options.recordMemoryEvents &&
-      I.options.traceIterations > 0 &&
-      !memory::isRecording()) {
+      I.options.traceIterations > 0 && !memory::isRecording()) {
     I.eventBaseNs = memory::nowNs();
     for (auto& d : I.devices) I.eventBase[d.domain->id()] = d.domain->stats().liveByCategory();
     I.eventBase[I.host->id()] = I.host->stats().liveByCategory();
@@ -2053,15 +2052,15 @@ void PipelineEngine::writeTrace(const std::string& path, int64_t fromNs, int64_t
     for (const auto& c : I.transfers->counters(d).intervals)
       if (c.endNs >= fromNs && c.startNs <= toNs)
         trace.addSpan(d, 1,
-                    std::string(c.toHost ? "D2H " : "H2D ") + std::to_string(c.key.stage) + "." +
-                        std::to_string(c.key.index),
-                    c.toHost ? "offload" : "prefetch", c.startNs, c.endNs,
-                    {{"bytes", c.bytes},
-                     {"stage", c.key.stage},
-                     {"index", c.key.index},
-                     {"what", c.key.kind == 0   ? "stash"
-                              : c.key.kind == 2 ? "optimizer"
-                                                : "weight version"}});
+                      std::string(c.toHost ? "D2H " : "H2D ") + std::to_string(c.key.stage) + "." +
+                          std::to_string(c.key.index),
+                      c.toHost ? "offload" : "prefetch", c.startNs, c.endNs,
+                      {{"bytes", c.bytes},
+                       {"stage", c.key.stage},
+                       {"index", c.key.index},
+                       {"what", c.key.kind == 0   ? "stash"
+                                : c.key.kind == 2 ? "optimizer"
+                                                  : "weight version"}});
   }
   // The event stream (first iterations): a counter per allocation and free.
   trace.addMemoryEvents(I.events, I.eventBase, pidOfDomain);  // recorded in the window
@@ -2109,8 +2108,8 @@ std::string PipelineEngine::summaryJson() const {
          {"prefetches", t.prefetches},
          {"copy_seconds", t.copySeconds},
          {"hidden_seconds", t.hiddenSeconds},
-         {"overlap_pct", t.copySeconds > 0 ? json(100.0 * t.hiddenSeconds / t.copySeconds)
-                                           : json(nullptr)},
+         {"overlap_pct",
+          t.copySeconds > 0 ? json(100.0 * t.hiddenSeconds / t.copySeconds) : json(nullptr)},
          {"stall_seconds", t.stallSeconds}});
   const HostPoolSummary hp = hostPool();
   j["transfers"] = transfers;

@@ -12,8 +12,8 @@ namespace pipefb::runtime {
 
 namespace {
 
-std::vector<StageRange> partitionOf(const config::Config& config, const ModelLayers& model,
-                                    int S, bool log) {
+std::vector<StageRange> partitionOf(const config::Config& config, const ModelLayers& model, int S,
+                                    bool log) {
   const auto& p = config.pipeline;
   const auto L = static_cast<std::int64_t>(model.paramBytes.size());
   if (!p.partition.empty()) return partitionFromCuts(p.partition, L);
@@ -53,7 +53,8 @@ schedules::Placement placementOf(const config::Config& config, schedules::Schedu
 
 std::vector<schedules::StashPolicy> stashPerStage(const config::Config& config, int S) {
   const auto& p = config.pipeline;
-  if (p.stage_stash.empty()) return std::vector<schedules::StashPolicy>(S, schedules::parseStashPolicy(p.stash));
+  if (p.stage_stash.empty())
+    return std::vector<schedules::StashPolicy>(S, schedules::parseStashPolicy(p.stash));
   if (static_cast<int>(p.stage_stash.size()) != S)
     throw UserError(config.source + ": pipeline.stash: " + std::to_string(p.stage_stash.size()) +
                     " values for " + std::to_string(S) + " stages; give one, or one per stage");
@@ -81,8 +82,9 @@ schedules::PipelinePlan resolvePlan(const config::Config& config, const ModelLay
   const auto placement = placementOf(config, plan.kind, S);
   const auto stash = stashPerStage(config, S);
   const auto lookahead = schedules::lookaheadPerStage(
-      p.stage_lookahead.empty() ? std::vector<int>{static_cast<int>(p.lookahead)}
-                                : std::vector<int>(p.stage_lookahead.begin(), p.stage_lookahead.end()),
+      p.stage_lookahead.empty()
+          ? std::vector<int>{static_cast<int>(p.lookahead)}
+          : std::vector<int>(p.stage_lookahead.begin(), p.stage_lookahead.end()),
       S);
   for (int s = 0; s < S; ++s) {
     schedules::PipelineStage st;
@@ -104,8 +106,7 @@ schedules::PipelinePlan resolvePlan(const config::Config& config, const ModelLay
   const auto& perDevice = config.devices.device_memory;
   if (!perDevice.empty() && static_cast<int>(perDevice.size()) != D)
     throw UserError(config.source + ": devices.memory: " + std::to_string(perDevice.size()) +
-                    " values for " + std::to_string(D) +
-                    " devices; give one, or one per device");
+                    " values for " + std::to_string(D) + " devices; give one, or one per device");
   for (int d = 0; d < D; ++d) {
     const auto& cap = perDevice.empty() ? config.devices.memory : perDevice[d];
     plan.deviceCapacity.push_back(cap.value_or(schedules::kNoLimit));

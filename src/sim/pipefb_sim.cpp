@@ -65,10 +65,9 @@ int run(int argc, char** argv) {
     if (!loadPath.empty()) {
       plan.schedule = ps::loadSchedule(loadPath);
     } else {
-      ps::Placement placement =
-          kind == "interleaved-1f1b"
-              ? ps::Placement::looped(std::max(stages, 1), virtualStages)
-              : ps::Placement::defaultFor(kind, std::max(stages, 1));
+      ps::Placement placement = kind == "interleaved-1f1b"
+                                    ? ps::Placement::looped(std::max(stages, 1), virtualStages)
+                                    : ps::Placement::defaultFor(kind, std::max(stages, 1));
       if (!placementArg.empty()) {
         std::string text = "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " +
                            placementArg + "\n";
@@ -79,8 +78,8 @@ int run(int argc, char** argv) {
       // pipedream with checkpoint-offload at the limit below takes about 9 s and 0.5 GB
       // on a busy 2-core machine. Refuse sizes past it rather than run for minutes.
       constexpr int64_t kMaxPairs = 250000;
-      const int64_t pairs = int64_t{std::max(stages, 1)} * std::max(microbatches, 1) *
-                            std::max(iterations, 1);
+      const int64_t pairs =
+          int64_t{std::max(stages, 1)} * std::max(microbatches, 1) * std::max(iterations, 1);
       if (pairs > kMaxPairs)
         throw pipefb::UserError(
             "--stages x --microbatches x --iterations: " + std::to_string(stages) + " x " +

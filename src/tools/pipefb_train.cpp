@@ -29,6 +29,7 @@
 
 #include "pipefb/common/Program.h"
 #include "pipefb/common/Size.h"
+#include "pipefb/common/Suggest.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/planner/ConfigPartition.h"
@@ -41,7 +42,6 @@
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/Partition.h"
 #include "pipefb/schedules/ScheduleKind.h"
-#include "pipefb/common/Suggest.h"
 #include "pipefb/train/Trainer.h"
 
 namespace {
@@ -63,9 +63,10 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
   const std::string cached = defaultProfilePath(profileHeader(config, ProfilerOptions{}));
   if (group == nullptr || group->rank() == 0) {
     if (!std::filesystem::exists(cached))
-      spdlog::info("pipeline: measuring the model's profile for the planner's partition (once; "
-                   "cached in {})",
-                   cached);
+      spdlog::info(
+          "pipeline: measuring the model's profile for the planner's partition (once; "
+          "cached in {})",
+          cached);
     loadOrMeasureProfile(config, ProfilerOptions{}, cached);
   }
   if (group != nullptr) group->barrier();
@@ -148,7 +149,8 @@ pipefb::train::TrainerHooks faultHooks() {
     if (colon != std::string::npos) at = std::stoll(text.substr(colon + 1));
   } catch (const std::exception&) {
   }
-  if (at < 1 || (kind != "kill-after-step" && kind != "kill-before-manifest" && kind != "nan-input"))
+  if (at < 1 ||
+      (kind != "kill-after-step" && kind != "kill-before-manifest" && kind != "nan-input"))
     throw pipefb::UserError("PIPEFB_TEST_FAULT: '" + text +
                             "' is not a fault; allowed: kill-after-step:N, "
                             "kill-before-manifest:N, nan-input:N (N >= 1)");
@@ -214,8 +216,7 @@ int main(int argc, char** argv) {
     // anything is printed or planned.
     const auto env = pipefb::dist::envFromTorchrun();
     if (config.pipeline.schedule != "none")  // Note [Replicated pipelines]
-      pipefb::runtime::checkProcesses(config.source, config.devices.count,
-                                      config.pipeline.replicas,
+      pipefb::runtime::checkProcesses(config.source, config.devices.count, config.pipeline.replicas,
                                       env && env->worldSize > 1 ? env->worldSize : 0);
     if (spec) {
       spdlog::info("plan {}: {} x {} stages, {} microbatches, stash {}, partition {}", planPath,
@@ -228,7 +229,8 @@ int main(int argc, char** argv) {
     if (env && env->worldSize > 1) {
       const std::string ws = "WORLD_SIZE=" + std::to_string(env->worldSize);
       if (config.pipeline.schedule == "none")
-        throw pipefb::UserError(ws + ": pipeline.schedule: none runs in one process; allowed "
+        throw pipefb::UserError(ws +
+                                ": pipeline.schedule: none runs in one process; allowed "
                                 "with one process per device: " +
                                 pipefb::joinAllowed(pipefb::schedules::scheduleKindNames()));
       if (config.training.checkpoint_every > 0 || !resumeDir.empty())
@@ -238,8 +240,9 @@ int main(int argc, char** argv) {
                                 "yet; allowed: 0");
       config.output.dir += "/rank" + std::to_string(env->rank);
       if (config.training.eval || config.training.checkpoint)
-        spdlog::info("distributed: a rank holds only its own stages' weights, so no test-set "
-                     "evaluation and no model.pt (training.eval and training.checkpoint off)");
+        spdlog::info(
+            "distributed: a rank holds only its own stages' weights, so no test-set "
+            "evaluation and no model.pt (training.eval and training.checkpoint off)");
       config.training.eval = false;
       config.training.checkpoint = false;
       group = pipefb::dist::makeGlooGroup(*env, {config.distributed.timeout});

@@ -49,8 +49,7 @@ std::vector<int> thisThreadBinding() {
 
 int thisThreadLastCpu() {
   auto set = newBitmap();
-  if (hwloc_get_last_cpu_location(machineHandle(), set.get(), HWLOC_CPUBIND_THREAD) != 0)
-    return -1;
+  if (hwloc_get_last_cpu_location(machineHandle(), set.get(), HWLOC_CPUBIND_THREAD) != 0) return -1;
   return hwloc_bitmap_first(set.get());
 }
 

@@ -41,18 +41,30 @@ std::string ranges(const std::vector<int>& v) {
 
 std::string pciClassName(unsigned classId) {
   switch (classId >> 8) {
-    case 0x01: return "storage";
-    case 0x02: return "network";
-    case 0x03: return "display";
-    case 0x04: return "multimedia";
-    case 0x05: return "memory";
-    case 0x06: return "bridge";
-    case 0x07: return "communication";
-    case 0x08: return "system";
-    case 0x0b: return "processor";
-    case 0x0c: return "serial bus";
-    case 0x12: return "accelerator";
-    default: return "other";
+    case 0x01:
+      return "storage";
+    case 0x02:
+      return "network";
+    case 0x03:
+      return "display";
+    case 0x04:
+      return "multimedia";
+    case 0x05:
+      return "memory";
+    case 0x06:
+      return "bridge";
+    case 0x07:
+      return "communication";
+    case 0x08:
+      return "system";
+    case 0x0b:
+      return "processor";
+    case 0x0c:
+      return "serial bus";
+    case 0x12:
+      return "accelerator";
+    default:
+      return "other";
   }
 }
 
@@ -99,8 +111,8 @@ Topology fromHandle(hwloc_topology_t t, std::string source) {
   }
 
   // Cores, or PUs where the machine reports no Core objects.
-  hwloc_obj_type_t coreType = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE
-                                                                               : HWLOC_OBJ_PU;
+  hwloc_obj_type_t coreType =
+      hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
   const int numCores = hwloc_get_nbobjs_by_type(t, coreType);
   for (int i = 0; i < numCores; ++i) {
     hwloc_obj_t o = hwloc_get_obj_by_type(t, coreType, i);

@@ -1,13 +1,12 @@
 #include "pipefb/train/Checkpoint.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include <zlib.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "pipefb/common/Error.h"
 
@@ -16,7 +15,7 @@ namespace pipefb::train {
 namespace {
 std::string pickled(const NamedTensors& tensors);
 NamedTensors unpickled(const std::string& bytes, const std::string& path);
-}
+}  // namespace
 
 void saveStateDict(const std::string& path, const NamedTensors& tensors) {
   writeFileAtomically(path, pickled(tensors));
@@ -25,8 +24,8 @@ void saveStateDict(const std::string& path, const NamedTensors& tensors) {
 NamedTensors loadStateDict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path + ": cannot open checkpoint (does it exist?)");
-  return unpickled(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
-                   path);
+  return unpickled(
+      std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), path);
 }
 
 namespace {
@@ -136,18 +135,18 @@ std::string writeCheckpoint(const std::string& runDir, const CheckpointState& s,
                       {"backward_device", st.backwardDevice},
                       {"weight_version", st.weightVersion},
                       {"names", st.names}});
-  json m = {{"format", kFormat},
-            {"version", 1},
-            {"step", s.step},
-            {"total_steps", s.totalSteps},
-            {"loss", std::isfinite(s.loss) ? json(s.loss) : json(nullptr)},
-            {"loader", {{"epoch", s.loaderEpoch}, {"position", s.loaderPosition},
-                        {"seed", s.loaderSeed}}},
-            {"rng", {{"torch", "rng.pt"}, {"loader", "a function of (loader.seed, loader.epoch)"}}},
-            {"plan", {{"schedule", s.schedule}, {"microbatches", s.microbatches},
-                      {"stages", stages}}},
-            {"config", s.configYaml},
-            {"files", files}};
+  json m = {
+      {"format", kFormat},
+      {"version", 1},
+      {"step", s.step},
+      {"total_steps", s.totalSteps},
+      {"loss", std::isfinite(s.loss) ? json(s.loss) : json(nullptr)},
+      {"loader",
+       {{"epoch", s.loaderEpoch}, {"position", s.loaderPosition}, {"seed", s.loaderSeed}}},
+      {"rng", {{"torch", "rng.pt"}, {"loader", "a function of (loader.seed, loader.epoch)"}}},
+      {"plan", {{"schedule", s.schedule}, {"microbatches", s.microbatches}, {"stages", stages}}},
+      {"config", s.configYaml},
+      {"files", files}};
   if (beforeManifest) beforeManifest();
   // Last: the checkpoint exists once this rename is durable (Note [Checkpoint layout]).
   writeFileAtomically((dir / kManifest).string(), m.dump(1) + "\n");
@@ -194,8 +193,7 @@ CheckpointState readCheckpoint(const std::string& dirText) {
       throw UserError(mpath + ": not a pipefb checkpoint manifest (format is not '" +
                       std::string(kFormat) + "')");
     if (m.at("version").get<int>() != 1)
-      throw UserError(mpath + ": version " + m.at("version").dump() +
-                      " is not known; allowed: 1");
+      throw UserError(mpath + ": version " + m.at("version").dump() + " is not known; allowed: 1");
     s.step = m.at("step").get<int64_t>();
     s.totalSteps = m.at("total_steps").get<int64_t>();
     s.loss = m.at("loss").is_null() ? NAN : m.at("loss").get<double>();
@@ -226,9 +224,11 @@ CheckpointState readCheckpoint(const std::string& dirText) {
       const auto want = f.at("bytes").get<uint64_t>();
       if (bytes.size() != want)
         throw UserError(path + ": " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                        std::to_string(want) + " (truncated or overwritten); the checkpoint is corrupt");
+                        std::to_string(want) +
+                        " (truncated or overwritten); the checkpoint is corrupt");
       if (crc32Of(bytes) != f.at("crc32").get<uint32_t>())
-        throw UserError(path + ": CRC-32 does not match the manifest (garbled); the checkpoint is "
+        throw UserError(path +
+                        ": CRC-32 does not match the manifest (garbled); the checkpoint is "
                         "corrupt");
       bytesOf[name] = std::move(bytes);
     }
@@ -237,7 +237,8 @@ CheckpointState readCheckpoint(const std::string& dirText) {
   }
   for (const char* need : {"model.pt", "optimizer.pt", "rng.pt"})
     if (!bytesOf.count(need))
-      throw UserError(mpath + ": does not list " + std::string(need) + "; the checkpoint is corrupt");
+      throw UserError(mpath + ": does not list " + std::string(need) +
+                      "; the checkpoint is corrupt");
   s.model = unpickled(bytesOf["model.pt"], (dir / "model.pt").string());
   s.optimizer = unpickled(bytesOf["optimizer.pt"], (dir / "optimizer.pt").string());
   for (auto& [k, t] : unpickled(bytesOf["rng.pt"], (dir / "rng.pt").string()))

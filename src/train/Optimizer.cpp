@@ -10,8 +10,8 @@ namespace pipefb::train {
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const config::TrainingOptions& o,
                                                        std::vector<torch::Tensor> params) {
   if (o.optimizer == "adam") {
-    auto opts = torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).weight_decay(
-        o.weight_decay);
+    auto opts =
+        torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).weight_decay(o.weight_decay);
     return std::make_unique<torch::optim::Adam>(std::move(params), opts);
   }
   auto opts = torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay);
@@ -28,15 +28,18 @@ double learningRate(const config::TrainingOptions& o, int64_t step, int64_t tota
     return floor + (o.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * t));
   }
   if (o.lr_schedule == "step")
-    return o.lr * std::pow(o.step_gamma, static_cast<double>((step - o.warmup_steps) / o.step_every));
+    return o.lr *
+           std::pow(o.step_gamma, static_cast<double>((step - o.warmup_steps) / o.step_every));
   return o.lr;
 }
 
 void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) {
     auto& options = group.options();
-    if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) sgd->lr(lr);
-    else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) adam->lr(lr);
+    if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options))
+      sgd->lr(lr);
+    else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options))
+      adam->lr(lr);
   }
 }
 

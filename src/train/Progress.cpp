@@ -11,9 +11,13 @@ std::string formatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   auto s = static_cast<int64_t>(std::llround(seconds));
   char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
-  else std::snprintf(buf, sizeof buf, "%llds", (long long)s);
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(s / 3600),
+                  (long long)(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", (long long)s);
   return buf;
 }
 
@@ -24,7 +28,8 @@ std::string formatProgress(const ProgressState& p) {
                 p.samples_per_s);
   std::string out = head;
   for (const auto& m : p.memory) {
-    out += " | " + m.device + " " + formatBytes(m.live_bytes) + " (peak " + formatBytes(m.peak_bytes);
+    out +=
+        " | " + m.device + " " + formatBytes(m.live_bytes) + " (peak " + formatBytes(m.peak_bytes);
     if (m.capacity_bytes >= 0) out += " / " + formatBytes(m.capacity_bytes);
     out += ")";
   }

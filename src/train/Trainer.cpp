@@ -3,13 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <limits>
-#include <mutex>
-#include <set>
-#include <thread>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
@@ -43,9 +43,9 @@ double secondsSince(Clock::time_point t0) {
 // [skip, steps] skips the warm-up steps, then traces `steps` steps (spans, per-action
 // memory samples, copy-engine jobs) and the ALLOC/FREE stream of the window's first
 // step. The default [10, 10] keeps the default run's trace.json near 1 MB and its
-// report.html (whose charts draw these samples) under 2 MB. The peaks in summary.json, memory.json and the report stay exact over the whole
-// run (the domains' own peak counters). A run shorter than skip + steps traces its last
-// `steps` steps. The 0-based index of the window's first step:
+// report.html (whose charts draw these samples) under 2 MB. The peaks in summary.json, memory.json
+// and the report stay exact over the whole run (the domains' own peak counters). A run shorter than
+// skip + steps traces its last `steps` steps. The 0-based index of the window's first step:
 int64_t traceFirstStep(const config::OutputOptions& o, int64_t totalSteps) {
   return std::min(o.trace_skip, std::max<int64_t>(0, totalSteps - o.trace_steps));
 }
@@ -84,13 +84,15 @@ Trainer::Trainer(config::Config config, TrainerHooks hooks)
   memory::installTrackingAllocator();
   // Note [Keeping freed memory]: before the data set and any device thread.
   if (config_.devices.keep_freed_memory && !memory::keepFreedMemory())
-    spdlog::warn("devices.keep_freed_memory: not available with this malloc; freed memory "
-                 "goes back to the system");
+    spdlog::warn(
+        "devices.keep_freed_memory: not available with this malloc; freed memory "
+        "goes back to the system");
   device_ = &memory::configureDomain(memory::virtualDeviceName(0),
                                      config_.devices.memory.value_or(memory::kUnlimited));
   // LibTorch here starts with one intra-op thread; 0 means every core.
-  at::set_num_threads(t.threads > 0 ? static_cast<int>(t.threads)
-                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  at::set_num_threads(t.threads > 0
+                          ? static_cast<int>(t.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   torch::manual_seed(t.seed);
   train_ = data::makeDataset(config_.data, config_.model, data::Split::Train, t.seed);
   loader_ = std::make_unique<data::Loader>(train_, t.batch, /*shuffle=*/true, t.seed);
@@ -172,8 +174,7 @@ void Trainer::ensureEngine() {
                                  pendingOptimizer_, pendingSource_);
     }
     if (used != static_cast<int64_t>(pendingOptimizer_.size()))
-      throw UserError(pendingSource_ + ": " +
-                      std::to_string(pendingOptimizer_.size() - used) +
+      throw UserError(pendingSource_ + ": " + std::to_string(pendingOptimizer_.size() - used) +
                       " optimizer state entries fit no parameter of training.optimizer " +
                       config_.training.optimizer +
                       "; resume with the optimizer the run was made with");
@@ -205,7 +206,7 @@ double Trainer::step(const data::Batch& batch) {
   const int M = static_cast<int>(inputs.size());
   auto check = [&](const torch::Tensor& t, const std::string& what, int m) {
     if (!t.is_floating_point() || torch::isfinite(t).all().item<bool>()) return;
-    const std::string v = t.isnan().any().item<bool>() ? "nan"
+    const std::string v = t.isnan().any().item<bool>()                             ? "nan"
                           : t.masked_select(torch::isinf(t))[0].item<double>() > 0 ? "inf"
                                                                                    : "-inf";
     throw NumericalError(what, v, stepsDone_ + 1, 0, m, M);
@@ -252,8 +253,9 @@ std::pair<double, double> Trainer::evaluate(data::Dataset& test) {
   const int64_t bs = config_.training.eval_batch;
   memory::ScopeLeader leader;
   // A pipeline's stages live on several devices; its evaluation runs outside them.
-  memory::MemoryScope scope(config_.pipeline.schedule != "none" ? memory::unscopedDomain() : *device_,
-                            MemoryCategory::WorkingSet);
+  memory::MemoryScope scope(
+      config_.pipeline.schedule != "none" ? memory::unscopedDomain() : *device_,
+      MemoryCategory::WorkingSet);
   for (int64_t start = 0; start < test.size(); start += bs) {
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(test.size(), start + bs); ++i) idx.push_back(i);
@@ -277,7 +279,8 @@ std::vector<DeviceSummary> Trainer::deviceSummaries() const {
       d.capacity_bytes = ds.capacity;
       d.live_bytes = ds.live;
       d.peak_bytes = ds.peak;
-      for (MemoryCategory c : kAllMemoryCategories) d.peak_by_category[toString(c)] = ds.atPeak[index(c)];
+      for (MemoryCategory c : kAllMemoryCategories)
+        d.peak_by_category[toString(c)] = ds.atPeak[index(c)];
       out.push_back(d);
     }
     return out;
@@ -305,8 +308,7 @@ NamedTensors Trainer::mergedStateDict() const {
       for (auto& b : model_->layer(static_cast<size_t>(i))->buffers()) master.push_back(b);
     auto now = engine_->stageBuffers(s);
     PIPEFB_ASSERT(now.size() == master.size(), "stage " << s << " buffers do not match");
-    for (size_t j = 0; j < master.size(); ++j)
-      current[master[j].unsafeGetTensorImpl()] = now[j];
+    for (size_t j = 0; j < master.size(); ++j) current[master[j].unsafeGetTensorImpl()] = now[j];
   }
   for (auto& [name, t] : sd) {
     auto it = current.find(t.unsafeGetTensorImpl());
@@ -360,8 +362,7 @@ CheckpointState Trainer::checkpointState(double lastLoss) {
       cs.stages.push_back(stageOf(part[s].first, part[s].last, engine_->forwardDevice(s),
                                   engine_->backwardDevice(s), engine_->weightVersion(s)));
   } else {
-    cs.stages.push_back(
-        stageOf(0, static_cast<int64_t>(model_->numLayers()), 0, 0, stepsDone_));
+    cs.stages.push_back(stageOf(0, static_cast<int64_t>(model_->numLayers()), 0, 0, stepsDone_));
   }
   return cs;
 }
@@ -417,8 +418,8 @@ void Trainer::resume(const std::string& dir) {
                     "; resume with the seed of the run");
   if (optimizer_) {
     memory::MemoryScope scope(*device_, MemoryCategory::OptimizerState);
-    int64_t used =
-        loadOptimizerState(*optimizer_, model_->namedParameters(), cs.optimizer, dir + "/optimizer.pt");
+    int64_t used = loadOptimizerState(*optimizer_, model_->namedParameters(), cs.optimizer,
+                                      dir + "/optimizer.pt");
     if (used != static_cast<int64_t>(cs.optimizer.size()))
       throw UserError(dir + "/optimizer.pt: " + std::to_string(cs.optimizer.size() - used) +
                       " state entries fit no parameter of training.optimizer " +
@@ -471,8 +472,8 @@ RunSummary Trainer::run() {
   try {
     fs::create_directories(config_.output.dir);
   } catch (const fs::filesystem_error& e) {
-    throw UserError(config_.source + ": output.dir: cannot create '" + config_.output.dir +
-                    "' (" + e.code().message() + "); give a folder you can write, such as runs/" +
+    throw UserError(config_.source + ": output.dir: cannot create '" + config_.output.dir + "' (" +
+                    e.code().message() + "); give a folder you can write, such as runs/" +
                     config_.model.name);
   }
   writeFileAtomically(config_.output.dir + "/config.yaml", config::toYaml(config_));
@@ -480,9 +481,8 @@ RunSummary Trainer::run() {
   const std::string metricsPath = config_.output.dir + "/metrics.csv";
   const int64_t firstStep = stepsDone_;
   if (firstStep > 0 && fs::exists(metricsPath)) trimMetrics(metricsPath, firstStep);
-  std::ofstream metrics(metricsPath, firstStep > 0 && fs::exists(metricsPath)
-                                         ? std::ios::app
-                                         : std::ios::trunc);
+  std::ofstream metrics(metricsPath,
+                        firstStep > 0 && fs::exists(metricsPath) ? std::ios::app : std::ios::trunc);
   if (!(firstStep > 0) || fs::file_size(metricsPath) == 0)
     metrics << "step,epoch,loss,lr,samples_per_s,elapsed_s\n";
 
@@ -496,9 +496,9 @@ RunSummary Trainer::run() {
   int64_t traceFromNs = 0, traceToNs = std::numeric_limits<int64_t>::max();
   if (config_.output.trace_steps == 0) traceToNs = -1;  // metadata only
   if (config_.pipeline.schedule == "none")
-    stepTrace = std::make_unique<report::StepTrace>(
-        *device_, std::max<int64_t>(0, traceFrom - firstStep), config_.output.trace_steps,
-        kTraceEventSteps);
+    stepTrace =
+        std::make_unique<report::StepTrace>(*device_, std::max<int64_t>(0, traceFrom - firstStep),
+                                            config_.output.trace_steps, kTraceEventSteps);
   const auto t0 = Clock::now();
   double windowLoss = 0;
   int64_t windowSteps = 0;
@@ -530,8 +530,8 @@ RunSummary Trainer::run() {
       summary.samples += batch.input.size(0);
       double elapsed = secondsSince(t0);
       double sps = summary.samples / std::max(elapsed, 1e-9);
-      metrics << (s + 1) << ',' << loader_->epoch() << ',' << lastLoss << ',' << lr << ','
-              << sps << ',' << elapsed << '\n';
+      metrics << (s + 1) << ',' << loader_->epoch() << ',' << lastLoss << ',' << lr << ',' << sps
+              << ',' << elapsed << '\n';
       bool last = s + 1 == totalSteps_;
       if (config_.output.progress && ((s + 1) % t.log_every == 0 || last)) {
         ProgressState p;
@@ -598,9 +598,10 @@ RunSummary Trainer::run() {
   j["steps"] = summary.steps;
   j["samples"] = summary.samples;
   j["final_loss"] = summary.final_loss;
-  j["test_accuracy"] = summary.test_accuracy >= 0 ? nlohmann::json(summary.test_accuracy)
-                                                  : nlohmann::json(nullptr);
-  j["test_loss"] = summary.test_loss >= 0 ? nlohmann::json(summary.test_loss) : nlohmann::json(nullptr);
+  j["test_accuracy"] =
+      summary.test_accuracy >= 0 ? nlohmann::json(summary.test_accuracy) : nlohmann::json(nullptr);
+  j["test_loss"] =
+      summary.test_loss >= 0 ? nlohmann::json(summary.test_loss) : nlohmann::json(nullptr);
   j["throughput_samples_per_s"] = summary.throughput_samples_per_s;
   j["wall_seconds"] = summary.wall_seconds;
   j["model"] = config_.model.name;
@@ -610,7 +611,8 @@ RunSummary Trainer::run() {
   for (const auto& d : summary.devices) {
     nlohmann::json dj;
     dj["name"] = d.name;
-    dj["capacity_bytes"] = d.capacity_bytes >= 0 ? nlohmann::json(d.capacity_bytes) : nlohmann::json(nullptr);
+    dj["capacity_bytes"] =
+        d.capacity_bytes >= 0 ? nlohmann::json(d.capacity_bytes) : nlohmann::json(nullptr);
     dj["peak_bytes"] = d.peak_bytes;
     dj["peak_by_category"] = d.peak_by_category;
     j["devices"].push_back(dj);

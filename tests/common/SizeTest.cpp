@@ -1,6 +1,6 @@
-#include "pipefb/common/Size.h"
-
 #include <gtest/gtest.h>
+
+#include "pipefb/common/Size.h"
 
 using pipefb::parseSize;
 

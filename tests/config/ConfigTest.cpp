@@ -1,10 +1,9 @@
-#include "pipefb/config/Config.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/config/Config.h"
 
 using namespace pipefb::config;
 using pipefb::UserError;
@@ -51,7 +50,8 @@ output: {dir: /tmp/x}
 }
 
 TEST(Config, UnknownKeySuggestsAndNamesLine) {
-  std::string msg = errorOf([] { parseConfig("training:\n  batch: 8\n  lrr: 0.1\n", {}, "f.yaml"); });
+  std::string msg =
+      errorOf([] { parseConfig("training:\n  batch: 8\n  lrr: 0.1\n", {}, "f.yaml"); });
   EXPECT_NE(msg.find("f.yaml:3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.lrr"), std::string::npos) << msg;
   EXPECT_NE(msg.find("did you mean 'lr'"), std::string::npos) << msg;
@@ -97,8 +97,8 @@ TEST(Config, MalformedYamlNamesLine) {
 }
 
 TEST(Config, OverridesApplyAndAreChecked) {
-  Config c = parseConfig("training: {lr: 0.1}", {"training.lr=0.5", "devices.memory=2GiB",
-                                                 "pipeline.partition=[3, 7]"});
+  Config c = parseConfig("training: {lr: 0.1}",
+                         {"training.lr=0.5", "devices.memory=2GiB", "pipeline.partition=[3, 7]"});
   EXPECT_DOUBLE_EQ(c.training.lr, 0.5);
   EXPECT_EQ(c.devices.memory, 2LL << 30);
   EXPECT_EQ(c.pipeline.partition, (std::vector<int64_t>{3, 7}));
@@ -119,11 +119,13 @@ TEST(Config, PartitionBy) {
 }
 
 TEST(Config, CrossKeyChecks) {
-  EXPECT_NE(errorOf([] { parseConfig("training: {batch: 10}\npipeline: {microbatches: 3}"); })
-                .find("pipeline.microbatches"),
+  EXPECT_NE(errorOf([] {
+              parseConfig("training: {batch: 10}\npipeline: {microbatches: 3}");
+            }).find("pipeline.microbatches"),
             std::string::npos);
-  EXPECT_NE(errorOf([] { parseConfig("model: {name: gpt2}\ndata: {name: fashion-mnist}"); })
-                .find("data.name"),
+  EXPECT_NE(errorOf([] {
+              parseConfig("model: {name: gpt2}\ndata: {name: fashion-mnist}");
+            }).find("data.name"),
             std::string::npos);
   EXPECT_NE(errorOf([] { parseConfig("devices: {count: 2}"); }).find("devices.count"),
             std::string::npos);
@@ -165,11 +167,13 @@ TEST(Config, MissingFileIsUserError) {
 // Found by fuzz/ConfigFuzzer: a YAML key that is not plain text (a "? [list]" or
 // "? {map}" complex key) made yaml-cpp's as<std::string>() throw out of the parser.
 TEST(Config, NonScalarKeyIsAUserError) {
-  EXPECT_NE(errorOf([] { parseConfig("? [model]\n: {name: mlp}\n"); })
-                .find("a section name must be plain text, got a list"),
+  EXPECT_NE(errorOf([] {
+              parseConfig("? [model]\n: {name: mlp}\n");
+            }).find("a section name must be plain text, got a list"),
             std::string::npos);
-  EXPECT_NE(errorOf([] { parseConfig("model:\n  ? {width: 1}\n  : 0.5\n"); })
-                .find("a model key name must be plain text, got a mapping"),
+  EXPECT_NE(errorOf([] {
+              parseConfig("model:\n  ? {width: 1}\n  : 0.5\n");
+            }).find("a model key name must be plain text, got a mapping"),
             std::string::npos);
   EXPECT_NO_THROW(parseConfig("model:\n  ? width\n  : 0.5\n"));  // a scalar complex key is fine
 }

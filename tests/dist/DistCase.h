@@ -21,7 +21,7 @@ inline model::ModelOptions distModel(const std::string& name) {
     o.channels = 1;
     o.num_classes = 5;
     o.hidden = {24, 20, 16};  // 4 layers
-  } else {  // vgg16 at width 1/16 on 32x32
+  } else {                    // vgg16 at width 1/16 on 32x32
     o.width = 0.0625;
     o.input_size = 32;
     o.channels = 3;

@@ -29,7 +29,8 @@ double secondsSince(std::chrono::steady_clock::time_point t0) {
 
 TEST(Launch, SetsTorchrunVariablesAndPrefixesEachLine) {
   auto r = pipefb::test::runCommand(
-      std::string(PIPEFB_LAUNCH) + " -n 3 --port 29123 -- sh -c "
+      std::string(PIPEFB_LAUNCH) +
+      " -n 3 --port 29123 -- sh -c "
       "'echo \"$RANK/$WORLD_SIZE/$LOCAL_RANK $MASTER_ADDR:$MASTER_PORT\"; echo err$RANK >&2'");
   EXPECT_EQ(r.code, 0) << r.out;
   for (int k = 0; k < 3; ++k) {
@@ -46,7 +47,8 @@ TEST(Launch, FirstFailureStopsTheOthersAndIsTheExitCode) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = pipefb::test::runCommand(std::string("timeout 60 ") + PIPEFB_LAUNCH +
                                     " -n 3 --grace 2 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.5; "
-                                    "exit 3; fi; sh -c \"sleep 40; : " + marker + "\"; true'");
+                                    "exit 3; fi; sh -c \"sleep 40; : " +
+                                    marker + "\"; true'");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("pipefb_launch: rank 1 exited with code 3"), std::string::npos) << r.out;
   EXPECT_LT(secondsSince(t0), 20) << r.out;
@@ -56,8 +58,9 @@ TEST(Launch, FirstFailureStopsTheOthersAndIsTheExitCode) {
 TEST(Launch, ForwardsSigintAndLeavesNoProcess) {
   const std::string marker = "pfbl_int_" + std::to_string(getpid());
   // The forwarded SIGINT reaches each rank's process group: the inner sh goes too.
-  const std::string cmd = std::string(PIPEFB_LAUNCH) + " -n 2 --grace 2 -- sh -c 'echo up; sh -c \"sleep 40; : " +
-                          marker + "\"; true' > /dev/null 2>&1 & echo $!";
+  const std::string cmd = std::string(PIPEFB_LAUNCH) +
+                          " -n 2 --grace 2 -- sh -c 'echo up; sh -c \"sleep 40; : " + marker +
+                          "\"; true' > /dev/null 2>&1 & echo $!";
   auto started = pipefb::test::runCommand(cmd);
   const pid_t launcher = std::stoi(started.out);
   for (int i = 0; i < 100 && countProcesses(marker) < 4; ++i)

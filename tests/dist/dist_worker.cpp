@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   using namespace pipefb;
   CLI::App app{"dist_worker: one rank of a multi-process pipeline test"};
   std::string modelName = "mlp", schedule = "1f1b", stash = "checkpoint-offload", out;
-  int S = 2, M = 4, replicas = 1, iterations = 1, killAt = -1, stopAt = -1, faultRank = 1, devices = 0;
+  int S = 2, M = 4, replicas = 1, iterations = 1, killAt = -1, stopAt = -1, faultRank = 1,
+      devices = 0;
   int64_t batch = 8;
   double timeout = 30, bucketMb = 25;
   bool overlap = true;
@@ -89,12 +90,14 @@ int main(int argc, char** argv) {
     for (const auto& b : engine.bucketRecords()) {
       ++buckets;
       const int d = env->rank % engine.numDevices();
-      const bool beforeEnd = b.backwardAction >= 0 &&
-                             b.startNs < engine.clockOriginNs() +
-                                             std::llround(rec[d].at(static_cast<size_t>(b.backwardAction)).end * 1e9);
+      const bool beforeEnd =
+          b.backwardAction >= 0 &&
+          b.startNs < engine.clockOriginNs() +
+                          std::llround(rec[d].at(static_cast<size_t>(b.backwardAction)).end * 1e9);
       if (b.duringBackward && b.startNs < b.backwardDoneNs && beforeEnd) ++early;
     }
-    if (replicas > 1) std::printf("rank %d buckets %d started-during-backward %d\n", env->rank, buckets, early);
+    if (replicas > 1)
+      std::printf("rank %d buckets %d started-during-backward %d\n", env->rank, buckets, early);
     archive.write("__losses__", torch::tensor(losses, torch::kFloat64));
     if (!out.empty()) archive.save_to(out + "/rank" + std::to_string(env->rank) + ".pt");
     std::printf("rank %d done, loss %.6f\n", env->rank, losses[0]);

@@ -79,5 +79,6 @@ TEST(FuzzRegression, Schedule) {
 }
 
 TEST(FuzzRegression, Plan) {
-  checkAll("plan", [](const std::string& text) { pipefb::planner::parsePlan(text, "<regression>"); });
+  checkAll("plan",
+           [](const std::string& text) { pipefb::planner::parsePlan(text, "<regression>"); });
 }

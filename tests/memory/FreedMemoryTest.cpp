@@ -53,7 +53,8 @@ TEST(FreedMemory, AFreedBlockIsReusedWithoutPageFaults) {
   // both shrink, so the test asks for a clear factor, not for counts.
   EXPECT_GT(before, 0);
   EXPECT_LT(4 * after, before) << "before " << before << ", after " << after;
-  std::printf("page faults of a reused 48 MiB block: %ld with glibc defaults, %ld kept\n", before, after);
+  std::printf("page faults of a reused 48 MiB block: %ld with glibc defaults, %ld kept\n", before,
+              after);
 #endif
 }
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "pipefb/model/Model.h"
 #include "TestUtil.h"
+#include "pipefb/model/Model.h"
 
 namespace pipefb::model {
 namespace {
@@ -29,8 +29,9 @@ std::vector<std::string> torchvisionKeys(const std::string& name) {
       "for k, v in m.state_dict().items():\n"
       "    print(k, ','.join(str(d) for d in v.shape) or '-')\n";
   const auto r = pipefb::test::runCommand("/usr/bin/python3 -c \"" + script + "\" " + name);
-  EXPECT_EQ(r.code, 0) << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
-                       << r.out;
+  EXPECT_EQ(r.code, 0)
+      << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
+      << r.out;
   std::vector<std::string> lines;
   if (r.code != 0) return lines;
   std::istringstream in(r.out);

@@ -252,8 +252,8 @@ TEST(SavedTensorHooks, OffloadedSavedTensorsGiveTheSameGradients) {
   {
     offload::StashScope scope(g3);
     auto a = torch::randn({100}).requires_grad_(true);
-    kept = (a * a).sum();                         // saves a (twice: one slot, two users)
-    (a.exp() * 3).sum();                          // exp saves its result; graph dropped here
+    kept = (a * a).sum();  // saves a (twice: one slot, two users)
+    (a.exp() * 3).sum();   // exp saves its result; graph dropped here
   }
   ASSERT_EQ(g3->size(), 2u);
   auto taken = g3->take();

@@ -70,9 +70,15 @@ Instance randomInstance(std::mt19937& rng, int id) {
   o.simulateTop = 0;
   o.keepTop = 1;
   // Families: everything, or a random subset, sometimes policy-restricted.
-  const std::vector<std::string> names = {"gpipe", "1f1b", "pipedream", "pipefb-sync",
-                                          "pipefb-async", "1f1b-keep", "gpipe-offload",
-                                          "1f1b-checkpoint", "pipefb-sync-checkpoint-offload"};
+  const std::vector<std::string> names = {"gpipe",
+                                          "1f1b",
+                                          "pipedream",
+                                          "pipefb-sync",
+                                          "pipefb-async",
+                                          "1f1b-keep",
+                                          "gpipe-offload",
+                                          "1f1b-checkpoint",
+                                          "pipefb-sync-checkpoint-offload"};
   if (pick(0, 2) != 0) {
     for (const auto& n : names)
       if (pick(0, 2) == 0) o.schedules.push_back(parseScheduleFamily(n));
@@ -81,7 +87,9 @@ Instance randomInstance(std::mt19937& rng, int id) {
   return in;
 }
 
-bool sameValue(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)); }
+bool sameValue(double a, double b) {
+  return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b));
+}
 
 }  // namespace
 
@@ -127,10 +135,11 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
         break;
       }
   }
-  std::printf("optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
-              "budget, %d heterogeneous, %d optima use a non-keep policy, %d optima bound by "
-              "the process restriction, %d folded\n",
-              feasible, infeasible, withHost, heterogeneous, nonKeep, processBound, folded);
+  std::printf(
+      "optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
+      "budget, %d heterogeneous, %d optima use a non-keep policy, %d optima bound by "
+      "the process restriction, %d folded\n",
+      feasible, infeasible, withHost, heterogeneous, nonKeep, processBound, folded);
   EXPECT_GE(feasible, 140);
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
@@ -221,7 +230,8 @@ TEST(SolverOptimality, PrunedDpEqualsPlainDpOnLargerShapes) {
     const ScheduleKind kind = allScheduleKinds()[pick(0, 4)];
     const int maxS = std::min(isSplit(kind) ? D / 2 : D, 8);
     if (maxS < 1) continue;
-    PipelineShape sh = PipelineShape::of(kind, pick(1, maxS), pick(1, 4), 4 * pick(1, 2), pick(0, 2));
+    PipelineShape sh =
+        PipelineShape::of(kind, pick(1, maxS), pick(1, 4), 4 * pick(1, 2), pick(0, 2));
     std::vector<int> devices(D);
     for (int d = 0; d < D; ++d) devices[d] = d;
     std::shuffle(devices.begin(), devices.end(), rng);

@@ -98,9 +98,8 @@ TEST(SpecFiles, ProcessesOfAClusterSpec) {
   EXPECT_FALSE(c.sameProcess(0, 1));
   const ClusterSpec back = parseClusterSpec(clusterSpecToYaml(g), "written", kDevices);
   EXPECT_EQ(back.processes, g.processes) << clusterSpecToYaml(g);
-  for (const std::string bad :
-       {"processes: each\n", "processes: [[0, 1], [1, 2, 3]]\n", "processes: [[0, 1], [2]]\n",
-        "processes: [[0, 1], [2, 9]]\n"}) {
+  for (const std::string bad : {"processes: each\n", "processes: [[0, 1], [1, 2, 3]]\n",
+                                "processes: [[0, 1], [2]]\n", "processes: [[0, 1], [2, 9]]\n"}) {
     try {
       parse(bad);
       ADD_FAILURE() << bad << " was accepted";
@@ -224,9 +223,9 @@ TEST(PlanCli, PlansASingleDeviceConfigOnDevicesCount) {
   const fs::path dir = test::scratchPath("plan_any_config");
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const auto train = test::runProgram("pipefb_train --config " + cfg +
-                                      " --set devices.count=4 --set output.dir=" +
-                                      (dir / "run").string());
+  const auto train =
+      test::runProgram("pipefb_train --config " + cfg +
+                       " --set devices.count=4 --set output.dir=" + (dir / "run").string());
   ASSERT_EQ(train.code, 2) << train.out;  // the trainer's rule still holds for training
   const auto plan = test::runProgram("pipefb_plan --config " + cfg +
                                      " --set devices.count=4 --budget 256MiB -q -o " +

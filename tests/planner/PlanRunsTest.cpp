@@ -80,8 +80,7 @@ const std::vector<ZooModel>& zoo() {
 
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "pipedream", "pipefb-sync",
                                              "pipefb-async"};
-const std::vector<std::string> kPolicies = {"keep", "offload", "checkpoint",
-                                            "checkpoint-offload"};
+const std::vector<std::string> kPolicies = {"keep", "offload", "checkpoint", "checkpoint-offload"};
 
 bool isSplit(const std::string& schedule) { return schedule.rfind("pipefb", 0) == 0; }
 
@@ -98,7 +97,8 @@ struct Instance {
   /// microbatches never reach (measured: resnet50/8 S=3 M=2, stage 0 held 2 weight
   /// copies in 2 iterations and 3, as planned, in 6).
   int iterations() const {
-    return schedule == "pipedream" ? std::max(2, (stages + microbatches - 1) / microbatches + 1) : 2;
+    return schedule == "pipedream" ? std::max(2, (stages + microbatches - 1) / microbatches + 1)
+                                   : 2;
   }
   std::string describe() const {
     std::ostringstream s;
@@ -113,10 +113,11 @@ struct Instance {
     const int devices = isSplit(schedule) ? 2 * stages : stages;
     s += " --set training.batch=" + std::to_string(model->batch) +
          " --set pipeline.microbatches=" + std::to_string(microbatches) +
-         " --set pipeline.schedule=" + schedule + " --set devices.count=" +
-         std::to_string(devices) + " --set data.name=synthetic --set data.synthetic_train=" +
-         std::to_string(2 * model->batch) + " --set data.synthetic_test=" +
-         std::to_string(model->batch);
+         " --set pipeline.schedule=" + schedule +
+         " --set devices.count=" + std::to_string(devices) +
+         " --set data.name=synthetic --set data.synthetic_train=" +
+         std::to_string(2 * model->batch) +
+         " --set data.synthetic_test=" + std::to_string(model->batch);
     return s;
   }
 };
@@ -173,12 +174,11 @@ class PlanRuns : public ::testing::Test {
 
   // The measured profile of the instance's model at its microbatch size, measured once.
   std::string profile(const Instance& x) {
-    const std::string key =
-        x.model->name + "-mb" + std::to_string(x.model->batch / x.microbatches);
+    const std::string key = x.model->name + "-mb" + std::to_string(x.model->batch / x.microbatches);
     std::string path = dir_ + "/profile-" + std::regex_replace(key, std::regex("/"), "_") + ".yaml";
     if (!fs::exists(path)) {
-      auto r = test::runProgram("pipefb_profile " + x.sets() + " --repeats 3 --warmup 1 --out " +
-                                path);
+      auto r =
+          test::runProgram("pipefb_profile " + x.sets() + " --repeats 3 --warmup 1 --out " + path);
       EXPECT_EQ(r.code, 0) << x.describe() << "\n" << r.out;
     }
     return path;
@@ -209,7 +209,8 @@ class PlanRuns : public ::testing::Test {
     EXPECT_EQ(hi.code, 0) << x.describe() << "\n" << hi.out;
     if (hi.code != 0) return o;
     const auto freePeaks = predictedPeaks(freePlan);
-    const std::int64_t top = std::max(minBudget, *std::max_element(freePeaks.begin(), freePeaks.end()));
+    const std::int64_t top =
+        std::max(minBudget, *std::max_element(freePeaks.begin(), freePeaks.end()));
     const std::int64_t budget =
         minBudget + static_cast<std::int64_t>(x.budgetAt * static_cast<double>(top - minBudget));
 
@@ -224,10 +225,11 @@ class PlanRuns : public ::testing::Test {
                               " --set devices.memory=" + std::to_string(budget) +
                               " --set training.iterations=" + std::to_string(x.iterations()) +
                               " --set training.eval=false"
-                              " --set training.checkpoint=false --set output.dir=" + runDir);
-    EXPECT_EQ(t.code, 0) << x.describe() << " budget " << budget << ": "
-                         << t.out.substr(t.out.find("failed") == std::string::npos
-                                             ? 0 : t.out.find("failed"), 600);
+                              " --set training.checkpoint=false --set output.dir=" +
+                              runDir);
+    EXPECT_EQ(t.code, 0)
+        << x.describe() << " budget " << budget << ": "
+        << t.out.substr(t.out.find("failed") == std::string::npos ? 0 : t.out.find("failed"), 600);
     if (t.code != 0) return o;
     const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
     o.ran = true;
@@ -283,12 +285,14 @@ TEST_F(PlanRuns, DISABLED_EveryPlanFitsAndPeaksWhereThePlanSays) {
 TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
   for (const std::string family : {"pipedream-keep", "1f1b-keep", "pipefb-sync-offload"}) {
     const std::string schedule = family.substr(0, family.rfind('-'));
-    const std::string sets = "--config " + std::string(PIPEFB_SOURCE_DIR) +
-                             "/configs/vgg16-single.yaml --set model.width=0.25 --set training.batch=32"
-                             " --set pipeline.microbatches=4 --set devices.count=4"
-                             " --set pipeline.schedule=" + schedule +
-                             " --set data.name=synthetic --set data.synthetic_train=64"
-                             " --set data.synthetic_test=32";
+    const std::string sets =
+        "--config " + std::string(PIPEFB_SOURCE_DIR) +
+        "/configs/vgg16-single.yaml --set model.width=0.25 --set training.batch=32"
+        " --set pipeline.microbatches=4 --set devices.count=4"
+        " --set pipeline.schedule=" +
+        schedule +
+        " --set data.name=synthetic --set data.synthetic_train=64"
+        " --set data.synthetic_test=32";
     const std::string plan =
         "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet" +
         (isSplit(family) ? " --no-folded" : "");  // pipefb_train runs the 2S form only
@@ -302,7 +306,8 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
     auto t = test::runProgram("pipefb_train " + sets + " --plan " + planFile +
                               " --set devices.memory=" + std::to_string(budget) +
                               " --set training.iterations=2 --set training.eval=false"
-                              " --set training.checkpoint=false --set output.dir=" + runDir);
+                              " --set training.checkpoint=false --set output.dir=" +
+                              runDir);
     ASSERT_EQ(t.code, 0) << family << " at " << budget << "\n" << t.out;
     const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
     const auto predicted = predictedPeaks(planFile);

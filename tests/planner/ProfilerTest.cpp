@@ -154,7 +154,7 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
 TEST(ProfilerTest, TinyVgg) {
   const auto cfg =
       loadCfg("vgg16-single.yaml", {"model.width=0.0625", "model.input_size=32", "training.batch=8",
-                             "training.optimizer=sgd", "training.momentum=0.9"});
+                                    "training.optimizer=sgd", "training.momentum=0.9"});
   const Profile p = measureProfile(cfg, quick());
   const auto info = describe(cfg, 8);
   ASSERT_EQ(p.numLayers(), static_cast<int>(info.size()));

@@ -12,8 +12,7 @@ using pipefb::schedules::StashPolicy;
 
 namespace {
 
-PipelineShape shapeOf(ScheduleKind k, int S, int M, std::vector<int> chain,
-                      std::int64_t mb = 1) {
+PipelineShape shapeOf(ScheduleKind k, int S, int M, std::vector<int> chain, std::int64_t mb = 1) {
   PipelineShape sh;
   sh.kind = k;
   sh.stages = S;
@@ -132,8 +131,8 @@ TEST(SolverLiteral, MemoryCategoriesOfOneStage) {
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
   StageEstimate e = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
   EXPECT_EQ(e.inFlight, 2);
-  using pipefb::MemoryCategory;
   using pipefb::index;
+  using pipefb::MemoryCategory;
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Weights)], 100);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Grads)], 100);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::OptimizerState)], 200);
@@ -161,8 +160,8 @@ TEST(SolverLiteral, PipeDreamStepsInTheRoomOfTheCopyItsBackwardFreed) {
     l.stepWorkingBytes = 250;
   }
   CostModel m(p, freeCluster(2));
-  using pipefb::MemoryCategory;
   using pipefb::index;
+  using pipefb::MemoryCategory;
   PipelineShape pd = shapeOf(ScheduleKind::PipeDream, 2, 4, {0, 1});
   StageEstimate s0 = m.stage(pd, 0, 0, 1, StashPolicy::Keep);
   EXPECT_EQ(s0.backwardMemory[index(MemoryCategory::WeightVersions)], 200);
@@ -187,8 +186,8 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
     l.savedBytes = 10;
   }
   CostModel m(p, Cluster::uniform(2, 1.0, -1, Link{}, Link{1000, 0}));
-  using pipefb::MemoryCategory;
   using pipefb::index;
+  using pipefb::MemoryCategory;
   const int wv = index(MemoryCategory::WeightVersions);
   PipelineShape pd = shapeOf(ScheduleKind::PipeDream, 2, 4, {0, 1});
   pd.lookahead = 0;
@@ -249,10 +248,11 @@ TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
   EXPECT_EQ(m.backwardWorking(sh, 0, 0, 3), 150);
   // Stage [1, 3) as the second stage: max(2 x 5 + 30, 2 x 5, 50 + 16) = 66.
   EXPECT_EQ(m.backwardWorking(sh, 1, 1, 3), 66);
-  using pipefb::MemoryCategory;
   using pipefb::index;
-  EXPECT_EQ(m.stage(sh, 0, 0, 3, StashPolicy::Keep).backwardMemory[index(MemoryCategory::WorkingSet)],
-            150);
+  using pipefb::MemoryCategory;
+  EXPECT_EQ(
+      m.stage(sh, 0, 0, 3, StashPolicy::Keep).backwardMemory[index(MemoryCategory::WorkingSet)],
+      150);
 }
 
 TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
@@ -268,8 +268,8 @@ TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
   CostModel m(p, freeCluster(2));
   PipelineShape sh = shapeOf(ScheduleKind::PipeFbSync, 1, 4, {0, 1}, 2);
   StageEstimate e = m.stage(sh, 0, 0, 1, StashPolicy::Offload);
-  using pipefb::MemoryCategory;
   using pipefb::index;
+  using pipefb::MemoryCategory;
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::WorkingSet)], 6);
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 40);
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::CommBuffers)], 0);
@@ -296,8 +296,8 @@ TEST(SolverLiteral, ForwardDeviceHoldsTheStashesBeingCopiedOut) {
   p.layers[0].workingBytes = 40;
   p.layers[0].forwardWorkingBytes = 3;
   CostModel m(p, freeCluster(2));
-  using pipefb::MemoryCategory;
   using pipefb::index;
+  using pipefb::MemoryCategory;
   PipelineShape sh = shapeOf(ScheduleKind::PipeFbSync, 1, 4, {0, 1}, 2);
   StageEstimate e = m.stage(sh, 0, 0, 1, StashPolicy::Offload);
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 40);
@@ -308,8 +308,7 @@ TEST(SolverLiteral, ForwardDeviceHoldsTheStashesBeingCopiedOut) {
   Cluster two = freeCluster(2);
   two.processPerDevice();
   CostModel apart(p, two);
-  EXPECT_EQ(total(apart.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory),
-            114);
+  EXPECT_EQ(total(apart.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory), 114);
 }
 
 TEST(SolverLiteral, OptimizerOnHostMovesStateToTheHostPool) {
@@ -328,8 +327,8 @@ TEST(SolverLiteral, OptimizerOnHostMovesStateToTheHostPool) {
   StageEstimate dev = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
   sh.optimizerOnHost = true;
   StageEstimate host = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
-  using pipefb::MemoryCategory;
   using pipefb::index;
+  using pipefb::MemoryCategory;
   EXPECT_EQ(host.backwardMemory[index(MemoryCategory::OptimizerState)], 0);
   EXPECT_EQ(host.backwardMemory[index(MemoryCategory::Weights)], 100);
   EXPECT_EQ(host.backwardMemory[index(MemoryCategory::Grads)], 100);
@@ -388,8 +387,8 @@ TEST(SolverLiteral, SharedCoresBoundThePaceByTheWholeWork) {
   EXPECT_DOUBLE_EQ(r.best.iterationTime, 12.5);
   // A stage slower than the cores' bound sets the pace: F = 3, 0.5, 0.5 gives 4 / 2 = 2 < 3.
   CostModel heavy(timesProfile({3, 0.5, 0.5}), c);
-  auto h = solveShape(heavy, shapeOf(ScheduleKind::OneFOneB, 3, 4, {0, 1, 2}),
-                      {StashPolicy::Keep}, unlimited(3), -1, Objective::Time);
+  auto h = solveShape(heavy, shapeOf(ScheduleKind::OneFOneB, 3, 4, {0, 1, 2}), {StashPolicy::Keep},
+                      unlimited(3), -1, Objective::Time);
   ASSERT_TRUE(h);
   EXPECT_DOUBLE_EQ(h->shape.corePace, 2);
   EXPECT_DOUBLE_EQ(h->iterationTime, 6 * 3);
@@ -408,8 +407,8 @@ TEST(SolverLiteral, SharedCoresBoundThePaceByTheWholeWork) {
 TEST(SolverLiteral, OffloadWinsWhenKeepDoesNotFitAndCopiesHide) {
   // One device, gpipe with 4 microbatches: keep holds 4 stashes of 100 bytes = 400 + 10
   // weights; the limit is 250. Offload with lookahead 0 keeps min(4, 0 + 2) = 2 -> 210 and
-  // fits (with M = 2 or 1 the stashes are 200 or 400 bytes: over). Copies: 2 x 100 B at 1000 B/s = 0.2 s
-  // per microbatch, under the 1 s of compute, so the pace stays 1 s.
+  // fits (with M = 2 or 1 the stashes are 200 or 400 bytes: over). Copies: 2 x 100 B at 1000 B/s =
+  // 0.2 s per microbatch, under the 1 s of compute, so the pace stays 1 s.
   Profile p = timesProfile({1});
   p.layers[0].savedBytes = 100;
   p.layers[0].paramBytes = 10;

@@ -89,8 +89,7 @@ TEST(TrainPlan, RefusesOtherModelsAndAppliesMixedPolicies) {
   std::string yaml;
   solvedPlan(cfg, "1f1b-keep", &yaml);
   PlanSpec spec = parsePlan(yaml, "plan.yaml");
-  config::Config other = config::parseConfig(
-      std::string(kVgg) + "\n", {"model.width=0.5"});
+  config::Config other = config::parseConfig(std::string(kVgg) + "\n", {"model.width=0.5"});
   EXPECT_NE(errorOf([&] { applyPlan(other, spec, "plan.yaml"); }).find("is for 'vgg16 width=0.25"),
             std::string::npos);
   PlanSpec fewer = spec;
@@ -161,7 +160,10 @@ TEST(TrainPlan, MultiProcessRunsPlanWithAProcessPerDevice) {
   SetupOptions forced;
   forced.processes = "one";
   Planning forcedOne = setupPlanning(cfg, forced);
-  if (old) ::setenv("WORLD_SIZE", saved.c_str(), 1); else ::unsetenv("WORLD_SIZE");
+  if (old)
+    ::setenv("WORLD_SIZE", saved.c_str(), 1);
+  else
+    ::unsetenv("WORLD_SIZE");
   EXPECT_FALSE(many.model->cluster().sameProcess(0, 3));
   EXPECT_TRUE(forcedOne.model->cluster().sameProcess(0, 3));
   const std::string e = errorOf([&] { plannerPartition(*many.model, cfg, 2); });
@@ -207,8 +209,9 @@ TEST(TrainPlan, ReplicasRoundTripIntoTheConfig) {
   EXPECT_EQ(cfg.devices.count, q.shape.chainLength());  // one replica's devices
   // A replicated plan whose batch is not replicas x microbatches x size is refused.
   const std::string bad = std::regex_replace(yaml, std::regex("replicas: 2"), "replicas: 3");
-  EXPECT_NE(errorOf([&] { parsePlan(bad, "plan.yaml"); })
-                .find("batch must equal microbatches x microbatch_size x replicas"),
+  EXPECT_NE(errorOf([&] {
+              parsePlan(bad, "plan.yaml");
+            }).find("batch must equal microbatches x microbatch_size x replicas"),
             std::string::npos);
 }
 
@@ -216,9 +219,10 @@ TEST(TrainPlan, ReplicasRoundTripIntoTheConfig) {
 // int64 (UB) before the batch check.
 TEST(TrainPlan, PlanFileBatchOverflowIsAUserError) {
   EXPECT_NE(errorOf([] {
-              parsePlan("version: 1\nschedule: 1f1b\nmicrobatches: 4\n"
-                        "microbatch_size: 4611686018427387904\nbatch: 0\nlayers: 1\nstages: []\n",
-                        "p.yaml");
+              parsePlan(
+                  "version: 1\nschedule: 1f1b\nmicrobatches: 4\n"
+                  "microbatch_size: 4611686018427387904\nbatch: 0\nlayers: 1\nstages: []\n",
+                  "p.yaml");
             }).find("batch must equal microbatches x microbatch_size"),
             std::string::npos);
 }

@@ -365,8 +365,9 @@ TEST(ReportTest, ImbalanceWarningSaysWhyWhenThePlannerChoseThePartition) {
     return std::string("(no imbalance warning)");
   };
   auto stage = [](int fd, int bd, double f, double b, double pace) {
-    return "  - forward_device: " + std::to_string(fd) + "\n    backward_device: " +
-           std::to_string(bd) + "\n    predicted: {forward_time: " + std::to_string(f) +
+    return "  - forward_device: " + std::to_string(fd) +
+           "\n    backward_device: " + std::to_string(bd) +
+           "\n    predicted: {forward_time: " + std::to_string(f) +
            ", backward_time: " + std::to_string(b) + ", pace: " + std::to_string(pace) + "}\n";
   };
   std::string w = warningWith("why-none", "");
@@ -575,8 +576,8 @@ TEST(ReportTest, ChromiumRendersTheChartsToAPng) {
     // Axes, tick labels and a key are ~2% of the band; data drawn in colour adds more.
     EXPECT_GT(ink.inked, area / 100) << "chart " << i << " of " << charts << ": " << ink.inked
                                      << " non-white pixels of " << area;
-    EXPECT_GT(ink.coloured, area / 500) << "chart " << i << " of " << charts << ": "
-                                        << ink.coloured << " coloured pixels of " << area;
+    EXPECT_GT(ink.coloured, area / 500) << "chart " << i << " of " << charts << ": " << ink.coloured
+                                        << " coloured pixels of " << area;
   }
 }
 

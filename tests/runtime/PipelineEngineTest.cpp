@@ -2,13 +2,12 @@
 // memory contract, its errors and its trace.
 #include <gtest/gtest.h>
 
-#include <sstream>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "../PipelineConfig.h"
@@ -269,9 +268,9 @@ TEST(PipelineEquivalence, Gpt2) { checkEquivalence({"gpt2", gpt2Options(), 4}, {
 const std::vector<std::string> kOffloaded = {"offload", "checkpoint-offload"};
 // Note [Plan policies in the runtime]: every stage its own policy, still gradient-exact.
 TEST(PipelineEquivalenceMixed, Mlp) {
-  checkEquivalence({"mlp", mlpOptions()}, {4}, {2, 4},
-                   {"checkpoint,offload,keep,checkpoint-offload",
-                    "offload,checkpoint-offload,checkpoint,keep"});
+  checkEquivalence(
+      {"mlp", mlpOptions()}, {4}, {2, 4},
+      {"checkpoint,offload,keep,checkpoint-offload", "offload,checkpoint-offload,checkpoint,keep"});
 }
 
 TEST(PipelineEquivalenceMixed, Vgg16) {
@@ -413,7 +412,7 @@ struct AsyncReference {
   std::shared_ptr<model::Model> model;
   std::unique_ptr<torch::optim::Optimizer> opt;
   std::vector<torch::Tensor> params;
-  std::vector<int> stageOf;                           // parameter index -> stage
+  std::vector<int> stageOf;                          // parameter index -> stage
   std::vector<std::vector<torch::Tensor>> versions;  // versions[u] = weights after u updates
 
   AsyncReference(const config::Config& c, const std::vector<runtime::StageRange>& partition)
@@ -447,8 +446,8 @@ struct AsyncReference {
     const int64_t M = config.pipeline.microbatches, n = b.input.size(0);
     const bool perMicrobatch = config.pipeline.schedule == "pipedream";
     // As the engine: auto or linear, on pipefb-async only.
-    const bool predicts = config.pipeline.schedule == "pipefb-async" &&
-                          config.pipeline.weight_prediction != "none";
+    const bool predicts =
+        config.pipeline.schedule == "pipefb-async" && config.pipeline.weight_prediction != "none";
     auto xs = b.input.chunk(M, 0);
     auto ts = b.target.chunk(M, 0);
     std::vector<torch::Tensor> acc;
@@ -493,11 +492,10 @@ struct AsyncReference {
 };
 
 void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
-                         const std::string& stash, const std::string& optimizer,
-                         int kIters = 4, int lag = -1,
-                         const std::string& prediction = "none") {
-  SCOPED_TRACE(c.name + " " + sched + " " + stash + " " + optimizer + " S=" +
-               std::to_string(S) + " M=" + std::to_string(M));
+                         const std::string& stash, const std::string& optimizer, int kIters = 4,
+                         int lag = -1, const std::string& prediction = "none") {
+  SCOPED_TRACE(c.name + " " + sched + " " + stash + " " + optimizer + " S=" + std::to_string(S) +
+               " M=" + std::to_string(M));
   auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
   cfg.pipeline.async_lag = lag;
   cfg.pipeline.weight_prediction = prediction;
@@ -557,8 +555,7 @@ TEST(PipelineAsync, WeightsFollowTheAsynchronousSemantics) {
   checkAsyncSemantics({"mlp", mlpOptions(), 12}, "pipefb-async", 3, 3, "checkpoint", "sgd", 5, 1,
                       "linear");
   // BatchNorm: forwards on weight snapshots update the stage's statistics.
-  checkAsyncSemantics({"resnet50", visionOptions("resnet50"), 8}, "pipedream", 3, 2, "keep",
-                      "sgd");
+  checkAsyncSemantics({"resnet50", visionOptions("resnet50"), 8}, "pipedream", 3, 2, "keep", "sgd");
 }
 
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {

@@ -34,8 +34,10 @@ int main(int argc, char** argv) {
   const std::string stash = argc > 4 ? argv[4] : "keep";
   const int warm = 3;
   memory::installTrackingAllocator();
-  config::Config c = test::benchConfig(
-      sched, stash, M, argc > 5 ? std::atoi(argv[5]) : sched.rfind("pipefb", 0) == 0 ? 4 : 2);
+  config::Config c = test::benchConfig(sched, stash, M,
+                                       argc > 5                        ? std::atoi(argv[5])
+                                       : sched.rfind("pipefb", 0) == 0 ? 4
+                                                                       : 2);
   c.training.lr = 0.01;
   const std::string partition = argc > 6 ? argv[6] : "planner";
   if (partition == "planner") {
@@ -145,10 +147,11 @@ int main(int argc, char** argv) {
                 1e3 * mean(sg[i], nsg[i]), 1e3 * mean(st[i], nst[i]));
   }
   auto simr = sim::simulate(s, costs);
-  std::printf("vgg16 w=0.25 batch 32 1x32x32, %s %d stages x %d microbatches, stash %s, "
-              "partition %s (%s)\n",
-              sched.c_str(), S, M, stash.c_str(), runtime::toString(e.partition()).c_str(),
-              partition.c_str());
+  std::printf(
+      "vgg16 w=0.25 batch 32 1x32x32, %s %d stages x %d microbatches, stash %s, "
+      "partition %s (%s)\n",
+      sched.c_str(), S, M, stash.c_str(), runtime::toString(e.partition()).c_str(),
+      partition.c_str());
   std::printf("plain LibTorch (2 intra-op threads): %.2f ms/iteration, %.1f samples/s\n",
               1e3 * plain, 32 / plain);
   std::printf("pipeline (%d devices, 1 thread each):   %.2f ms/iteration, %.1f samples/s\n",
@@ -172,8 +175,8 @@ int main(int argc, char** argv) {
     stall += t.stallSeconds;
     if (t.offloads + t.prefetches > 0)
       std::printf("%s: D2H %.2f MiB, H2D %.2f MiB, copy %.1f ms, hidden %.1f ms, stall %.1f ms\n",
-                  t.name.c_str(), t.bytesD2H / 1048576.0, t.bytesH2D / 1048576.0, 1e3 * t.copySeconds,
-                  1e3 * t.hiddenSeconds, 1e3 * t.stallSeconds);
+                  t.name.c_str(), t.bytesD2H / 1048576.0, t.bytesH2D / 1048576.0,
+                  1e3 * t.copySeconds, 1e3 * t.hiddenSeconds, 1e3 * t.stallSeconds);
   }
   std::printf(
       "RESULT %s-%s devices %d: peak device memory %.2f MiB, %.1f samples/s, overlap %.1f%%, "

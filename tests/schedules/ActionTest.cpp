@@ -56,8 +56,9 @@ TEST(ActionTest, EveryTypeRoundTrips) {
 }
 
 TEST(ActionTest, BadTokensNameTheTokenAndTheForms) {
-  for (std::string bad : {"X1.2", "F1", "F1.", "F.2", "SA1.2", "SA1.2<3", "RA1.2>3", "F1.2>3",
-                          "B1.2x", "", "f1.2", "W1.2>3", "WR1.2", "I1.2<0", "STEP1.-1", "F99999999999.1"}) {
+  for (std::string bad :
+       {"X1.2", "F1", "F1.", "F.2", "SA1.2", "SA1.2<3", "RA1.2>3", "F1.2>3", "B1.2x", "", "f1.2",
+        "W1.2>3", "WR1.2", "I1.2<0", "STEP1.-1", "F99999999999.1"}) {
     try {
       parseAction(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";

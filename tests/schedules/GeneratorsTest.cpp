@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
 #include <set>
+#include <tuple>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
@@ -168,7 +168,8 @@ TEST(GeneratorsTest, PipefbAsyncForwardRunsOneVersionStale) {
   }
   EXPECT_EQ(async.contract.weightVersions, std::vector<int>(S, 2));
   EXPECT_EQ(sync.contract.weightVersions, std::vector<int>(S, 1));
-  EXPECT_THROW(makeSchedule("pipefb-async", S, M, Placement::pipefb(S), K, M + 1), pipefb::UserError);
+  EXPECT_THROW(makeSchedule("pipefb-async", S, M, Placement::pipefb(S), K, M + 1),
+               pipefb::UserError);
 }
 
 TEST(GeneratorsTest, UnknownKindListsAllowedNames) {

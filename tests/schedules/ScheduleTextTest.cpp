@@ -3,9 +3,9 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
-#include "pipefb/schedules/ZeroBubble.h"
 #include "pipefb/schedules/Schedule.h"
 #include "pipefb/schedules/Validator.h"
+#include "pipefb/schedules/ZeroBubble.h"
 
 using namespace pipefb::schedules;
 
@@ -73,7 +73,6 @@ TEST(ScheduleTextTest, RejectsHugeDevicesAndCounts) {
 }
 
 TEST(Placement, ParsesItsTextAndChecksItFitsTheKind) {
-
   auto p = Placement::parse(" 0/3  1/2 ", "<t>");
   EXPECT_EQ(p.toString(), "0/3 1/2");
   EXPECT_EQ(p, Placement::pipefb(2));
@@ -108,7 +107,6 @@ TEST(Placement, ParsesItsTextAndChecksItFitsTheKind) {
 }
 
 TEST(Lowering, PerStageLookahead) {
-
   auto raw = makeSchedule("1f1b", 3, 6, Placement::sameDevice(3), 1);
   auto plan = lower(raw, {StashPolicy::Offload}, std::vector<int>{0, 2, 1});
   EXPECT_EQ(plan.contract.residentBackward, (std::vector<int>{1, 2, 1}));  // min(inFlight, la+1)

@@ -204,7 +204,8 @@ TEST(ValidatorTest, WeightVersionActionsAreChecked) {
     auto& list = s.devices[0];
     list.insert(list.begin() + indexOfToken(list, "F0.2"), offload(0, 0, StashKind::Weights));
     std::string msg = rejection(s, &three.contract);
-    EXPECT_TRUE(contains(msg, "F0.2 runs on weight version 0 of stage 0, which is in the host pool"))
+    EXPECT_TRUE(
+        contains(msg, "F0.2 runs on weight version 0 of stage 0, which is in the host pool"))
         << msg;
   }
   {

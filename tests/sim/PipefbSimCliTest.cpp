@@ -111,7 +111,8 @@ TEST(PipefbSimCliTest, FoldedPlacementRunsOnSDevices) {
     return nlohmann::json::parse(r.out)["bubble_fraction"].get<double>();
   };
   const std::string common = " --stages 4 --microbatches 8 --iterations 3 --json --no-actions";
-  CliRun folded = pipefbSim("--schedule pipefb-sync --policy offload --placement \"0/3 1/2 2/1 3/0\"" + common);
+  CliRun folded =
+      pipefbSim("--schedule pipefb-sync --policy offload --placement \"0/3 1/2 2/1 3/0\"" + common);
   ASSERT_EQ(folded.code, 0) << folded.out;
   EXPECT_EQ(nlohmann::json::parse(folded.out)["devices"], 4);
   CliRun twoS = pipefbSim("--schedule pipefb-sync --policy offload" + common);
@@ -121,8 +122,9 @@ TEST(PipefbSimCliTest, FoldedPlacementRunsOnSDevices) {
   EXPECT_LT(bubble(folded), bubble(oneFOneB));
   EXPECT_LT(bubble(folded), bubble(twoS));
   // Odd S: the middle stage is not split.
-  CliRun odd = pipefbSim("--schedule pipefb-async --stages 3 --microbatches 4 --policy offload "
-                         "--placement \"0/2 1/1 2/0\" --no-actions --json");
+  CliRun odd = pipefbSim(
+      "--schedule pipefb-async --stages 3 --microbatches 4 --policy offload "
+      "--placement \"0/2 1/1 2/0\" --no-actions --json");
   ASSERT_EQ(odd.code, 0) << odd.out;
   // Two backwards on one device is still refused, with exit code 2.
   CliRun bad = pipefbSim("--schedule pipefb-sync --stages 2 --placement \"0/1 2/1\"");

@@ -325,9 +325,9 @@ TEST(SimulatorTest, FoldedPipefbRunsEveryShapeWithinItsContract) {
           for (StashPolicy p : {StashPolicy::Keep, StashPolicy::Offload, StashPolicy::Checkpoint,
                                 StashPolicy::CheckpointOffload})
             for (int lookahead : {0, 1, 3}) {
-              SCOPED_TRACE(kind + " " + std::to_string(S) + "x" + std::to_string(M) + " K=" +
-                           std::to_string(K) + " " + toString(p) + " la=" +
-                           std::to_string(lookahead));
+              SCOPED_TRACE(kind + " " + std::to_string(S) + "x" + std::to_string(M) +
+                           " K=" + std::to_string(K) + " " + toString(p) +
+                           " la=" + std::to_string(lookahead));
               SchedulePlan pl =
                   lower(makeSchedule(kind, S, M, Placement::folded(S), K), {p}, lookahead);
               CostTable c = CostTable::uniform(S);

@@ -57,7 +57,7 @@ TEST(PipefbTrain, TinyRunSucceedsAndWritesRunFolder) {
   fs::path dir = pipefb::test::scratchPath("cli_run");
   fs::remove_all(dir);
   CommandResult r = run("pipefb_train --config " + cfg("mlp-tiny.yaml") +
-                 " --set training.iterations=5 --set output.dir=" + dir.string());
+                        " --set training.iterations=5 --set output.dir=" + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step 5/5"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("samples/s"), std::string::npos) << r.out;

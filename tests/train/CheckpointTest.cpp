@@ -1,8 +1,6 @@
 // Checkpoint and resume (issue 9): the atomic layout, kill-and-resume and determinism
 // through pipefb_train as a user runs it, resume under another plan, torch.load in
 // Python, and numerical faults.
-#include "pipefb/train/Checkpoint.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +10,7 @@
 
 #include "TestUtil.h"
 #include "pipefb/common/Error.h"
+#include "pipefb/train/Checkpoint.h"
 
 using namespace pipefb;
 namespace fs = std::filesystem;
@@ -36,8 +35,9 @@ std::string trainArgs(const std::string& dir, const std::string& extra = "") {
          dir + " " + extra;
 }
 
-const char* kOneF1B = "--set pipeline.schedule=1f1b --set devices.count=2 "
-                      "--set pipeline.microbatches=2";
+const char* kOneF1B =
+    "--set pipeline.schedule=1f1b --set devices.count=2 "
+    "--set pipeline.microbatches=2";
 
 // Bitwise equality of two state_dict files, tensor by tensor.
 void expectSameWeights(const std::string& a, const std::string& b) {
@@ -62,8 +62,8 @@ TEST(Checkpoint, ManifestLastPruningAndLatestSkipsIncomplete) {
     s.step = step;
     bool sawManifest = true;
     train::writeCheckpoint(run, s, 2, [&] {
-      sawManifest = fs::exists(run + "/checkpoints/step-00000" + std::to_string(step) +
-                               "/manifest.json");
+      sawManifest =
+          fs::exists(run + "/checkpoints/step-00000" + std::to_string(step) + "/manifest.json");
       EXPECT_TRUE(fs::exists(run + "/checkpoints/step-00000" + std::to_string(step) + "/model.pt"));
     });
     EXPECT_FALSE(sawManifest) << "the manifest must be written after the data files";
@@ -73,7 +73,8 @@ TEST(Checkpoint, ManifestLastPruningAndLatestSkipsIncomplete) {
   EXPECT_EQ(train::latestCheckpoint(run), run + "/checkpoints/step-000006");
   // A newer checkpoint that died before its manifest is not taken.
   fs::create_directories(run + "/checkpoints/step-000008");
-  fs::copy_file(run + "/checkpoints/step-000006/model.pt", run + "/checkpoints/step-000008/model.pt");
+  fs::copy_file(run + "/checkpoints/step-000006/model.pt",
+                run + "/checkpoints/step-000008/model.pt");
   EXPECT_EQ(train::latestCheckpoint(run), run + "/checkpoints/step-000006");
   auto back = train::readCheckpoint(train::latestCheckpoint(run));
   EXPECT_EQ(back.step, 6);
@@ -122,8 +123,8 @@ void killAndResume(const std::string& name, const std::string& extra) {
   const std::string full = tempDir(name + "_full"), killed = tempDir(name + "_killed");
   auto a = test::runProgram(trainArgs(full, extra));
   ASSERT_EQ(a.code, 0) << a.out;
-  auto b = test::runCommand("PIPEFB_TEST_FAULT=kill-after-step:5 " + std::string(PIPEFB_BINARY_DIR) +
-                            "/" + trainArgs(killed, extra));
+  auto b = test::runCommand("PIPEFB_TEST_FAULT=kill-after-step:5 " +
+                            std::string(PIPEFB_BINARY_DIR) + "/" + trainArgs(killed, extra));
   EXPECT_EQ(b.code, 128 + 9) << "expected death by SIGKILL: " << b.out;
   EXPECT_FALSE(fs::exists(killed + "/model.pt"));
   EXPECT_EQ(train::latestCheckpoint(killed), killed + "/checkpoints/step-000004");
@@ -156,8 +157,9 @@ void killAndResume(const std::string& name, const std::string& extra) {
 TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalSingleDevice) { killAndResume("single", ""); }
 TEST(Checkpoint, KillAndResumeIsBitwiseIdentical1F1B) { killAndResume("1f1b", kOneF1B); }
 TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalPipeDream) {
-  killAndResume("pipedream", "--set pipeline.schedule=pipedream --set devices.count=2 "
-                             "--set pipeline.microbatches=2");
+  killAndResume("pipedream",
+                "--set pipeline.schedule=pipedream --set devices.count=2 "
+                "--set pipeline.microbatches=2");
 }
 
 // Note [Optimizer offload]: the host optimizer's state (Adam, on host master copies) is
@@ -167,9 +169,10 @@ TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalWithOptimizerOffload) {
                 "--set pipeline.schedule=pipefb-sync --set devices.count=4 "
                 "--set pipeline.microbatches=2 --set training.optimizer=adam "
                 "--set training.lr=0.01 --set pipeline.optimizer_offload=host");
-  killAndResume("pipedream_optoff", "--set pipeline.schedule=pipedream --set devices.count=2 "
-                                    "--set pipeline.microbatches=2 "
-                                    "--set pipeline.optimizer_offload=[host,none]");
+  killAndResume("pipedream_optoff",
+                "--set pipeline.schedule=pipedream --set devices.count=2 "
+                "--set pipeline.microbatches=2 "
+                "--set pipeline.optimizer_offload=[host,none]");
 }
 
 TEST(Checkpoint, DeterministicRunsAreBitwiseIdentical) {
@@ -195,9 +198,10 @@ TEST(Checkpoint, DeterministicRunsAreBitwiseIdentical) {
 TEST(Checkpoint, ResumeUnderAnotherPlanRepartitions) {
   const std::string full = tempDir("replan_full");
   ASSERT_EQ(test::runProgram(trainArgs(full, kOneF1B)).code, 0);
-  for (std::string plan : {std::string("--set pipeline.schedule=none --set devices.count=1"),
-                           std::string("--set pipeline.schedule=gpipe --set devices.count=3 --set pipeline.stages=3 "
-                                       "--set pipeline.partition=[1,2]")}) {
+  for (std::string plan :
+       {std::string("--set pipeline.schedule=none --set devices.count=1"),
+        std::string("--set pipeline.schedule=gpipe --set devices.count=3 --set pipeline.stages=3 "
+                    "--set pipeline.partition=[1,2]")}) {
     SCOPED_TRACE(plan);
     const std::string run = tempDir("replan");
     auto b = test::runCommand("PIPEFB_TEST_FAULT=kill-after-step:5 " +
@@ -225,7 +229,9 @@ TEST(Checkpoint, PythonTorchLoadReadsTheMergedStateDict) {
   auto sd = train::loadStateDict(dir + "/model.pt");
   const std::string script =
       "import json, torch\n"
-      "d = '" + dir + "'\n"
+      "d = '" +
+      dir +
+      "'\n"
       "sd = torch.load(d + '/model.pt')\n"
       "m = json.load(open(d + '/manifest.json'))\n"
       "names = [n for st in m['plan']['stages'] for n in st['names']]\n"
@@ -248,12 +254,12 @@ TEST(Checkpoint, NumericalFaultNamesStageMicrobatchStepAndKeepsLastCheckpoint) {
   struct Case {
     std::string extra, expect;
   };
-  for (const Case& c : {Case{"", "non-finite loss (nan) at step 5, stage 0, microbatch 0 of 1"},
-                        Case{"--set training.check_numerics=all",
-                             "non-finite activation of layer"},
-                        Case{kOneF1B, "non-finite loss (nan) at step 5, stage 1, microbatch 0 of 2"},
-                        Case{std::string(kOneF1B) + " --set training.check_numerics=all",
-                             "non-finite activation (nan) at step 5, stage 0, microbatch 0 of 2"}}) {
+  for (const Case& c :
+       {Case{"", "non-finite loss (nan) at step 5, stage 0, microbatch 0 of 1"},
+        Case{"--set training.check_numerics=all", "non-finite activation of layer"},
+        Case{kOneF1B, "non-finite loss (nan) at step 5, stage 1, microbatch 0 of 2"},
+        Case{std::string(kOneF1B) + " --set training.check_numerics=all",
+             "non-finite activation (nan) at step 5, stage 0, microbatch 0 of 2"}}) {
     SCOPED_TRACE(c.extra);
     const std::string run = tempDir("nan");
     auto r = test::runCommand("PIPEFB_TEST_FAULT=nan-input:5 " + std::string(PIPEFB_BINARY_DIR) +

@@ -1,5 +1,3 @@
-#include "pipefb/train/Trainer.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -7,10 +5,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "TestUtil.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/train/Checkpoint.h"
 #include "pipefb/train/Optimizer.h"
-#include "TestUtil.h"
+#include "pipefb/train/Trainer.h"
 
 using namespace pipefb;
 namespace fs = std::filesystem;
@@ -65,7 +64,8 @@ TEST(Trainer, RunWritesRunFolderAndLearns) {
     losses.push_back(std::stod(line.substr(b + 1, c - b - 1)));
   }
   ASSERT_EQ(losses.size(), 60u);
-  double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[57] + losses[58] + losses[59]) / 3;
+  double first = (losses[0] + losses[1] + losses[2]) / 3,
+         last = (losses[57] + losses[58] + losses[59]) / 3;
   EXPECT_LT(last, 0.7 * first);
 
   // The resolved config reloads to the same config.
@@ -166,8 +166,8 @@ TEST(Checkpoint, LoadsIntoTorchvisionResnet50InPython) {
   for (auto& [k, v] : m->stateDict()) sum += v.to(torch::kDouble).sum().item<double>();
   auto r = pipefb::test::runCommand(
       "/usr/bin/python3 -c \"import torch, torchvision; d = torch.load('" + path +
-          "'); m = torchvision.models.resnet50(); r = m.load_state_dict(d, strict=True); "
-          "print(len(d), sum(float(v.double().sum()) for v in d.values()))\"");
+      "'); m = torchvision.models.resnet50(); r = m.load_state_dict(d, strict=True); "
+      "print(len(d), sum(float(v.double().sum()) for v in d.values()))\"");
   const std::string& out = r.out;
   ASSERT_EQ(r.code, 0) << out;
   std::istringstream is(out);

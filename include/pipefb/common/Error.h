@@ -23,16 +23,17 @@ class InternalError : public std::logic_error {
 };
 
 namespace detail {
-[[noreturn]] void throwInternal(const char* cond, const char* file, int line, const std::string& msg);
+[[noreturn]] void throwInternal(const char* cond, const char* file, int line,
+                                const std::string& msg);
 }  // namespace detail
 
 }  // namespace pipefb
 
-#define PIPEFB_ASSERT(cond, msg)                                                    \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::ostringstream pipefb_assert_os_;                                         \
-      pipefb_assert_os_ << msg;                                                     \
+#define PIPEFB_ASSERT(cond, msg)                                                           \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::ostringstream pipefb_assert_os_;                                                \
+      pipefb_assert_os_ << msg;                                                            \
       ::pipefb::detail::throwInternal(#cond, __FILE__, __LINE__, pipefb_assert_os_.str()); \
-    }                                                                               \
+    }                                                                                      \
   } while (0)

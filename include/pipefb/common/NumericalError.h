@@ -35,11 +35,10 @@ class NumericalError : public std::runtime_error {
   int microbatch() const { return microbatch_; }
 
   static std::string format(const std::string& what, const std::string& value, int64_t step,
-                            int stage, int microbatch, int microbatches,
-                            const std::string& hint) {
-    return "non-finite " + what + " (" + value + ") at step " + std::to_string(step) +
-           ", stage " + std::to_string(stage) + ", microbatch " + std::to_string(microbatch) +
-           " of " + std::to_string(microbatches) +
+                            int stage, int microbatch, int microbatches, const std::string& hint) {
+    return "non-finite " + what + " (" + value + ") at step " + std::to_string(step) + ", stage " +
+           std::to_string(stage) + ", microbatch " + std::to_string(microbatch) + " of " +
+           std::to_string(microbatches) +
            (hint.empty() ? std::string("; lower training.lr or check the data") : "; " + hint);
   }
 

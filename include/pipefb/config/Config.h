@@ -20,33 +20,33 @@ namespace pipefb::config {
 struct TrainingOptions {
   std::string optimizer = "sgd";  // sgd | adam
   double lr = 0.01;
-  double momentum = 0.9;          // sgd
+  double momentum = 0.9;  // sgd
   double weight_decay = 0.0;
-  double beta1 = 0.9, beta2 = 0.999;  // adam
+  double beta1 = 0.9, beta2 = 0.999;     // adam
   std::string lr_schedule = "constant";  // constant | cosine | step
   int64_t warmup_steps = 0;
-  int64_t step_every = 1000;      // step schedule: multiply by step_gamma every N steps
+  int64_t step_every = 1000;  // step schedule: multiply by step_gamma every N steps
   double step_gamma = 0.1;
-  double min_lr_ratio = 0.0;      // cosine: final lr = lr * min_lr_ratio
-  int64_t batch = 64;             // global batch (samples per iteration)
+  double min_lr_ratio = 0.0;  // cosine: final lr = lr * min_lr_ratio
+  int64_t batch = 64;         // global batch (samples per iteration)
   int64_t epochs = 1;
-  int64_t iterations = 0;         // > 0 wins over epochs
+  int64_t iterations = 0;  // > 0 wins over epochs
   uint64_t seed = 0;
-  int64_t log_every = 50;         // progress line every N steps
+  int64_t log_every = 50;  // progress line every N steps
   int64_t eval_batch = 256;
-  bool eval = true;               // test-set accuracy at the end
-  int64_t threads = 0;            // intra-op threads; 0 = all cores
-  bool checkpoint = true;         // write the final checkpoint
-  int64_t checkpoint_every = 0;   // resumable checkpoint every N steps; 0 = off
-  int64_t keep_checkpoints = 2;   // complete checkpoints kept in RUN_DIR/checkpoints
-  bool deterministic = false;     // bitwise-reproducible runs (see README)
+  bool eval = true;              // test-set accuracy at the end
+  int64_t threads = 0;           // intra-op threads; 0 = all cores
+  bool checkpoint = true;        // write the final checkpoint
+  int64_t checkpoint_every = 0;  // resumable checkpoint every N steps; 0 = off
+  int64_t keep_checkpoints = 2;  // complete checkpoints kept in RUN_DIR/checkpoints
+  bool deterministic = false;    // bitwise-reproducible runs (see README)
   /// off | loss | all: which values are checked for NaN/Inf (Note [Numerics check]).
   std::string check_numerics = "loss";
 };
 
 struct DevicesOptions {
   int64_t count = 1;
-  std::string kind = "cpu";       // cpu (virtual devices) | cuda
+  std::string kind = "cpu";  // cpu (virtual devices) | cuda
   /// Per-device capacity in bytes; nullopt = unlimited. devices.memory is one size for
   /// every device, or a list with one per device (then `device_memory` holds them and
   /// `memory` is the smallest of them, for one-device runs and the planner).
@@ -64,8 +64,8 @@ struct DevicesOptions {
 struct PipelineOptions {
   /// none | gpipe | 1f1b | pipedream | pipefb-sync | pipefb-async
   std::string schedule = "none";
-  int64_t stages = 0;               // 0 = derive from devices and schedule
-  std::vector<int64_t> partition;   // explicit cut points (first layer of stages 1..S-1)
+  int64_t stages = 0;                    // 0 = derive from devices and schedule
+  std::vector<int64_t> partition;        // explicit cut points (first layer of stages 1..S-1)
   std::string partition_by = "planner";  // without partition: planner | params
   int64_t microbatches = 1;
   /// keep | offload | checkpoint | checkpoint-offload: one for every stage, or a list with

@@ -25,17 +25,18 @@ namespace pipefb::planner {
 /// One layer's work per sample.
 struct LayerWork {
   std::string name;
-  double flops = 0;              // forward
-  double bytesMoved = 0;         // forward, for the memory-bound roofline
-  std::int64_t params = 0;       // parameter count (fp32)
-  std::int64_t largestParam = 0; // elements of the largest parameter tensor (Note [Analytic step transient])
+  double flops = 0;         // forward
+  double bytesMoved = 0;    // forward, for the memory-bound roofline
+  std::int64_t params = 0;  // parameter count (fp32)
+  std::int64_t largestParam =
+      0;  // elements of the largest parameter tensor (Note [Analytic step transient])
   std::int64_t outputBytes = 0;
   std::int64_t savedBytes = 0;
   std::int64_t workingBytes = 0;
 };
 
 struct ModelWork {
-  std::string model;  // a key naming the model and the options that change its shapes
+  std::string model;            // a key naming the model and the options that change its shapes
   std::int64_t inputBytes = 0;  // per sample
   std::vector<LayerWork> layers;
 };

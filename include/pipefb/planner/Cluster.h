@@ -15,16 +15,14 @@ struct Link {
     if (bytes <= 0) return 0;
     return latency + (bandwidth > 0 ? static_cast<double>(bytes) / bandwidth : 0.0);
   }
-  bool operator==(const Link& o) const {
-    return bandwidth == o.bandwidth && latency == o.latency;
-  }
+  bool operator==(const Link& o) const { return bandwidth == o.bandwidth && latency == o.latency; }
 };
 
 struct ClusterDevice {
-  std::string name;          // "t4-16g:3"
-  double speed = 1.0;        // compute speed relative to the profile's reference device
+  std::string name;            // "t4-16g:3"
+  double speed = 1.0;          // compute speed relative to the profile's reference device
   std::int64_t capacity = -1;  // bytes; -1 = unlimited
-  Link host;                 // device <-> host pool (its copy engine), each direction
+  Link host;                   // device <-> host pool (its copy engine), each direction
   /// Note [Devices and processes]: devices with the same number share one pipefb process.
   int process = 0;
 };

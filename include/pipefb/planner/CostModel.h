@@ -140,9 +140,9 @@ namespace pipefb::planner {
 using schedules::StashPolicy;
 
 // The one schedule-kind enum and its table (pipefb/schedules/ScheduleKind.h).
-using schedules::ScheduleKind;
 using schedules::isFlushing;
 using schedules::parseScheduleKind;
+using schedules::ScheduleKind;
 using schedules::splitsBackward;
 using schedules::toString;
 /// The kinds the cost model has closed forms for (zbv, interleaved-1f1b and pipefb-zb

@@ -22,9 +22,9 @@
 namespace pipefb::planner {
 
 struct DetectedClusterOptions {
-  int devices = 0;               // virtual devices; 0 = one per detected core
-  std::int64_t hostPool = -1;    // bytes; -1 = unlimited
-  bool numaLinks = true;         // false: every link memcpy (devices not bound to nodes)
+  int devices = 0;             // virtual devices; 0 = one per detected core
+  std::int64_t hostPool = -1;  // bytes; -1 = unlimited
+  bool numaLinks = true;       // false: every link memcpy (devices not bound to nodes)
 };
 
 ClusterSpec detectedClusterSpec(const topology::Topology& topo, const DeviceSpec& spec,

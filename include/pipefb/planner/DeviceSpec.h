@@ -10,12 +10,12 @@
 namespace pipefb::planner {
 
 struct DeviceSpec {
-  std::string name;         // "t4-16g"
-  std::string description;  // free text
-  double peakFlops = 0;     // FP32 FLOP/s the trainer's kernels can use (dense)
-  std::int64_t memory = 0;  // usable bytes
-  double hbmBandwidth = 0;  // device memory bytes/s
-  double pcieBandwidth = 0; // host <-> device bytes/s (pinned), each direction
+  std::string name;          // "t4-16g"
+  std::string description;   // free text
+  double peakFlops = 0;      // FP32 FLOP/s the trainer's kernels can use (dense)
+  std::int64_t memory = 0;   // usable bytes
+  double hbmBandwidth = 0;   // device memory bytes/s
+  double pcieBandwidth = 0;  // host <-> device bytes/s (pinned), each direction
   double hostLatency = 10e-6;
   /// Fraction of peak FLOP/s and HBM bandwidth that training kernels reach. The spec
   /// file states where its number comes from.

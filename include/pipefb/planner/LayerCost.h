@@ -23,9 +23,9 @@ struct LayerCost {
   /// Copying the layer's parameters into fresh tensors (a PipeDream weight snapshot,
   /// Note [Weight snapshots] in CostModel.h).
   double snapshot = 0;
-  std::int64_t outputBytes = 0;  // the activation this layer hands to the next
-  std::int64_t savedBytes = 0;   // what autograd keeps for B (the graph stash)
-  std::int64_t workingBytes = 0; // transient peak while F or B runs, beyond the stash
+  std::int64_t outputBytes = 0;   // the activation this layer hands to the next
+  std::int64_t savedBytes = 0;    // what autograd keeps for B (the graph stash)
+  std::int64_t workingBytes = 0;  // transient peak while F or B runs, beyond the stash
   /// Transient peak while F alone runs (a split stage's forward device runs no B); -1 = not
   /// measured: use workingBytes.
   std::int64_t forwardWorkingBytes = -1;
@@ -45,8 +45,8 @@ struct LayerCost {
 /// costs are therefore under-estimated at small microbatches; profiling at the
 /// microbatch size the plan will use avoids that.
 struct Profile {
-  std::string model;   // cache key part: model name and options
-  std::string device;  // the reference device the times were taken (or computed) for
+  std::string model;                // cache key part: model name and options
+  std::string device;               // the reference device the times were taken (or computed) for
   std::string source = "analytic";  // "analytic" | "measured"
   std::int64_t microbatch = 1;      // samples per microbatch the numbers are for
   std::int64_t inputBytes = 0;      // the model input per microbatch (stage 0's checkpoint)

@@ -42,11 +42,11 @@ struct PipeDreamGraph {
 PipeDreamGraph parsePipeDreamGraph(const std::string& text, const std::string& source);
 
 struct PipeDreamImport {
-  std::int64_t batch = 0;   // profiling batch; 0 = infer from the Input node
+  std::int64_t batch = 0;  // profiling batch; 0 = infer from the Input node
   /// State tensors per parameter (SGD with momentum: 1) and step transients, as the
   /// analytic profile charges them (optimizerMemory()).
   OptimizerMemory optimizer{1, 0};
-  std::string device;       // the reference device the times are taken as measured on
+  std::string device;  // the reference device the times are taken as measured on
 };
 
 /// The whole import: parse, infer the batch, linearize. Profile::source is "pipedream".

@@ -21,7 +21,7 @@ struct SetupOptions {
   std::string profile;         // profile file (pipefb's, or a PipeDream graph.txt); "" = analytic
   /// A PipeDream graph.txt's profiling batch; 0 = inferred (Note [PipeDream profiles]).
   std::int64_t profileBatch = 0;
-  std::string configsDir;      // holds devices/ and clusters/ (default: next to the config)
+  std::string configsDir;              // holds devices/ and clusters/ (default: next to the config)
   std::int64_t profileMicrobatch = 0;  // analytic profile microbatch; 0 = 1
   /// Cores the virtual CPU devices of a config-derived `cpu` cluster share (Note [Shared
   /// cores]): -1 = the detected ones (Note [Detected cluster]), 0 = not shared.
@@ -37,7 +37,7 @@ struct Planning {
   config::Config config;
   ClusterSpec clusterSpec;
   std::unique_ptr<CostModel> model;
-  SolverOptions solver;  // batch, lookahead from the config; schedules empty (= all)
+  SolverOptions solver;     // batch, lookahead from the config; schedules empty (= all)
   std::string profileText;  // "analytic t4-16g", "measured <path>" or "pipedream <path>"
 };
 

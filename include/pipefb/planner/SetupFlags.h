@@ -18,10 +18,11 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
   app.add_option("--profile-batch", setup.profileBatch,
                  "profiling batch of a PipeDream graph.txt (default: inferred from its Input node)")
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
-  app.add_option("--cores", setup.cores,
-                 "cores the virtual cpu devices share; compute slows by cores/devices when "
-                 "more devices run (default: this machine's cores, detected by hwloc; 0: each device "
-                 "has its own)")
+  app.add_option(
+         "--cores", setup.cores,
+         "cores the virtual cpu devices share; compute slows by cores/devices when "
+         "more devices run (default: this machine's cores, detected by hwloc; 0: each device "
+         "has its own)")
       ->check(CLI::Range(-1, 1 << 20));
   app.add_option("--processes", setup.processes,
                  "which devices share a process (a stage whose forward and backward devices are "

@@ -24,11 +24,11 @@ std::vector<std::string> defaultSweepFamilies();
 /// One training run of a plan (`pipefb_sweep --measure N`): what pipefb_train's run
 /// folder says (summary.json, metrics.csv).
 struct MeasuredRun {
-  bool ran = false;         // a run was attempted
-  int exitCode = 0;         // pipefb_train's (2: the runtime refused the plan, 1: failed)
-  std::string note;         // why it did not run, or the first stderr line
-  double throughput = 0;    // samples/s over the whole run (summary.json)
-  double iterationTime = 0; // s: median step interval after the first (metrics.csv)
+  bool ran = false;                // a run was attempted
+  int exitCode = 0;                // pipefb_train's (2: the runtime refused the plan, 1: failed)
+  std::string note;                // why it did not run, or the first stderr line
+  double throughput = 0;           // samples/s over the whole run (summary.json)
+  double iterationTime = 0;        // s: median step interval after the first (metrics.csv)
   std::vector<std::int64_t> peak;  // per virtual device cpu:0.. (summary.json)
   std::int64_t hostPeak = 0;
   std::int64_t peakMax() const;
@@ -41,7 +41,7 @@ struct SweepPoint {
   std::string family;
   std::int64_t budget = 0;
   bool feasible = false;
-  Plan plan;  // when feasible
+  Plan plan;             // when feasible
   MeasuredRun measured;  // with --measure
 };
 

@@ -37,8 +37,7 @@ struct PlannedPartition {
   Plan plan;                       // with its predicted times and memory
   bool withinLimits = true;        // false: nothing fits devices.memory; planned without it
 };
-PlannedPartition plannerPartition(const CostModel& model, const config::Config& config,
-                                  int stages);
+PlannedPartition plannerPartition(const CostModel& model, const config::Config& config, int stages);
 
 /// "[0,3) [3,7) [7,9)"
 std::string rangesText(const Plan& plan);

@@ -37,13 +37,11 @@ class ChromeTrace {
   void addSpan(int pid, int tid, const std::string& name, const std::string& category,
                int64_t startNs, int64_t endNs, nlohmann::json args = nlohmann::json::object());
   /// One "C" event: live bytes per category.
-  void addMemoryCounter(int pid, const std::string& name, int64_t ns,
-                        const CategoryBytes& bytes);
+  void addMemoryCounter(int pid, const std::string& name, int64_t ns, const CategoryBytes& bytes);
   /// Replays the ALLOC/FREE stream as "memory events" counters, starting from the live
   /// bytes `base` of each domain. Events of domains not in `pidOfDomain` are skipped.
   void addMemoryEvents(const std::vector<memory::MemoryEvent>& events,
-                       std::map<int, CategoryBytes> base,
-                       const std::map<int, int>& pidOfDomain);
+                       std::map<int, CategoryBytes> base, const std::map<int, int>& pidOfDomain);
   /// Writes {"traceEvents": ..., "displayTimeUnit": "ms", "otherData": otherData}.
   /// Throws UserError when the file cannot be written.
   void write(const std::string& path, const nlohmann::json& otherData) const;

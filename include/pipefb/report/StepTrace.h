@@ -18,8 +18,8 @@ class StepTrace {
   /// The trace window (output.trace_steps): step spans are kept for `spanSteps` steps
   /// after the first `skipSteps`; the event stream of `device` is recorded (unless
   /// someone else records already) for the window's first `eventSteps` steps.
-  explicit StepTrace(memory::MemoryDomain& device, int64_t skipSteps = 0,
-                     int64_t spanSteps = 1000, int64_t eventSteps = 2);
+  explicit StepTrace(memory::MemoryDomain& device, int64_t skipSteps = 0, int64_t spanSteps = 1000,
+                     int64_t eventSteps = 2);
   ~StepTrace();
   StepTrace(const StepTrace&) = delete;
   StepTrace& operator=(const StepTrace&) = delete;

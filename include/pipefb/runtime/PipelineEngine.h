@@ -94,26 +94,26 @@ struct EngineOptions {
 
 /// Measured memory of one device (or the host pool) since the engine was built.
 struct DeviceStats {
-  std::string name;                        // "cpu:1", "host"
-  int64_t capacity = -1;                   // bytes, -1 = unlimited
-  int64_t live = 0;                        // bytes now
-  int64_t peak = 0;                        // bytes
+  std::string name;                // "cpu:1", "host"
+  int64_t capacity = -1;           // bytes, -1 = unlimited
+  int64_t live = 0;                // bytes now
+  int64_t peak = 0;                // bytes
   CategoryBytes atPeak{};          // breakdown at the instant of the peak
   CategoryBytes peakByCategory{};  // each category's own peak
-  double busySeconds = 0;                  // time inside F/B/STEP
-  int64_t actions = 0;                     // actions executed
+  double busySeconds = 0;          // time inside F/B/STEP
+  int64_t actions = 0;             // actions executed
 };
 
 /// Data-transfer counters of one device (issue 5; pipefb/offload/TransferManager.h).
 struct TransferStats {
-  std::string name;            // "cpu:1"
-  int64_t bytesD2H = 0;        // sum: offloaded by this device's copy engine
-  int64_t bytesH2D = 0;        // sum: prefetched into this device
-  int64_t offloads = 0;        // count
-  int64_t prefetches = 0;      // count
-  double copySeconds = 0;      // sum: time its copy engine was copying
-  double hiddenSeconds = 0;    // of copySeconds, the part under this device's F/B/STEP
-  double stallSeconds = 0;     // sum: compute waiting for a prefetch (acquire)
+  std::string name;          // "cpu:1"
+  int64_t bytesD2H = 0;      // sum: offloaded by this device's copy engine
+  int64_t bytesH2D = 0;      // sum: prefetched into this device
+  int64_t offloads = 0;      // count
+  int64_t prefetches = 0;    // count
+  double copySeconds = 0;    // sum: time its copy engine was copying
+  double hiddenSeconds = 0;  // of copySeconds, the part under this device's F/B/STEP
+  double stallSeconds = 0;   // sum: compute waiting for a prefetch (acquire)
 };
 
 /// The host pool (devices.host_memory).
@@ -122,17 +122,17 @@ struct HostPoolSummary {
   int64_t peakBytes = 0, liveBytes = 0, blockBytes = 0, allocations = 0, reuses = 0;
 };
 
-
 /// One gradient all-reduce bucket of pipeline.replicas (Note [Gradient buckets] in
 /// PipelineEngine.cpp), on this rank. Times on memory::nowNs()'s clock.
 struct BucketRecord {
   int stage = 0;
   int64_t step = 0;
-  int bucket = 0;   // in start order (reverse parameter order)
+  int bucket = 0;  // in start order (reverse parameter order)
   int64_t bytes = 0;
-  int64_t startNs = 0;          // its all-reduce started
-  int64_t doneNs = 0;           // AR finished waiting for it
-  int backwardAction = -1;      // the B that filled it (index into schedule().devices[d]), or -1: AR did
+  int64_t startNs = 0;  // its all-reduce started
+  int64_t doneNs = 0;   // AR finished waiting for it
+  int backwardAction =
+      -1;  // the B that filled it (index into schedule().devices[d]), or -1: AR did
   bool duringBackward = false;  // started by a hook while that B's autograd call ran
   int64_t backwardDoneNs = 0;   // when that B's autograd call returned
 };

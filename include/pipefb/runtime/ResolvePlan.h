@@ -14,7 +14,7 @@ namespace pipefb::runtime {
 
 /// What the resolver needs to know about the model.
 struct ModelLayers {
-  std::string name;                     // for messages
+  std::string name;                      // for messages
   std::vector<std::int64_t> paramBytes;  // per layer (pipeline.partition_by params)
 };
 

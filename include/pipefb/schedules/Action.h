@@ -97,9 +97,7 @@ struct Action {
     return type == ActionType::Backward || type == ActionType::InputGrad;
   }
   /// B or W: the action after which the stash of (stage, index) is gone.
-  bool endsStash() const {
-    return type == ActionType::Backward || type == ActionType::WeightGrad;
-  }
+  bool endsStash() const { return type == ActionType::Backward || type == ActionType::WeightGrad; }
   bool isSend() const {
     return type == ActionType::SendAct || type == ActionType::SendGrad ||
            type == ActionType::SyncWeights;

@@ -51,10 +51,10 @@ struct PipelineStage {
 struct PipelinePlan {
   ScheduleKind kind = ScheduleKind::GPipe;
   std::vector<PipelineStage> stages;
-  int microbatches = 1;  // M, per iteration
-  int iterations = 1;    // K: the action lists cover K iterations
-  int replicas = 1;      // copies of the pipeline (Note [Replicated pipelines])
-  int asyncLag = -1;     // pipefb-async: pipeline.async_lag (-1: a whole iteration)
+  int microbatches = 1;        // M, per iteration
+  int iterations = 1;          // K: the action lists cover K iterations
+  int replicas = 1;            // copies of the pipeline (Note [Replicated pipelines])
+  int asyncLag = -1;           // pipefb-async: pipeline.async_lag (-1: a whole iteration)
   bool offloadWeights = true;  // Note [Weight-version offload] (pipeline.offload_weights)
   /// Per device 0..numDevices()-1: its capacity in bytes, kNoLimit for none.
   std::vector<std::int64_t> deviceCapacity;

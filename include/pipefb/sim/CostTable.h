@@ -11,8 +11,8 @@ namespace pipefb::sim {
 
 /// Per stage. Times in seconds, sizes in bytes.
 struct StageCosts {
-  double forward = 1e-3;    // F(s,m)
-  double backward = 2e-3;   // B(s,m), without recompute
+  double forward = 1e-3;   // F(s,m)
+  double backward = 2e-3;  // B(s,m), without recompute
   /// I(s,m) and W(s,m) (Note [Split backward] in schedules/Action.h); < 0: unset, see
   /// splitBackward(). Keys input_grad / weight_grad.
   double inputGrad = -1;
@@ -20,9 +20,9 @@ struct StageCosts {
   double recompute = 1e-3;  // extra time of BR(s,m): re-running F from the checkpoint
   double step = 0;          // STEP (optimizer)
   double allReduce = 0;     // AR
-  std::int64_t activationBytes = 1 << 20;       // SA/RA: the stage's output
-  std::int64_t gradientBytes = 1 << 20;         // SG/RG: the gradient of the stage's input
-  std::int64_t stashBytes = 4 << 20;            // graph stash (keep/offload)
+  std::int64_t activationBytes = 1 << 20;  // SA/RA: the stage's output
+  std::int64_t gradientBytes = 1 << 20;    // SG/RG: the gradient of the stage's input
+  std::int64_t stashBytes = 4 << 20;       // graph stash (keep/offload)
   /// What the stash keeps between I and W (the inputs of the weight layers and their
   /// output gradients); < 0: unset, the whole stash (key deferred_bytes).
   std::int64_t deferredBytes = -1;
@@ -36,11 +36,13 @@ struct StageCosts {
   /// forward device: only the forward working set, Note [Forward device memory] in
   /// planner/CostModel.h); -1 = workingSetBytes.
   std::int64_t forwardWorkingSetBytes = -1;
-  std::int64_t stepWorkingBytes = 0;            // transient of STEP (optimizer_state), while it runs
+  std::int64_t stepWorkingBytes = 0;  // transient of STEP (optimizer_state), while it runs
 
   double inputGradTime() const;
   double weightGradTime() const;
-  std::int64_t deferredStashBytes() const { return deferredBytes >= 0 ? deferredBytes : stashBytes; }
+  std::int64_t deferredStashBytes() const {
+    return deferredBytes >= 0 ? deferredBytes : stashBytes;
+  }
 };
 
 /// Note [I and W costs]: the time of I and W from what a cost file or profile gives. Both

@@ -33,9 +33,7 @@ const std::vector<std::string>& bindPolicyNames();
 BindPolicy parseBindPolicy(const std::string& text, const std::string& key = "devices.bind");
 
 /// The core device `device` is bound to under BindPolicy::Cores: round-robin.
-inline int coreForDevice(int device, int numCores) {
-  return numCores > 0 ? device % numCores : 0;
-}
+inline int coreForDevice(int device, int numCores) { return numCores > 0 ? device % numCores : 0; }
 
 /// Binds the calling thread to every PU of machine().cores[core]
 /// (hwloc_set_cpubind, HWLOC_CPUBIND_THREAD). Throws std::runtime_error on failure.

@@ -14,37 +14,37 @@
 namespace pipefb::topology {
 
 struct Core {
-  int index = 0;          // logical: 0..cores-1
-  int osIndex = -1;       // the kernel's core id
-  std::vector<int> pus;   // the kernel's CPU numbers (what taskset and /proc/cpuinfo use)
-  int numaNode = -1;      // logical index of its NUMA node, -1 if none
+  int index = 0;         // logical: 0..cores-1
+  int osIndex = -1;      // the kernel's core id
+  std::vector<int> pus;  // the kernel's CPU numbers (what taskset and /proc/cpuinfo use)
+  int numaNode = -1;     // logical index of its NUMA node, -1 if none
 };
 
 struct NumaNode {
-  int index = 0;              // logical
-  int osIndex = -1;           // the kernel's node id
-  std::int64_t memory = 0;    // bytes local to the node
-  std::vector<int> cores;     // logical core indexes
+  int index = 0;            // logical
+  int osIndex = -1;         // the kernel's node id
+  std::int64_t memory = 0;  // bytes local to the node
+  std::vector<int> cores;   // logical core indexes
 };
 
 struct PciDevice {
-  std::string busId;          // "0000:00:02.0"
-  unsigned classId = 0;       // PCI class << 8 | subclass, e.g. 0x0300 VGA
+  std::string busId;     // "0000:00:02.0"
+  unsigned classId = 0;  // PCI class << 8 | subclass, e.g. 0x0300 VGA
   unsigned vendorId = 0, deviceId = 0;
-  std::string className;      // "display", "network", ...
-  std::string name;           // hwloc's name where it has one (often empty without pci.ids)
+  std::string className;  // "display", "network", ...
+  std::string name;       // hwloc's name where it has one (often empty without pci.ids)
   std::vector<std::string> osDevices;  // "card0", "eth0", "sda", "cuda0", ...
-  bool gpu = false;           // display/3D/accelerator class, or a GPU/co-processor OS device
-  int numaNode = -1;          // logical NUMA node it hangs off, -1 = the whole machine
+  bool gpu = false;   // display/3D/accelerator class, or a GPU/co-processor OS device
+  int numaNode = -1;  // logical NUMA node it hangs off, -1 = the whole machine
 };
 
 struct Topology {
-  std::string source;         // "this machine" or "synthetic <description>"
+  std::string source;  // "this machine" or "synthetic <description>"
   std::vector<Core> cores;
   std::vector<NumaNode> numaNodes;  // at least one (hwloc always reports one)
   std::vector<PciDevice> pci;
-  int pus = 0;                // processing units (hardware threads) this process may use
-  std::int64_t memory = 0;    // bytes, all NUMA nodes
+  int pus = 0;              // processing units (hardware threads) this process may use
+  std::int64_t memory = 0;  // bytes, all NUMA nodes
   /// distances[a][b] between NUMA nodes as the firmware reports them (SLIT: 10 local);
   /// empty when the machine reports none.
   std::vector<std::vector<std::uint64_t>> numaDistances;

@@ -55,14 +55,14 @@ using pipefb::writeFileAtomically;
 struct CheckpointStage {
   int64_t first = 0, last = 0;  // layers [first, last)
   int forwardDevice = 0, backwardDevice = 0;
-  int64_t weightVersion = 0;  // optimizer steps applied to its master weights
+  int64_t weightVersion = 0;       // optimizer steps applied to its master weights
   std::vector<std::string> names;  // its state_dict keys
 };
 
 struct CheckpointState {
   int64_t step = 0;  // optimizer steps done
   int64_t totalSteps = 0;
-  double loss = 0;   // of the last step
+  double loss = 0;  // of the last step
   NamedTensors model;
   NamedTensors optimizer;
   torch::Tensor torchRng;  // at::Generator::get_state() of the default CPU generator

@@ -23,7 +23,8 @@ struct ProgressState {
   std::vector<DeviceMemoryReading> memory;
 };
 
-/// "step 120/1876 (epoch 1) | loss 0.4821 | 1234 samples/s | cpu:0 12.3 MiB (peak 20.1 MiB / 1.00 GiB) | ETA 1m23s"
+/// "step 120/1876 (epoch 1) | loss 0.4821 | 1234 samples/s | cpu:0 12.3 MiB (peak 20.1 MiB / 1.00
+/// GiB) | ETA 1m23s"
 std::string formatProgress(const ProgressState& state);
 
 /// "1h02m", "3m07s", "12s".

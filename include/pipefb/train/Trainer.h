@@ -120,8 +120,8 @@ class Trainer {
   std::string planYaml_;
   std::shared_ptr<dist::ProcessGroup> group_;
   NamedTensors pendingOptimizer_;  // optimizer state for the next engine
-  std::string pendingSource_;       // where it came from, for errors
-  int64_t engineEnd_ = 0;           // the engine was built for steps up to here
+  std::string pendingSource_;      // where it came from, for errors
+  int64_t engineEnd_ = 0;          // the engine was built for steps up to here
   std::string lastCheckpoint_;
 
   config::Config config_;
@@ -131,7 +131,7 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t totalSteps_ = 0;
   int64_t stepsDone_ = 0;
-  memory::MemoryDomain* device_ = nullptr;  // cpu:0
+  memory::MemoryDomain* device_ = nullptr;           // cpu:0
   std::unique_ptr<runtime::PipelineEngine> engine_;  // pipeline.schedule != none
 };
 
