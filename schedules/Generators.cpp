@@ -11,15 +11,6 @@ namespace pipefb::schedules {
 
 namespace {
 
-void checkShape(const std::string& kind, int S, int M, int K, const Placement& p) {
-  if (S < 1) throw UserError(kind + ": stages must be >= 1, got " + std::to_string(S));
-  if (M < 1) throw UserError(kind + ": microbatches must be >= 1, got " + std::to_string(M));
-  if (K < 1) throw UserError(kind + ": iterations must be >= 1, got " + std::to_string(K));
-  if (p.numStages() != S)
-    throw UserError(kind + ": the placement has " + std::to_string(p.numStages()) + " stages but " +
-                    std::to_string(S) + " were asked for");
-}
-
 // GPipe, 1F1B and PipeDream: F(s) == B(s) and one stage per device.
 void checkSameDevice(const std::string& kind, const Placement& p) {
   std::set<int> used;
@@ -68,6 +59,15 @@ void oneFOneBStage(std::vector<Action>& out, int s, int first, int n, int warmup
 }
 
 }  // namespace
+
+void checkShape(const std::string& kind, int S, int M, int K, const Placement& p) {
+  if (S < 1) throw UserError(kind + ": stages must be >= 1, got " + std::to_string(S));
+  if (M < 1) throw UserError(kind + ": microbatches must be >= 1, got " + std::to_string(M));
+  if (K < 1) throw UserError(kind + ": iterations must be >= 1, got " + std::to_string(K));
+  if (p.numStages() != S)
+    throw UserError(kind + ": the placement has " + std::to_string(p.numStages()) + " stages but " +
+                    std::to_string(S) + " were asked for");
+}
 
 Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p) {
   Schedule s;

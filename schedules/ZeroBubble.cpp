@@ -13,15 +13,6 @@ namespace {
 
 constexpr int kNotYet = INT_MAX;  // end time of an action that has not started
 
-void checkShape(const std::string& kind, int S, int M, int K, const Placement& p) {
-  if (S < 1) throw UserError(kind + ": stages must be >= 1, got " + std::to_string(S));
-  if (M < 1) throw UserError(kind + ": microbatches must be >= 1, got " + std::to_string(M));
-  if (K < 1) throw UserError(kind + ": iterations must be >= 1, got " + std::to_string(K));
-  if (p.numStages() != S)
-    throw UserError(kind + ": the placement has " + std::to_string(p.numStages()) + " stages but " +
-                    std::to_string(S) + " were asked for");
-}
-
 void checkPlacement(const std::string& kind, const Placement& p, const Placement& want,
                     const std::string& what) {
   if (!(p == want))

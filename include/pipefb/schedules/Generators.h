@@ -24,6 +24,8 @@ struct SchedulePlan {
   MemoryContract contract;
 };
 
+/// UserError (starting with `kind`) unless S, M and K are >= 1 and `p` has S stages.
+void checkShape(const std::string& kind, int S, int M, int K, const Placement& p);
 /// A schedule of `kind` with S stages, M microbatches, K iterations on placement `p`: one
 /// empty action list per device, what every generator starts from.
 Schedule emptySchedule(const std::string& kind, int S, int M, int K, const Placement& p);
