@@ -57,7 +57,7 @@ Where whereOf(const std::string& source, const YAML::Node& node) {
 
 std::string shown(const YAML::Node& node) {
   if (node.IsScalar()) return "'" + node.Scalar() + "'";
-  if (node.IsSequence()) return "a list";
+  if (node.IsSequence()) return node.size() == 0 ? "an empty list" : "a list";
   if (node.IsMap()) return "a mapping";
   return "nothing";
 }
