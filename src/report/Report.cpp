@@ -423,16 +423,54 @@ std::optional<std::string> imbalanceWarning(const std::map<std::string, double>&
          "pipeline.partition";
 }
 
-}  // namespace
+// Note [Report sections]
+// writeReport reads a run folder into a Report, whose steps each add one part (devices
+// and their memory charts, warnings, predictions, curves), then writes memory.json and
+// report.html from it, a section of the page per function.
+struct Report {
+  const ReportOptions& options;
+  fs::path run, charts;
+  json summary;
+  std::string configText;
+  TraceData trace;
+  Metrics metrics;
+  double wall = 0;
+  json pipeline, offload, transfers, hostPool;
+  std::map<std::string, double> busy;    // device -> busy seconds (pipeline runs)
+  std::map<std::string, int> pidOfName;  // device -> its trace process
+  json devices = json::array();          // memory.json's per-device entries
+  std::vector<std::string> chartNames;   // charts/<name>.svg, in page order
+  std::vector<std::string> warnings;
+  double iterPredicted = NAN, iterMeasured = NAN;
+  std::vector<int64_t> peakPredicted;  // per cpu:i, from the plan file
+  std::string predictedNote =
+      "no plan file (pipefb_plan's plan.yaml) in this run folder; predicted columns are empty "
+      "(pipefb_report --plan PLAN RUN_DIR fills them)";
 
-ReportResult writeReport(const std::string& runDirArg, const ReportOptions& options) {
-  const fs::path run(runDirArg);
+  Report(const std::string& runDir, const ReportOptions& o);
+  fs::path planPath() const {
+    return options.plan.empty() ? run / "plan.yaml" : fs::path(options.plan);
+  }
+  void addDevices();
+  void addWarnings();
+  void addPredictions();
+  void addCurves();
+  json memoryJson() const;
+  std::string html() const;
+  void htmlSummary(std::ostream& h) const;
+  void htmlPeaks(std::ostream& h) const;
+  void htmlTimelines(std::ostream& h) const;
+  void htmlOffload(std::ostream& h) const;
+  void htmlPredicted(std::ostream& h) const;
+  void htmlCurvesPlanConfig(std::ostream& h) const;
+};
+
+Report::Report(const std::string& runDir, const ReportOptions& o) : options(o), run(runDir) {
   const fs::path summaryPath = run / "summary.json";
   if (!fs::exists(summaryPath))
     throw UserError(
         summaryPath.string() +
         ": no such file; RUN_DIR must be the output.dir of a finished pipefb_train run");
-  json summary;
   try {
     summary = json::parse(readFile(summaryPath));
   } catch (const json::exception& e) {
@@ -440,28 +478,28 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   }
   if (!summary.contains("devices") || !summary["devices"].is_array())
     throw UserError(summaryPath.string() + ": no \"devices\" array; rerun the training");
-  const std::string configText =
-      fs::exists(run / "config.yaml") ? readFile(run / "config.yaml") : std::string();
-  const TraceData trace = readTrace(run / "trace.json");
-  const Metrics metrics = readMetrics(run / "metrics.csv");
-  const fs::path charts = run / "charts";
+  configText = fs::exists(run / "config.yaml") ? readFile(run / "config.yaml") : std::string();
+  trace = readTrace(run / "trace.json");
+  metrics = readMetrics(run / "metrics.csv");
+  charts = run / "charts";
   fs::create_directories(charts);
-
-  ReportResult result;
-  std::vector<std::string> warnings;
-  std::map<std::string, int> pidOfName;
   for (const auto& [pid, name] : trace.processName) pidOfName[name] = pid;
-  const double wall = summary.value("wall_seconds", 0.0);
-  const json pipeline = summary.contains("pipeline") ? summary["pipeline"] : json(nullptr);
-  std::map<std::string, double> busy;
+  wall = summary.value("wall_seconds", 0.0);
+  pipeline = summary.contains("pipeline") ? summary["pipeline"] : json(nullptr);
   if (pipeline.is_object())
     for (const auto& d : pipeline.value("devices", json::array()))
       busy[d.value("name", "")] = d.value("busy_seconds", 0.0);
+  offload = findOffload(summary);
+  transfers =
+      pipeline.is_object() && pipeline.contains("transfers") && pipeline["transfers"].is_array()
+          ? pipeline["transfers"]
+          : json::array();
+  hostPool = pipeline.is_object() && pipeline.contains("host_pool") ? pipeline["host_pool"]
+                                                                    : json(nullptr);
+}
 
-  // Per device: the peak (summary.json, exact), its moment (the trace's highest sample).
-  json devices = json::array();
-  std::vector<std::string> chartNames;
-  std::vector<std::string> timelineHtml;
+// Per device: the peak (summary.json, exact), its moment (the trace's highest sample).
+void Report::addDevices() {
   for (const auto& d : summary["devices"]) {
     const std::string name = d.value("name", "?");
     const int64_t peak = d.value("peak_bytes", int64_t{0});
@@ -526,16 +564,10 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
     }
     devices.push_back(dj);
   }
+}
 
-  // Stalls (offload) and imbalance (pipeline stages).
-  json offload = findOffload(summary);
-  const json transfers =
-      pipeline.is_object() && pipeline.contains("transfers") && pipeline["transfers"].is_array()
-          ? pipeline["transfers"]
-          : json::array();
-  const json hostPool = pipeline.is_object() && pipeline.contains("host_pool")
-                            ? pipeline["host_pool"]
-                            : json(nullptr);
+// Stalls (offload) and imbalance (pipeline stages).
+void Report::addWarnings() {
   for (const auto& t : transfers) {
     const double stall = t.value("stall_seconds", 0.0);
     if (wall > 0 && stall > 0.05 * wall)
@@ -557,33 +589,27 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
           d["stall_seconds"].get<double>() > 0.05 * wall)
         warnings.push_back(d.value("name", "?") + " stalled " +
                            fmt(d["stall_seconds"].get<double>()) + " s (> 5% of the run)");
-  if (auto w =
-          imbalanceWarning(busy, options.plan.empty() ? run / "plan.yaml" : fs::path(options.plan)))
-    warnings.push_back(*w);
+  if (auto w = imbalanceWarning(busy, planPath())) warnings.push_back(*w);
+}
 
-  // Predictions: the plan file's `predicted:` section (pipefb_plan's cost model).
-  double iterPredicted = NAN;
-  std::vector<int64_t> peakPredicted;
-  std::string predictedNote =
-      "no plan file (pipefb_plan's plan.yaml) in this run folder; predicted columns are empty "
-      "(pipefb_report --plan PLAN RUN_DIR fills them)";
-  {
-    const fs::path plan = options.plan.empty() ? run / "plan.yaml" : fs::path(options.plan);
-    if (!options.plan.empty() && !fs::exists(plan))
-      throw UserError(plan.string() + ": no such plan file (--plan)");
-    if (fs::exists(plan)) {
-      try {
-        YAML::Node y = YAML::LoadFile(plan.string());
-        YAML::Node p = y["predicted"];
-        if (p && p["iteration_time"]) iterPredicted = p["iteration_time"].as<double>();
-        if (p && p["peak_memory"])
-          for (const auto& v : p["peak_memory"]) peakPredicted.push_back(v.as<int64_t>());
-      } catch (const YAML::Exception& e) {
-        throw UserError(plan.string() + ": not a plan file (" + e.what() + ")");
-      }
-      predictedNote = "predicted by the cost model of the plan file " + plan.string() +
-                      "; the planner's device i is the run's cpu:i";
+// Predictions: the plan file's `predicted:` section (pipefb_plan's cost model), and the
+// measured iteration time (metrics.csv).
+void Report::addPredictions() {
+  const fs::path plan = planPath();
+  if (!options.plan.empty() && !fs::exists(plan))
+    throw UserError(plan.string() + ": no such plan file (--plan)");
+  if (fs::exists(plan)) {
+    try {
+      YAML::Node y = YAML::LoadFile(plan.string());
+      YAML::Node p = y["predicted"];
+      if (p && p["iteration_time"]) iterPredicted = p["iteration_time"].as<double>();
+      if (p && p["peak_memory"])
+        for (const auto& v : p["peak_memory"]) peakPredicted.push_back(v.as<int64_t>());
+    } catch (const YAML::Exception& e) {
+      throw UserError(plan.string() + ": not a plan file (" + e.what() + ")");
     }
+    predictedNote = "predicted by the cost model of the plan file " + plan.string() +
+                    "; the planner's device i is the run's cpu:i";
   }
   for (auto& dj : devices) {
     const std::string n = dj["name"].get<std::string>();
@@ -593,41 +619,41 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   }
 
   // Iteration time, measured (from metrics.csv).
-  double iterMeasured = NAN;
   if (metrics.elapsed.size() >= 2) {
     const size_t n = metrics.elapsed.size();
     iterMeasured = (metrics.elapsed[n - 1] - metrics.elapsed[0]) / static_cast<double>(n - 1);
   } else if (metrics.elapsed.size() == 1) {
     iterMeasured = metrics.elapsed[0];
   }
+}
 
+void Report::addCurves() {
   if (curveChart(options, charts, "loss", "training loss", "loss", metrics.step, metrics.loss))
     chartNames.push_back("loss");
   if (curveChart(options, charts, "throughput", "throughput (cumulative)", "samples/s",
                  metrics.step, metrics.sps))
     chartNames.push_back("throughput");
+}
 
-  json memory = {
-      {"run_dir", run.string()},
-      {"model", summary.value("model", "")},
-      {"schedule", summary.value("schedule", "")},
-      {"wall_seconds", wall},
-      {"steps", summary.value("steps", int64_t{0})},
-      {"devices", devices},
-      {"offload", offload},
-      {"transfers", transfers},
-      {"host_pool", hostPool},
-      {"iteration_seconds",
-       {{"measured", std::isfinite(iterMeasured) ? json(iterMeasured) : json(nullptr)},
-        {"predicted", std::isfinite(iterPredicted) ? json(iterPredicted) : json(nullptr)}}},
-      {"predicted_note", predictedNote},
-      {"trace", {{"present", trace.present}, {"end_ms", trace.endMs}}},
-      {"warnings", warnings}};
-  result.memoryJson = (run / "memory.json").string();
-  writeFile(result.memoryJson, memory.dump(2) + "\n");
-  for (const auto& c : chartNames) result.charts.push_back((charts / (c + ".svg")).string());
+json Report::memoryJson() const {
+  return {{"run_dir", run.string()},
+          {"model", summary.value("model", "")},
+          {"schedule", summary.value("schedule", "")},
+          {"wall_seconds", wall},
+          {"steps", summary.value("steps", int64_t{0})},
+          {"devices", devices},
+          {"offload", offload},
+          {"transfers", transfers},
+          {"host_pool", hostPool},
+          {"iteration_seconds",
+           {{"measured", std::isfinite(iterMeasured) ? json(iterMeasured) : json(nullptr)},
+            {"predicted", std::isfinite(iterPredicted) ? json(iterPredicted) : json(nullptr)}}},
+          {"predicted_note", predictedNote},
+          {"trace", {{"present", trace.present}, {"end_ms", trace.endMs}}},
+          {"warnings", warnings}};
+}
 
-  // ---------------------------------------------------------------- report.html
+std::string Report::html() const {
   std::ostringstream h;
   const std::string title = "pipefb report: " + summary.value("model", std::string("?")) + ", " +
                             summary.value("schedule", std::string("?"));
@@ -640,6 +666,16 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
        "padding:8px;overflow:auto}.warn{color:#b00020}.chart svg{max-width:100%;height:auto}"
        "</style></head><body>\n";
   h << "<h1>" << escapeHtml(title) << "</h1>\n";
+  htmlSummary(h);
+  htmlPeaks(h);
+  htmlTimelines(h);
+  htmlOffload(h);
+  htmlPredicted(h);
+  htmlCurvesPlanConfig(h);
+  return h.str();
+}
+
+void Report::htmlSummary(std::ostream& h) const {
   h << "<p>" << summary.value("steps", int64_t{0}) << " steps, "
     << fmt(summary.value("throughput_samples_per_s", 0.0), "%.1f") << " samples/s, "
     << fmt(wall, "%.1f") << " s wall, final loss " << fmt(summary.value("final_loss", 0.0), "%.4f")
@@ -653,7 +689,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
     for (const auto& w : warnings) h << "<li class=\"warn\">" << escapeHtml(w) << "</li>\n";
     h << "</ul>\n";
   }
+}
 
+void Report::htmlPeaks(std::ostream& h) const {
   h << "<h2>Peak memory per device</h2>\n<table><tr><th>device</th><th>peak</th><th>capacity</th>"
        "<th>use</th><th>at (ms)</th><th>trace max</th>";
   for (MemoryCategory c : kAllMemoryCategories) h << "<th>" << toString(c) << "</th>";
@@ -678,14 +716,18 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
        "the trace's highest memory sample (trace.json); it may miss a short-lived peak between "
        "samples, or outside the traced steps (evaluation runs after training on the same "
        "device).</p>\n";
+}
 
+void Report::htmlTimelines(std::ostream& h) const {
   h << "<h2>Memory timelines</h2>\n";
   if (!trace.present) h << "<p>No trace.json in this run folder.</p>\n";
   for (const auto& c : chartNames)
     if (c.rfind("memory-", 0) == 0)
       h << "<div class=\"chart\" data-src=\"charts/" << c << ".svg\">"
         << inlineSvg(charts / (c + ".svg")) << "</div>\n";
+}
 
+void Report::htmlOffload(std::ostream& h) const {
   h << "<h2>Offload traffic</h2>\n";
   bool anyTraffic = false;
   for (const auto& t : transfers)
@@ -724,7 +766,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
     h << "<p>No offload counters in summary.json (this run did not offload, or its runtime does "
          "not report them).</p>\n";
   }
+}
 
+void Report::htmlPredicted(std::ostream& h) const {
   h << "<h2>Predicted against measured</h2>\n<table><tr><th>quantity</th><th>predicted</th>"
        "<th>measured</th><th>measured / predicted</th></tr>\n<tr><td>iteration time (s)</td><td>"
     << (std::isfinite(iterPredicted) ? fmt(iterPredicted, "%.4f") : "") << "</td><td>"
@@ -744,7 +788,9 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
       << "</td></tr>\n";
   }
   h << "</table>\n<p>" << escapeHtml(predictedNote) << ".</p>\n";
+}
 
+void Report::htmlCurvesPlanConfig(std::ostream& h) const {
   h << "<h2>Loss and throughput</h2>\n";
   for (const auto& c : {"loss", "throughput"})
     if (std::find(chartNames.begin(), chartNames.end(), c) != chartNames.end())
@@ -776,9 +822,23 @@ ReportResult writeReport(const std::string& runDirArg, const ReportOptions& opti
   h << "<p>Machine-readable: <a href=\"memory.json\">memory.json</a>, <a href=\"trace.json\">"
        "trace.json</a> (open in Perfetto), <a href=\"metrics.csv\">metrics.csv</a>, "
        "<a href=\"summary.json\">summary.json</a>.</p>\n</body></html>\n";
-  result.html = (run / "report.html").string();
-  writeFile(result.html, h.str());
-  result.warnings = warnings;
+}
+
+}  // namespace
+
+ReportResult writeReport(const std::string& runDir, const ReportOptions& options) {
+  Report r(runDir, options);
+  r.addDevices();
+  r.addWarnings();
+  r.addPredictions();
+  r.addCurves();
+  ReportResult result;
+  result.memoryJson = (r.run / "memory.json").string();
+  writeFile(result.memoryJson, r.memoryJson().dump(2) + "\n");
+  for (const auto& c : r.chartNames) result.charts.push_back((r.charts / (c + ".svg")).string());
+  result.html = (r.run / "report.html").string();
+  writeFile(result.html, r.html());
+  result.warnings = r.warnings;
   return result;
 }
 
