@@ -34,6 +34,19 @@ const std::vector<std::string>& stashPolicyNames() {
   return names;
 }
 
+std::vector<schedules::StashPolicy> stashPerStage(const Config& config, int stages) {
+  const auto& p = config.pipeline;
+  if (p.stage_stash.empty())
+    return std::vector<schedules::StashPolicy>(stages, schedules::parseStashPolicy(p.stash));
+  if (static_cast<int>(p.stage_stash.size()) != stages)
+    throw UserError(config.source + ": pipeline.stash: " + std::to_string(p.stage_stash.size()) +
+                    " values for " + std::to_string(stages) +
+                    " stages; give one, or one per stage");
+  std::vector<schedules::StashPolicy> out;
+  for (const auto& v : p.stage_stash) out.push_back(schedules::parseStashPolicy(v));
+  return out;
+}
+
 namespace {
 
 const std::vector<std::string> kSections = {"model",    "data",        "training", "devices",

@@ -302,7 +302,8 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
     return shape.splits(k) ? splitPols : allPols;
   };
   auto allowed = [&](int k, StashPolicy p) {
-    return !inputStashOnly(model.cluster(), shape, k) || schedules::isCheckpoint(p);
+    return shape.policyAllowed(k, p) &&
+           (!inputStashOnly(model.cluster(), shape, k) || schedules::isCheckpoint(p));
   };
   const size_t W = static_cast<size_t>(L) + 1;
   // Stage estimates, computed on first use: (k, a, b, policy index).
@@ -483,7 +484,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   std::vector<char> crossProcess(S);
   for (int k = 0; k < S; ++k) crossProcess[k] = inputStashOnly(model.cluster(), shape, k);
   auto allowed = [&](int k, StashPolicy p) {
-    return !crossProcess[k] || schedules::isCheckpoint(p);
+    return shape.policyAllowed(k, p) && (!crossProcess[k] || schedules::isCheckpoint(p));
   };
   auto fits = [&](const StageEstimate& e, int k) {
     const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);

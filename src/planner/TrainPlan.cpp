@@ -99,28 +99,35 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
     throw UserError(cfg.source + ": pipeline.stages: " + std::to_string(stages) +
                     " stages but the model has only " + std::to_string(model.numLayers()) +
                     " layers; lower pipeline.stages or devices.count");
-  const StashPolicy policy = schedules::effectivePolicy(
-      schedules::parseStashPolicy(cfg.pipeline.stash), isSplit(shape.kind));
-  // Note [Devices and processes]: the runtime refuses a graph stash across processes too;
-  // saying so here keeps the planner from being asked for a plan that cannot exist.
-  for (int k = 0; k < stages && !schedules::isCheckpoint(policy); ++k)
-    if (inputStashOnly(model.cluster(), shape, k))
-      throw UserError(cfg.source + ": pipeline.stash: " + cfg.pipeline.stash +
+  // Each stage keeps the policy the config gives it (one for all, or one per stage); the
+  // solver chooses only the partition.
+  const std::vector<StashPolicy> asked = config::stashPerStage(cfg, stages);
+  std::vector<StashPolicy> policies;  // distinct, for the solver
+  for (int k = 0; k < stages; ++k) {
+    const StashPolicy policy = schedules::effectivePolicy(asked[k], shape.splits(k));
+    shape.stagePolicies.push_back(policy);
+    if (std::find(policies.begin(), policies.end(), policy) == policies.end())
+      policies.push_back(policy);
+    // Note [Devices and processes]: the runtime refuses a graph stash across processes
+    // too; saying so here keeps the planner from being asked for a plan that cannot exist.
+    if (!schedules::isCheckpoint(policy) && inputStashOnly(model.cluster(), shape, k))
+      throw UserError(cfg.source + ": pipeline.stash: " + toString(asked[k]) +
                       " cannot cross processes: stage " + std::to_string(k) + " runs F on rank " +
                       std::to_string(shape.forwardDevice(k)) + " and B on rank " +
                       std::to_string(shape.backwardDevice(k)) +
                       " and an autograd graph cannot move between processes; allowed: "
                       "checkpoint, checkpoint-offload");
+  }
   std::vector<std::int64_t> limits;
   for (const auto& d : model.cluster().devices) limits.push_back(d.capacity);
   PlannedPartition out;
-  auto plan = solveShape(model, shape, {policy}, limits, model.cluster().hostPool, Objective::Time);
+  auto plan = solveShape(model, shape, policies, limits, model.cluster().hostPool, Objective::Time);
   if (!plan) {
     // Nothing fits devices.memory for this shape: still the fastest partition, so the
     // runtime reports the out-of-memory error with a real partition.
     out.withinLimits = false;
     std::vector<std::int64_t> none(limits.size(), -1);
-    plan = solveShape(model, shape, {policy}, none, -1, Objective::Time);
+    plan = solveShape(model, shape, policies, none, -1, Objective::Time);
   }
   PIPEFB_ASSERT(plan.has_value(), "an unlimited shape always has a plan");
   out.plan = *plan;

@@ -51,18 +51,6 @@ schedules::Placement placementOf(const config::Config& config, schedules::Schedu
 
 }  // namespace
 
-std::vector<schedules::StashPolicy> stashPerStage(const config::Config& config, int S) {
-  const auto& p = config.pipeline;
-  if (p.stage_stash.empty())
-    return std::vector<schedules::StashPolicy>(S, schedules::parseStashPolicy(p.stash));
-  if (static_cast<int>(p.stage_stash.size()) != S)
-    throw UserError(config.source + ": pipeline.stash: " + std::to_string(p.stage_stash.size()) +
-                    " values for " + std::to_string(S) + " stages; give one, or one per stage");
-  std::vector<schedules::StashPolicy> out;
-  for (const auto& v : p.stage_stash) out.push_back(schedules::parseStashPolicy(v));
-  return out;
-}
-
 schedules::PipelinePlan resolvePlan(const config::Config& config, const ModelLayers& model,
                                     std::int64_t iterations, bool log) {
   const auto& p = config.pipeline;
@@ -80,7 +68,7 @@ schedules::PipelinePlan resolvePlan(const config::Config& config, const ModelLay
 
   const auto partition = partitionOf(config, model, S, log);
   const auto placement = placementOf(config, plan.kind, S);
-  const auto stash = stashPerStage(config, S);
+  const auto stash = config::stashPerStage(config, S);
   const auto lookahead = schedules::lookaheadPerStage(
       p.stage_lookahead.empty()
           ? std::vector<int>{static_cast<int>(p.lookahead)}

@@ -140,6 +140,37 @@ TEST(TrainPlan, PlannerPartitionBalancesTimeNotParameters) {
   EXPECT_EQ(tried, 455);
 }
 
+// pipeline.stash as a list: pipefb_train's partition is planned for each stage's own
+// policy (not the first stage's for all), and is the best partition for them.
+TEST(TrainPlan, PlannerPartitionKeepsEachStagesPolicy) {
+  config::Config cfg = config::parseConfig(kVgg);
+  cfg.pipeline.stage_stash = {"checkpoint", "keep", "offload"};
+  cfg.pipeline.stash = "checkpoint";
+  Planning pl = setupPlanning(cfg, SetupOptions{});
+  PlannedPartition p = plannerPartition(*pl.model, cfg, 3);
+  ASSERT_EQ(p.plan.stages.size(), 3u);
+  EXPECT_EQ(p.plan.stages[0].policy, StashPolicy::Checkpoint);
+  EXPECT_EQ(p.plan.stages[1].policy, StashPolicy::Keep);
+  EXPECT_EQ(p.plan.stages[2].policy, StashPolicy::Offload);
+  const int L = pl.model->numLayers();
+  for (int a = 1; a < L; ++a)
+    for (int b = a + 1; b < L; ++b) {
+      Plan q = p.plan;
+      const int cuts[4] = {0, a, b, L};
+      for (int k = 0; k < 3; ++k) {
+        q.stages[k].first = cuts[k];
+        q.stages[k].last = cuts[k + 1];
+      }
+      evaluatePlan(*pl.model, q);
+      EXPECT_LE(p.plan.iterationTime, q.iterationTime * (1 + 1e-9)) << rangesText(q);
+    }
+  cfg.pipeline.stage_stash = {"keep", "keep"};
+  EXPECT_NE(errorOf([&] {
+              plannerPartition(*pl.model, cfg, 3);
+            }).find("pipeline.stash: 2 values for 3 stages"),
+            std::string::npos);
+}
+
 // Note [Devices and processes]: under WORLD_SIZE > 1 (pipefb_launch, torchrun) the
 // config-derived cluster has a process per device, so pipefb_train's planner partition
 // refuses a graph stash on a stage split across processes, and plans checkpoint-offload.

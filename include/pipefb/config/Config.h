@@ -14,6 +14,7 @@
 
 #include "pipefb/data/DataOptions.h"
 #include "pipefb/model/ModelOptions.h"
+#include "pipefb/schedules/StashPolicy.h"
 
 namespace pipefb::config {
 
@@ -164,5 +165,8 @@ std::vector<std::string> knownKeys();
 const std::vector<std::string>& scheduleNames();
 /// The stash policies (pipeline.stash).
 const std::vector<std::string>& stashPolicyNames();
+/// Per stage of `stages`: pipeline.stash (one value for all, or the list with one per
+/// stage; another length is a UserError naming the key).
+std::vector<schedules::StashPolicy> stashPerStage(const Config& config, int stages);
 
 }  // namespace pipefb::config

@@ -206,6 +206,13 @@ struct PipelineShape {
   /// PipeFB only: B(k) on chain[S-1-k] instead of chain[2S-1-k] (S devices, not 2S).
   bool folded = false;
   std::vector<int> chain;
+  /// When set (one per stage), stage k may use only stagePolicies[k]: a config's
+  /// per-stage pipeline.stash list that pipefb_train partitions for (plannerPartition).
+  std::vector<StashPolicy> stagePolicies;
+  /// Whether the solver may give stage k the policy p (stagePolicies).
+  bool policyAllowed(int k, StashPolicy p) const {
+    return stagePolicies.empty() || stagePolicies.at(k) == p;
+  }
 
   /// A shape before its device chain is chosen; microbatchSize = batch / microbatches.
   static PipelineShape of(ScheduleKind kind, int stages, int microbatches, std::int64_t batch,

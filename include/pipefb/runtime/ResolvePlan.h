@@ -27,7 +27,4 @@ struct ModelLayers {
 schedules::PipelinePlan resolvePlan(const config::Config& config, const ModelLayers& model,
                                     std::int64_t iterations, bool log = false);
 
-/// Per stage: pipeline.stash (one value for all, or the list).
-std::vector<schedules::StashPolicy> stashPerStage(const config::Config& config, int stages);
-
 }  // namespace pipefb::runtime
