@@ -18,6 +18,7 @@
 #include <thread>
 #include <tuple>
 
+#include "SplitBackward.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
 #include "pipefb/common/Suggest.h"
@@ -362,6 +363,12 @@ struct DeviceState {
   std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
+  // Note [Split backward in the runtime]: what W(s,m) needs from I(s,m).
+  struct PendingW {
+    DeferredWeightGrad grad;
+    ReplicaPtr rep;  // the weights I ran on (the graph reads them)
+  };
+  std::map<Key, PendingW> deferred;
   // Stage inputs coming from another process (Note [Channels across processes]).
   std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
   std::vector<schedules::ActionSpan> records;  // [j]: action j of its list  // guarded by Impl::mu_
@@ -559,6 +566,23 @@ struct PipelineEngine::Impl {
   void execSyncWeights(DeviceState& dev, const Action& a);
   void execRecvWeights(DeviceState& dev, const Action& a);
   void execAllReduce(DeviceState& dev, const Action& a);
+  void execInputGrad(DeviceState& dev, const Action& a);   // Note [Split backward in the
+  void execWeightGrad(DeviceState& dev, const Action& a);  // runtime] (SplitBackward.h)
+
+  // What B(s,m) and I(s,m) start from: the stash taken (and recomputed), the weights it
+  // ran on, and the gradient of the loss w.r.t. the stage output (the last stage's loss
+  // is computed and counted here).
+  struct BackwardStart {
+    ReplicaPtr rep;
+    Tensor input, output, gradOut;
+    std::vector<Tensor> savedBuffers;  // recompute: buffers as they were before it
+  };
+  BackwardStart startBackward(DeviceState& dev, const Action& a);
+  // A STEP ran since the stage's last backward: its .grad starts from zero again.
+  void zeroStaleGrads(StageState& st);
+  // After the last backward of (s,m): a kept weight version may be done with (split
+  // stage, checkpoint).
+  void releaseVersion(StageState& st, int mb);
 
   StashPtr takeStash(DeviceState& dev, int stage, int mb);
   void bringToDevice(DeviceState& dev, StashEntry& e);
@@ -613,7 +637,7 @@ void PipelineEngine::Impl::precomputeVersions(StageState& st) {
   for (const Action& a : plan.schedule.devices[st.bDev]) {
     if (a.stage != st.index) continue;
     if (a.type == ActionType::Step) v = a.index + 1;
-    if (a.type == ActionType::Backward) st.bVersion[a.index] = v;
+    if (a.isInputBackward()) st.bVersion[a.index] = v;
   }
   for (int m = 0; m < N; ++m)
     if (st.fVersion[m] != st.bVersion[m]) st.lastUse[st.fVersion[m]] = m;
@@ -625,10 +649,22 @@ void PipelineEngine::Impl::build() {
   scheduleKind = pipeline.kind;
   kind = schedules::toString(scheduleKind);
   async = schedules::isAsync(scheduleKind);
-  if (schedules::splitsBackward(scheduleKind))  // before any device or thread exists
-    throw UserError(options.source + ": pipeline.schedule: " + kind +
-                    " splits the backward into I and W, which the runtime does not run yet; "
-                    "simulate or plan it with pipefb_sim, or train with another schedule");
+  if (schedules::splitsBackward(scheduleKind)) {  // before any device or thread exists
+    // Note [Split backward in the runtime]: I and W run where every device holds one stage.
+    const auto placement = pipeline.placement();
+    std::map<int, std::set<int>> stagesOn;
+    for (int s = 0; s < placement.numStages(); ++s) {
+      stagesOn[placement.forward(s)].insert(s);
+      stagesOn[placement.backward(s)].insert(s);
+    }
+    for (const auto& [d, on] : stagesOn)
+      if (on.size() > 1)
+        throw UserError(options.source + ": pipeline.schedule: " + kind + " places " +
+                        std::to_string(on.size()) + " stages on device " + std::to_string(d) +
+                        ", and the runtime runs a split backward (I, W) with one stage per "
+                        "device only; allowed: zb-h1, zb-h2, pipefb-zb on 2S devices (or "
+                        "simulate and plan it with pipefb_sim)");
+  }
   S = pipeline.numStages();
   M = pipeline.microbatches;
   K = pipeline.iterations;
@@ -852,7 +888,7 @@ void PipelineEngine::Impl::fail(int d, int i, std::exception_ptr e) {
 void PipelineEngine::Impl::fetchExternal(DeviceState& dev, const Action& a) {
   if (a.type == ActionType::Forward && a.stage == 0 && !dev.inputs.count({0, a.index}))
     dev.inputs[{0, a.index}] = channels.take({Chan::Input, 0, a.index, dev.id}).tensors.at(0);
-  if (a.type == ActionType::Backward && a.stage == S - 1 && !dev.targets.count({S - 1, a.index}))
+  if (a.isInputBackward() && a.stage == S - 1 && !dev.targets.count({S - 1, a.index}))
     dev.targets[{S - 1, a.index}] =
         channels.take({Chan::Target, S - 1, a.index, dev.id}).tensors.at(0);
 }
@@ -887,11 +923,9 @@ void PipelineEngine::Impl::execute(DeviceState& dev, const Action& a) {
     case ActionType::AllReduce:
       return execAllReduce(dev, a);
     case ActionType::InputGrad:
+      return execInputGrad(dev, a);
     case ActionType::WeightGrad:
-      // Note [Split backward] (schedules/Action.h): the zero-bubble kinds are simulator- and
-      // planner-only so far; the runtime is never given one (issue 18, runtime part open).
-      throw UserError("the runtime does not run a split backward (" + schedules::toString(a) +
-                      ") yet; run zb-h1, zb-h2, zbv and pipefb-zb in pipefb_sim or the planner");
+      return execWeightGrad(dev, a);
   }
   PIPEFB_ASSERT(false, "unknown action type " << static_cast<int>(a.type));
 }
@@ -1051,13 +1085,16 @@ void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
   e.onHost = false;
 }
 
-void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
+PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceState& dev,
+                                                                        const Action& a) {
   StageState& st = stages[a.stage];
   const int mb = a.index;
   StashPtr e = takeStash(dev, a.stage, mb);
-  ReplicaPtr rep = backwardReplica(st, mb, *e);
-  Tensor input, output;
-  std::vector<Tensor> savedBuffers;  // recompute: buffers as they were before it
+  BackwardStart b;
+  b.rep = backwardReplica(st, mb, *e);
+  const ReplicaPtr& rep = b.rep;
+  Tensor &input = b.input, &output = b.output;
+  std::vector<Tensor>& savedBuffers = b.savedBuffers;
   if (e->graph) {
     input = e->input;
     output = e->output;
@@ -1071,11 +1108,14 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
     }
     model::DropoutStream masks(
         model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
+    // I's recompute outlives the action (until W): it is the stash again.
+    memory::MemoryScope scope(a.type == ActionType::InputGrad ? MemoryCategory::Stash
+                                                              : MemoryCategory::WorkingSet);
     output = rep->forward(input);
   }
   e.reset();
 
-  Tensor gradOut;
+  Tensor& gradOut = b.gradOut;
   if (a.stage == S - 1) {
     // The loss, scaled so that the summed gradients are those of the batch mean.
     Tensor target = takeFrom(dev.targets, {S - 1, mb}, "target");
@@ -1103,6 +1143,29 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
   } else {
     gradOut = takeFrom(dev.grads, {a.stage + 1, mb}, "gradient");
   }
+  return b;
+}
+
+void PipelineEngine::Impl::zeroStaleGrads(StageState& st) {
+  if (!st.gradsStale) return;
+  torch::NoGradGuard noGrad;
+  for (auto& p : st.master->params) p.mutable_grad().zero_();
+  st.gradsStale = false;
+}
+
+void PipelineEngine::Impl::releaseVersion(StageState& st, int mb) {
+  auto lu = st.lastUse.find(st.fVersion[mb]);
+  if (lu != st.lastUse.end() && lu->second == mb) st.versions.erase(st.fVersion[mb]);
+}
+
+void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const int mb = a.index;
+  BackwardStart start = startBackward(dev, a);
+  const ReplicaPtr rep = std::move(start.rep);
+  Tensor input = std::move(start.input), output = std::move(start.output),
+         gradOut = std::move(start.gradOut);
+  const std::vector<Tensor> savedBuffers = std::move(start.savedBuffers);
 
   std::vector<Tensor> wrt;
   for (const auto& p : rep->params)
@@ -1120,10 +1183,7 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
   if (replicaGroup && finalBackward.count({a.stage, mb})) {
     gb = &bucketsOf(dev, st);
     torch::NoGradGuard noGrad;
-    if (st.gradsStale) {
-      for (auto& p : st.master->params) p.mutable_grad().zero_();
-      st.gradsStale = false;
-    }
+    zeroStaleGrads(st);
     beginBuckets(dev, st);
     gb->backwardAction = current[dev.id].load();
     // The nodes whose outputs feed a parameter's accumulator; a parameter fed by exactly
@@ -1201,10 +1261,7 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
   // The recompute must not count twice in BatchNorm statistics. Restored only now:
   // batch_norm's backward reads the running statistics it saved (version check).
   for (size_t i = 0; i < savedBuffers.size(); ++i) rep->buffers[i].copy_(savedBuffers[i]);
-  if (st.gradsStale) {
-    for (auto& p : st.master->params) p.mutable_grad().zero_();
-    st.gradsStale = false;
-  }
+  zeroStaleGrads(st);
   size_t j = 0;
   for (size_t i = 0; i < rep->params.size(); ++i) {
     if (!rep->params[i].requires_grad()) continue;
@@ -1218,9 +1275,38 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
     startBuckets(st, iterationOf(a));
   }
   if (wantInput) dev.grads[{a.stage, mb}] = g.back();
-  // A kept weight version may be done with (split stage, checkpoint).
-  auto lu = st.lastUse.find(st.fVersion[mb]);
-  if (lu != st.lastUse.end() && lu->second == mb) st.versions.erase(st.fVersion[mb]);
+  releaseVersion(st, mb);
+}
+
+// Note [Split backward in the runtime] (SplitBackward.h).
+void PipelineEngine::Impl::execInputGrad(DeviceState& dev, const Action& a) {
+  const int mb = a.index;
+  BackwardStart start = startBackward(dev, a);
+  // IR's recompute advanced the BatchNorm statistics: back as they were, without the
+  // version bump W's unpack would refuse.
+  restoreBuffersUnversioned(start.rep->buffers, start.savedBuffers);
+  DeferredWeightGrad w{std::move(start.output), std::move(start.gradOut)};
+  Tensor gin = inputGradient(w, start.input);
+  if (gin.defined()) {
+    if (checkAll()) check(gin, "input gradient", a.stage, mb);
+    dev.grads[{a.stage, mb}] = std::move(gin);
+  }
+  dev.deferred[{a.stage, mb}] = {std::move(w), std::move(start.rep)};
+}
+
+void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const int mb = a.index;
+  auto w = takeFrom(dev.deferred, {a.stage, mb}, "the I");
+  const auto g = weightGradients(w.grad, w.rep->params);
+  if (checkAll())
+    for (const auto& t : g)
+      if (t.defined()) check(t, "weight gradient", a.stage, mb);
+  torch::NoGradGuard noGrad;
+  zeroStaleGrads(st);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (g[i].defined()) st.master->params[i].mutable_grad().add_(g[i]);
+  releaseVersion(st, mb);
 }
 
 namespace {

@@ -152,9 +152,11 @@ runtime::EngineOptions quietOptions(int64_t iterations) {
 // One iteration: gradients equal; three: weights equal (and losses).
 void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
                       const std::vector<int>& microbatches,
-                      const std::vector<std::string>& stashes = {"keep", "checkpoint"}) {
+                      const std::vector<std::string>& stashes = {"keep", "checkpoint"},
+                      const std::vector<std::string>& schedules = {"gpipe", "1f1b",
+                                                                   "pipefb-sync"}) {
   constexpr int kIters = 3;
-  for (const std::string sched : {"gpipe", "1f1b", "pipefb-sync"})
+  for (const std::string& sched : schedules)
     for (const std::string& stash : stashes)
       for (int S : stageCounts)
         for (int M : microbatches) {
@@ -239,6 +241,19 @@ TEST(PipelineEngine, MoreStagesThanLayersNamesPipelineStages) {
   }
 }
 
+// Note [Split backward in the runtime]: zbv puts two stages on a device, which the runtime
+// does not run with I and W; refused before any worker starts.
+TEST(PipelineEngine, SplitBackwardWithSeveralStagesPerDeviceIsAUserError) {
+  auto cfg = makeConfig(mlpOptions(), "zbv", 4, 4, "keep", 8);
+  auto model = buildSeeded(cfg.model);
+  try {
+    runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("stages"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PipelineEngine, ExplicitPartitionIsHonoured) {
   auto cfg = makeConfig(mlpOptions(), "gpipe", 2, 2, "keep", 8);
   cfg.pipeline.partition = {3};
@@ -291,6 +306,28 @@ TEST(PipelineEquivalenceOffload, Gpt2) {
   checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3}, {2, 4}, kOffloaded);
 }
 
+// Note [Split backward in the runtime]: I and W separately, every stash policy, and the
+// weights after three iterations (the split must not leak a gradient across a STEP).
+const std::vector<std::string> kEveryPolicy = {"keep", "offload", "checkpoint",
+                                               "checkpoint-offload"};
+const std::vector<std::string> kSplitKinds = {"zb-h1", "zb-h2", "pipefb-zb"};
+TEST(PipelineEquivalenceSplit, Mlp) {
+  checkEquivalence({"mlp", mlpOptions(), 12}, {2, 3, 4}, {1, 3, 4}, kEveryPolicy, kSplitKinds);
+}
+TEST(PipelineEquivalenceSplit, MlpMixedPolicies) {
+  checkEquivalence({"mlp", mlpOptions()}, {4}, {2, 4},
+                   {"checkpoint,offload,keep,checkpoint-offload"}, kSplitKinds);
+}
+TEST(PipelineEquivalenceSplit, Vgg16) {  // BatchNorm: IR restores its statistics
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {2, 3}, {2, 4}, kEveryPolicy, kSplitKinds);
+}
+TEST(PipelineEquivalenceSplit, Resnet50) {
+  checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {3}, {4}, kEveryPolicy, kSplitKinds);
+}
+TEST(PipelineEquivalenceSplit, Gpt2) {
+  checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3}, {2, 4}, kEveryPolicy, kSplitKinds);
+}
+
 namespace {
 model::ModelOptions wideMlp() {
   model::ModelOptions o = mlpOptions();
@@ -332,6 +369,35 @@ TEST(PipelineMemory, MeasuredStashPeaksMatchTheContract) {
         const double expected = static_cast<double>(want) * perMb[s];
         EXPECT_NEAR(measured[s], expected, 0.05 * expected) << "device " << s;
         EXPECT_GE(peaks[s], measured[s]);  // the domain's own peak includes transients
+      }
+    }
+}
+
+// Note [Split backward in the runtime]: a stash stays on its device from F until W, so
+// the measured stash peaks follow the contract's resident counts, which include the
+// stashes whose I ran and whose W waits (deferredW).
+TEST(PipelineMemory, SplitBackwardStashPeaksMatchTheContract) {
+  for (const std::string sched : {"zb-h1", "zb-h2"})
+    for (int S : {2, 4}) {
+      const int M = 8;
+      SCOPED_TRACE(sched + " S=" + std::to_string(S));
+      auto cfg = makeConfig(wideMlp(), sched, S, M, "keep", 64);
+      auto model = buildSeeded(cfg.model);
+      runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+      e.step(makeBatch(*model, 64, 5, 1));
+      e.step(makeBatch(*model, 64, 5, 2));
+      e.finish();
+      const auto& c = e.contract();
+      ASSERT_EQ(static_cast<int>(c.deferredW.size()), S);
+      EXPECT_GT(c.deferredW[S - 1], 1);  // the last stage defers W's (Note [Lagged W])
+      auto perMb = e.stashBytesPerMicrobatch();
+      auto measured = stashAtActionEnds(e);
+      for (int s = 0; s < S; ++s) {
+        ASSERT_GT(perMb[s], 0);
+        const double expected = static_cast<double>(c.residentForward[s]) * perMb[s];
+        EXPECT_NEAR(measured[s], expected, 0.10 * expected)
+            << "device " << s << ": " << c.residentForward[s] << " stashes of " << perMb[s]
+            << " bytes";
       }
     }
 }
