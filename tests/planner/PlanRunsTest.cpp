@@ -277,6 +277,29 @@ TEST_F(PlanRuns, DISABLED_EveryPlanFitsAndPeaksWhereThePlanSays) {
   EXPECT_GE(ran, n * 3 / 4) << "too few instances ran";
 }
 
+// Issue 18: the split-backward families run as planned (Note [Split backward in the
+// runtime]): VGG16/8 on up to 4 devices, M = 4, halfway between the smallest feasible
+// budget and the top, planned on the measured profile; zb-h1 and zb-h2 fit the budget and
+// peak within +-10% of the plan on every device (the property above, for these instances).
+// Not offload yet: there the cost model over-predicts device 0 for 1f1b as much as for the
+// split kinds (measured at budget 38543372: 1f1b-offload -15.7%, zb-h1-offload -15.9%,
+// zb-h2-offload -23.7%; keep -5.3%), a planner issue, not the split backward's.
+TEST_F(PlanRuns, SplitBackwardPlansPeakWherePlanned) {
+  int id = 100;
+  for (const std::string schedule : {"zb-h1", "zb-h2"})
+    for (const std::string policy : {"keep", "checkpoint", "checkpoint-offload"}) {
+      Instance x;
+      x.id = id++;
+      x.model = &zoo()[0];
+      x.schedule = schedule;
+      x.policy = policy;
+      x.stages = 4;
+      x.microbatches = 4;
+      x.budgetAt = 0.5;
+      EXPECT_TRUE(run(x).ran) << x.describe();
+    }
+}
+
 // Issue 15's case: VGG16 width 1/4, batch 32, M = 4 on 4 virtual devices, planned on the
 // analytic profile (pipefb_plan's default) at each family's smallest feasible budget, runs
 // 2 iterations within that budget. Before Note [Analytic step transient] pipedream went
