@@ -191,6 +191,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
   const model::Gpt2Config c = model::gpt2Config(o);
   const int64_t T = o.input_size, E = c.n_embd, V = c.vocab, H = c.n_head;
   m.inputBytes = T * kL;
+  m.targetBytes = T * kL;
   {
     LayerWork w;
     w.name = "embed";
@@ -288,6 +289,7 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
   p.source = "analytic";
   p.microbatch = microbatch;
   p.inputBytes = work.inputBytes * microbatch;
+  p.targetBytes = work.targetBytes * microbatch;
   const double mb = static_cast<double>(microbatch);
   for (const LayerWork& w : work.layers) {
     LayerCost c;

@@ -218,8 +218,8 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   F_.assign(L + 1, 0);
   B_ = R_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
-  param_ = grad_ = opt_ = states_ = saved_;
-  std::vector<std::int64_t> stepWs(L), fws(L);
+  param_ = buffer_ = grad_ = opt_ = states_ = saved_;
+  std::vector<std::int64_t> stepWs(L), fws(L), fpeak(L), noGrad(L);
   for (size_t l = 0; l < L; ++l) {
     const LayerCost& c = profile_.layers[l];
     F_[l + 1] = F_[l] + c.forward;
@@ -233,14 +233,31 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     snapshot_[l + 1] = snapshot_[l] + c.snapshot;
     saved_[l + 1] = saved_[l] + c.savedBytes;
     param_[l + 1] = param_[l] + c.paramBytes;
+    buffer_[l + 1] = buffer_[l] + c.bufferBytes;
     grad_[l + 1] = grad_[l] + c.gradBytes;
     opt_[l + 1] = opt_[l] + c.optimizerBytes;
     states_[l + 1] = states_[l] + c.paramBytes + c.gradBytes + c.optimizerBytes;
     stepWs[l] = c.stepWorkingBytes;
     fws[l] = c.forwardWorkingBytes >= 0 ? c.forwardWorkingBytes : c.workingBytes;
+    fpeak[l] = saved_[l + 1] + c.outputBytes + fws[l];
+    noGrad[l] = c.noGradForwardBytes >= 0 ? c.noGradForwardBytes
+                                          : inputBytes(static_cast<int>(l)) + c.outputBytes + fws[l];
   }
   stepWorkingMax_ = buildMax(std::move(stepWs));
   forwardWorkingMax_ = buildMax(std::move(fws));
+  forwardPeakMax_ = buildMax(std::move(fpeak));
+  noGradForwardMax_ = buildMax(std::move(noGrad));
+}
+
+std::int64_t CostModel::forwardPeak(int k, int first, int last, bool graph) const {
+  if (graph) return rangeMax(forwardPeakMax_, first, last) - saved_[first];
+  // Note [Forward without autograd]: layer `first` reads the stage input; the later ones
+  // run beside it (execForward holds it until F returns). Stage 0's input is one of the
+  // microbatch inputs charged as comm buffers.
+  const std::int64_t in = inputBytes(first);
+  std::int64_t peak = rangeMax(noGradForwardMax_, first, first + 1);
+  if (last > first + 1) peak = std::max(peak, rangeMax(noGradForwardMax_, first + 1, last) + in);
+  return peak - (k == 0 ? in : 0);
 }
 
 CostModel::SparseMax CostModel::buildMax(std::vector<std::int64_t> values) {
@@ -366,9 +383,18 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // Note [Optimizer offload in the cost model]
   const std::int64_t O = shape.optimizerOnHost ? 0 : range(opt_, first, last);
   const std::int64_t hostOptimizer = shape.optimizerOnHost ? W + G + range(opt_, first, last) : 0;
+  // Weights on a device: the parameters and the buffers (BatchNorm statistics) of its copy.
+  const std::int64_t Wres = W + range(buffer_, first, last);
   const std::int64_t graph = scaled(range(saved_, first, last), f);
   const std::int64_t input = scaled(inputBytes(first), f);
-  e.stashBytes = ckpt ? input : graph;
+  const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
+  // Note [Comm buffers in the cost model]: the iteration's inputs wait on stage 0's forward
+  // device, its targets on the last stage's backward device.
+  const std::int64_t oneInput = k == 0 ? scaled(profile_.inputBytes, f) : 0;
+  const std::int64_t targetsFed = k == S - 1 ? M * scaled(profile_.targetBytes, f) : 0;
+  // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
+  // keeps the graph root, and the profile's saved bytes leave the output out.
+  e.stashBytes = ckpt ? input : off ? graph : graph + output;
   e.inFlight =
       unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M) : inFlightStashes(shape.kind, S, k, M);
   e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M);
@@ -418,11 +444,13 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
-  // Note [Gathered weight gradients]: B's working set (plus the recomputed graph).
+  // Note [Gathered weight gradients]: B's working set (plus the recomputed graph), and
+  // the gradient of the stage's output (received, or the loss's), which B holds throughout
+  // and the profile's working set leaves out (measured beside, not inside, a layer's B).
   // (It is at least the largest layer working set, maxWorking, that the caller passes.)
   auto backwardWs = [&] {
     return std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
-           (ckpt ? graph : 0);
+           (ckpt ? graph : 0) + output;
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
@@ -457,19 +485,26 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // up to kOffloadsInFlight earlier ones whose D2H copy has not finished.
     const int viaCopyEngine = inputStashOnly(cluster_, shape, k) ? 0 : kOffloadsInFlight;
     const std::int64_t fstash = std::min(e.inFlight, 1 + viaCopyEngine) * e.stashBytes;
-    const std::int64_t fws = scaled(forwardWorking(first, last), f);
-    w(e.forwardMemory, MemoryCategory::Weights, W);
+    // Note [Forward peak]: the stash F is building is part of F's own peak.
+    const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
+    const std::int64_t fws = ckpt ? fpeak : std::max<std::int64_t>(0, fpeak - e.stashBytes);
+    w(e.forwardMemory, MemoryCategory::Weights, Wres);
     w(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? W : 0);
     w(e.forwardMemory, MemoryCategory::Stash, fstash);
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
+    // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes.
+    const std::int64_t earlier = fstash - e.stashBytes;
+    w(e.forwardMemory, MemoryCategory::CommBuffers,
+      std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier));
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
-    w(e.backwardMemory, MemoryCategory::Weights, W);
+    w(e.backwardMemory, MemoryCategory::Weights, Wres);
     w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : deviceCopies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,
       (shape.kind == ScheduleKind::PipeFbAsync ? W : 0) +  // SyncWeights' snapshot
-          (shape.replicas > 1 ? G : 0));  // the gradient buckets (Note [Gradient buckets])
+          (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
+          targetsFed);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
     w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB));
   } else {
@@ -488,11 +523,14 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
     const int resident = off ? std::min(e.inFlight, shape.lookahead + 2 + deferred) : e.inFlight;
     CategoryBytes& m = e.backwardMemory;
-    w(m, MemoryCategory::Weights, W);
+    w(m, MemoryCategory::Weights, Wres);
     w(m, MemoryCategory::WeightVersions, deviceCopies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
-    w(m, MemoryCategory::CommBuffers, shape.replicas > 1 ? G : 0);  // Note [Gradient buckets]
+    w(m, MemoryCategory::CommBuffers,
+      (shape.replicas > 1 ? G : 0) +  // Note [Gradient buckets]
+          // the inputs whose F has not run when B peaks: those beyond the in-flight stashes
+          std::max(0, M - e.inFlight) * oneInput + targetsFed);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.

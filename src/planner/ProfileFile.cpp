@@ -27,6 +27,7 @@ std::string profileToYaml(const Profile& p) {
   o << "source: " << p.source << "\n";
   o << "microbatch: " << p.microbatch << "\n";
   o << "input_bytes: " << p.inputBytes << "\n";
+  o << "target_bytes: " << p.targetBytes << "\n";
   o << "layers:\n";
   for (const auto& l : p.layers) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
@@ -36,7 +37,9 @@ std::string profileToYaml(const Profile& p) {
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
       << ", step_working_bytes: " << l.stepWorkingBytes
       << ", backward_after_step: " << l.backwardAfterStep << ", snapshot: " << l.snapshot
-      << ", forward_working_bytes: " << l.forwardWorkingBytes << "}\n";
+      << ", forward_working_bytes: " << l.forwardWorkingBytes
+      << ", no_grad_forward_bytes: " << l.noGradForwardBytes
+      << ", buffer_bytes: " << l.bufferBytes << "}\n";
   }
   return o.str();
 }
@@ -50,6 +53,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
     p.source = n["source"] ? n["source"].as<std::string>() : "measured";
     p.microbatch = n["microbatch"].as<std::int64_t>();
     p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;
+    p.targetBytes = n["target_bytes"] ? n["target_bytes"].as<std::int64_t>() : 0;
     for (const auto& l : n["layers"]) {
       LayerCost c;
       c.name = l["name"].as<std::string>();
@@ -68,6 +72,9 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.snapshot = l["snapshot"] ? l["snapshot"].as<double>() : 0;
       c.forwardWorkingBytes =
           l["forward_working_bytes"] ? l["forward_working_bytes"].as<std::int64_t>() : -1;
+      c.noGradForwardBytes =
+          l["no_grad_forward_bytes"] ? l["no_grad_forward_bytes"].as<std::int64_t>() : -1;
+      c.bufferBytes = l["buffer_bytes"] ? l["buffer_bytes"].as<std::int64_t>() : 0;
       p.layers.push_back(c);
     }
   } catch (const YAML::Exception& e) {

@@ -127,6 +127,10 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
 
   torch::Tensor input = sampleInput(*model, b);  // layer i's input (no graph)
   prof.inputBytes = static_cast<std::int64_t>(input.nbytes());
+  // Model::loss: token ids (B,T) like the input for gpt2, one class id per sample otherwise.
+  prof.targetBytes = input.scalar_type() == torch::kLong
+                         ? prof.inputBytes
+                         : b * static_cast<std::int64_t>(sizeof(std::int64_t));
   const int runs = o.warmup + o.repeats;
 
   for (size_t i = 0; i < model->numLayers(); ++i) {
@@ -135,6 +139,7 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     c.name = layer.name();
     const std::vector<torch::Tensor> params = layer.parameters();
     c.paramBytes = tensorBytes(params);
+    c.bufferBytes = tensorBytes(layer.buffers());
     // Layer 0's input is data (no gradient), as in a pipeline's first stage.
     const bool inputGrad = i > 0 && input.is_floating_point();
 
@@ -190,6 +195,22 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       const std::int64_t peakB = dom.peakBytes();
       c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
       c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+    }
+    // F without autograd (Note [Forward without autograd] in CostModel.h): input, output
+    // and temporaries, nothing saved. BatchNorm's statistics are put back afterwards.
+    {
+      memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+      torch::NoGradGuard noGrad;
+      std::vector<torch::Tensor> buffers;
+      for (const auto& t : layer.buffers()) buffers.push_back(t.clone());
+      const std::int64_t live0 = dom.liveBytes();
+      dom.resetPeak();
+      torch::Tensor x = input.clone();
+      torch::Tensor y = layer.forward(x);
+      c.noGradForwardBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
+      y = torch::Tensor();
+      auto current = layer.buffers();
+      for (size_t j = 0; j < buffers.size(); ++j) current[j].copy_(buffers[j]);
     }
 
     // A weight snapshot (Note [Weight snapshots] in CostModel.h): the runtime clones every

@@ -73,8 +73,28 @@ TEST(ProfilerTest, MlpClosedForms) {
     // B allocates at least the input gradient (except layer 0, whose input is data).
     EXPECT_GT(l.workingBytes, 0) << l.name;
     EXPECT_LT(l.workingBytes, 8 * (b * (in[i] + out[i]) * 4 + l.paramBytes)) << l.name;
+    // Without autograd (Note [Forward without autograd] in CostModel.h): the input and
+    // addmm's output, which the ReLU rectifies in place; nothing saved.
+    EXPECT_EQ(l.noGradForwardBytes, b * (in[i] + out[i]) * 4) << l.name;
+    EXPECT_EQ(l.bufferBytes, 0) << l.name;
   }
+  EXPECT_EQ(p.targetBytes, b * 8);  // one int64 class id per sample
   expectTimesPositive(p);
+}
+
+// BatchNorm's running statistics are buffers: resident beside the weights, not parameters.
+TEST(ProfilerTest, BufferBytesAreTheModelsBuffers) {
+  const auto cfg = loadCfg("resnet50.yaml", {"model.width=0.125", "model.input_size=32",
+                                             "training.batch=4", "pipeline.microbatches=1"});
+  const Profile p = measureProfile(cfg, quick());
+  const auto info = describe(cfg, 4);
+  ASSERT_EQ(p.numLayers(), static_cast<int>(info.size()));
+  std::int64_t total = 0;
+  for (int i = 0; i < p.numLayers(); ++i) {
+    EXPECT_EQ(p.layers[i].bufferBytes, info[i].buffer_bytes) << p.layers[i].name;
+    total += p.layers[i].bufferBytes;
+  }
+  EXPECT_GT(total, 0);
 }
 
 TEST(ProfilerTest, OptimizerStates) {

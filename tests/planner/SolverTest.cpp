@@ -250,9 +250,11 @@ TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
   EXPECT_EQ(m.backwardWorking(sh, 1, 1, 3), 66);
   using pipefb::index;
   using pipefb::MemoryCategory;
+  // B also holds the gradient of the stage's output (2 x 8), beside its working set (Note
+  // [Comm buffers in the cost model]).
   EXPECT_EQ(
       m.stage(sh, 0, 0, 3, StashPolicy::Keep).backwardMemory[index(MemoryCategory::WorkingSet)],
-      150);
+      150 + 16);
 }
 
 TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
@@ -288,6 +290,9 @@ TEST(SolverLiteral, ForwardDeviceHoldsTheStashesBeingCopiedOut) {
   // pipefb-sync's stage 0 measured on VGG16). With one microbatch there is no earlier
   // stash (126); checkpoint-offload stashes the input (100 + 2 x 8 + 6 = 122); with the
   // devices in two processes only the input is sent, never copied out (100 + 8 + 6).
+  // Beside them wait the inputs of the microbatches whose F has not run (Note [Comm
+  // buffers in the cost model]): 3 x 8 from F(0,1) on, or 4 x 8 beside F(0,0) when that is
+  // more than the earlier stash; checked with no inputs (`p`) and with them (`q`).
   ASSERT_EQ(kOffloadsInFlight, 1);
   Profile p = timesProfile({1});
   p.layers[0].paramBytes = p.layers[0].gradBytes = 100;
@@ -295,6 +300,11 @@ TEST(SolverLiteral, ForwardDeviceHoldsTheStashesBeingCopiedOut) {
   p.inputBytes = 4;
   p.layers[0].workingBytes = 40;
   p.layers[0].forwardWorkingBytes = 3;
+  // F without autograd (checkpoint kinds): input 4 + temporaries 3 per sample, the input
+  // being one of the inputs waiting (Note [Forward without autograd]).
+  p.layers[0].noGradForwardBytes = 7;
+  const Profile q = p;
+  p.inputBytes = 0;  // the stashes alone; the checkpoint kinds' stash is set below
   CostModel m(p, freeCluster(2));
   using pipefb::index;
   using pipefb::MemoryCategory;
@@ -304,11 +314,106 @@ TEST(SolverLiteral, ForwardDeviceHoldsTheStashesBeingCopiedOut) {
   EXPECT_EQ(total(e.forwardMemory), 146);
   PipelineShape one = shapeOf(ScheduleKind::PipeFbSync, 1, 1, {0, 1}, 2);
   EXPECT_EQ(total(m.stage(one, 0, 0, 1, StashPolicy::Offload).forwardMemory), 126);
-  EXPECT_EQ(total(m.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory), 122);
+  CostModel inputs(q, freeCluster(2));
+  EXPECT_EQ(total(inputs.stage(sh, 0, 0, 1, StashPolicy::Offload).forwardMemory), 146 + 3 * 8);
+  EXPECT_EQ(inputs.stage(sh, 0, 0, 1, StashPolicy::Offload)
+                .forwardMemory[index(MemoryCategory::CommBuffers)],
+            3 * 8);
+  EXPECT_EQ(total(inputs.stage(one, 0, 0, 1, StashPolicy::Offload).forwardMemory), 126 + 8);
+  EXPECT_EQ(total(inputs.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory),
+            122 + 3 * 8);
   Cluster two = freeCluster(2);
   two.processPerDevice();
-  CostModel apart(p, two);
-  EXPECT_EQ(total(apart.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory), 114);
+  CostModel apart(q, two);
+  // No earlier stash on the device: all 4 inputs beside F(0,0).
+  EXPECT_EQ(total(apart.stage(sh, 0, 0, 1, StashPolicy::CheckpointOffload).forwardMemory),
+            114 + 4 * 8);
+}
+
+TEST(SolverLiteral, BuffersSitBesideEveryCopyOfTheWeights) {
+  // BatchNorm's running statistics (LayerCost::bufferBytes, 6) are on every device that
+  // holds the layer, with no gradient and no optimizer state: pipefb-sync charges
+  // W + buffers to both devices, G and O to the backward device only.
+  Profile p = timesProfile({1});
+  p.layers[0].paramBytes = p.layers[0].gradBytes = p.layers[0].optimizerBytes = 100;
+  p.layers[0].bufferBytes = 6;
+  CostModel m(p, freeCluster(2));
+  using pipefb::index;
+  using pipefb::MemoryCategory;
+  StageEstimate e = m.stage(shapeOf(ScheduleKind::PipeFbSync, 1, 1, {0, 1}), 0, 0, 1,
+                            StashPolicy::Offload);
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Weights)], 106);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Weights)], 106);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Grads)], 100);
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::OptimizerState)], 100);
+}
+
+TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
+  // Note [Comm buffers in the cost model]: 1f1b, S = 2, M = 4, microbatch 2; input 4 and
+  // target 1 per sample. Stage 0 has 2 microbatches in flight when B peaks, so the inputs
+  // of the other 2 still wait (2 x 8); the last stage holds all 4 targets (4 x 2). Each B
+  // holds its output's gradient (output 3 per sample: 6) beside its working set.
+  Profile p = timesProfile({1, 1});
+  p.inputBytes = 4;
+  p.targetBytes = 1;
+  for (auto& l : p.layers) l.outputBytes = 3;
+  CostModel m(p, freeCluster(2));
+  using pipefb::index;
+  using pipefb::MemoryCategory;
+  PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
+  StageEstimate first = m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint);
+  StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint);
+  EXPECT_EQ(first.backwardMemory[index(MemoryCategory::CommBuffers)], 2 * 8);
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::CommBuffers)], 4 * 2);
+  // B's working set: the input gradient at its end (stage 1: 6) plus the output's (6).
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6);
+  // gpipe runs every F before the first B: no input waits then.
+  PipelineShape gp = shapeOf(ScheduleKind::GPipe, 2, 4, {0, 1}, 2);
+  EXPECT_EQ(m.stage(gp, 0, 0, 1, StashPolicy::Checkpoint)
+                .backwardMemory[index(MemoryCategory::CommBuffers)],
+            0);
+}
+
+TEST(SolverLiteral, KeptGraphHoldsTheStageOutput) {
+  // A kept stash is the saved bytes plus the graph root, the stage's output (the profile's
+  // saved bytes leave it out); offloaded, the saved-tensor hooks catch the saved bytes
+  // only. One layer, saved 10 and output 3 per sample, microbatch 2.
+  Profile p = timesProfile({1});
+  p.layers[0].savedBytes = 10;
+  p.layers[0].outputBytes = 3;
+  CostModel m(p, freeCluster(1));
+  PipelineShape sh = shapeOf(ScheduleKind::GPipe, 1, 1, {0}, 2);
+  EXPECT_EQ(m.stage(sh, 0, 0, 1, StashPolicy::Keep).stashBytes, 26);
+  EXPECT_EQ(m.stage(sh, 0, 0, 1, StashPolicy::Offload).stashBytes, 20);
+}
+
+TEST(SolverLiteral, ForwardDevicePeaksLayerByLayer) {
+  // Note [Forward peak]: pipefb-sync, M = 1, two layers with saved 50, 10, outputs 5, 5 and
+  // forward working sets 40, 2 (microbatch 1). F peaks in layer 0 at 50 + 5 + 40 = 95 or in
+  // layer 1 at 60 + 5 + 2 = 67: the forward device holds 95 (one stash of 60 plus 35 of
+  // working set), not the stash plus the largest working set (100).
+  Profile p = timesProfile({1, 1});
+  const std::int64_t saved[] = {50, 10}, fws[] = {40, 2};
+  for (int l = 0; l < 2; ++l) {
+    p.layers[l].savedBytes = saved[l];
+    p.layers[l].outputBytes = 5;
+    p.layers[l].forwardWorkingBytes = fws[l];
+    // Without autograd (Note [Forward without autograd]): input + output + temporaries.
+    p.layers[l].noGradForwardBytes = l == 0 ? 30 : 12;
+  }
+  p.inputBytes = 4;
+  CostModel m(p, freeCluster(2));
+  using pipefb::index;
+  using pipefb::MemoryCategory;
+  PipelineShape sh = shapeOf(ScheduleKind::PipeFbSync, 1, 1, {0, 1});
+  StageEstimate e = m.stage(sh, 0, 0, 2, StashPolicy::Offload);
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Stash)], 60);
+  EXPECT_EQ(e.forwardMemory[index(MemoryCategory::WorkingSet)], 35);
+  // Checkpoint: layer 0 peaks at 30 (its input, stage 0's, is the waiting input, 4),
+  // layer 1 at 12 beside the stage input: max(30, 12 + 4) - 4 = 26.
+  StageEstimate c = m.stage(sh, 0, 0, 2, StashPolicy::Checkpoint);
+  EXPECT_EQ(c.forwardMemory[index(MemoryCategory::WorkingSet)], 26);
+  EXPECT_EQ(c.forwardMemory[index(MemoryCategory::CommBuffers)], 4);
 }
 
 TEST(SolverLiteral, OptimizerOnHostMovesStateToTheHostPool) {

@@ -33,7 +33,10 @@
 //   device; stash = resident x stash bytes; working set = B's, with the gathered weight
 //   gradients (Note [Gathered weight gradients]), plus one recomputed graph while a
 //   checkpointed B runs; a split stage's forward device: Note [Forward device memory].
-//   stash bytes: keep/offload = saved bytes of the stage; checkpoint kinds = its input.
+//   stash bytes: offload = saved bytes of the stage; keep = those plus the stage's output
+//   (the stash entry holds the graph root); checkpoint kinds = its input. Weights include
+//   the layers' buffers (BatchNorm statistics, LayerCost::bufferBytes) on every device
+//   holding a copy; comm buffers: Note [Comm buffers in the cost model].
 //   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
 //   (min(n, lookahead + 2) on a same device; min(n, 1 + kOffloadsInFlight) on a split
@@ -68,8 +71,9 @@
 // (Measured: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set is 3.0.)
 //
 // Note [Forward device memory]
-// A split stage's forward device runs only F: its working set is the largest forward
-// working set (LayerCost::forwardWorkingBytes). RecvWeights copies the new weights into
+// A split stage's forward device runs only F: its working set is F's peak beyond the stash
+// it builds (Note [Forward peak]), or without autograd under a checkpoint kind (Note
+// [Forward without autograd]). RecvWeights copies the new weights into
 // the forward copy in place, tensor by tensor (Note [Weight syncs] in PipelineEngine.cpp):
 // no message is held on the forward device (it used to be, and pipefb-sync's forward
 // device then peaked at exactly 2 W). pipefb-async with a graph stash still has stashes
@@ -77,6 +81,36 @@
 // its stashes are consumed, so F runs beside 2 W. pipefb-async's SyncWeights sends a
 // snapshot that the sender holds until RW took it: W of comm_buffers on the backward
 // device (charged beside its other terms).
+//
+// Note [Forward peak]
+// F builds its stash layer by layer, so one microbatch's F peaks, over its layers l, at
+//   saved(first .. l+1) + output(l) + F's working set(l)
+// above what was live before it (the profile's numbers: what autograd keeps, the
+// activation handed on, the transient beyond both), not at the whole stash plus the
+// stage's largest working set: VGG16's early convolutions have the largest working sets
+// and the smallest saved prefix. A split stage's forward device (keep/offload) is
+// charged its earlier stashes still being copied out plus this peak (Stash: the stashes;
+// WorkingSet: the peak beyond one stash). Measured, vgg16/8 pipefb-sync-keep S=2 M=1:
+// cpu:0 at 3.18 MB, charged 4.99 MB before (stash + the largest working set).
+//
+// Note [Forward without autograd]
+// Under a checkpoint kind F runs with autograd off (execForward keeps a clone of the
+// stage input and saves nothing): during layer l only its input, its output and its
+// temporaries are live (LayerCost::noGradForwardBytes, measured so), beside the stage
+// input that execForward holds until F returns. A split stage's forward device runs
+// nothing else, so that is its working set; the profiled forwardWorkingBytes (autograd on,
+// beyond what the layer saved and returned) missed the layers' outputs: vgg16/8
+// pipefb-sync-checkpoint S=2 M=1 cpu:0 measured +54.7% above the plan.
+//
+// Note [Comm buffers in the cost model]
+// Channels copy a message into the receiver's domain as comm_buffers. Charged:
+//  * the iteration's M microbatch inputs, fed before it to stage 0's forward device
+//    (PipelineEngine::run): all of them beside F(0,0), fewer beside the later forwards; on
+//    a same-device stage 0, M - in-flight of them are still waiting when B peaks;
+//  * its M targets (Profile::targetBytes each) on the last stage's backward device;
+//  * the gradient of a stage's output (or the loss's), held through all of B.
+// Not charged: activations and gradients that a sender posts before the receiver takes
+// them (how many wait depends on timing; the measured misses are in PlanRunsTest.cpp).
 //
 // Note [Offloads in flight]
 // Everything a split stage's forward device stashes leaves it through OFF and the
@@ -413,8 +447,14 @@ class CostModel {
   Profile profile_;
   Cluster cluster_;
   std::vector<double> F_, B_, R_, step_, afterStep_, snapshot_;
-  std::vector<std::int64_t> saved_, param_, grad_, opt_, states_;
+  std::vector<std::int64_t> saved_, param_, buffer_, grad_, opt_, states_;
   SparseMax stepWorkingMax_, forwardWorkingMax_;
+  // Note [Forward peak]: per layer l, saved(0 .. l+1) + output(l) + F's working set(l)
+  // (autograd on), and F's peak without autograd (Note [Forward without autograd]).
+  SparseMax forwardPeakMax_, noGradForwardMax_;
+  /// One microbatch's F of stage k = [first, last), unscaled: the peak above what was live
+  /// before it (the stage input excluded), with autograd (`graph`) or without.
+  std::int64_t forwardPeak(int k, int first, int last, bool graph) const;
   std::int64_t stepWorking(int first, int last) const {
     return rangeMax(stepWorkingMax_, first, last);
   }

@@ -29,11 +29,18 @@ struct LayerCost {
   /// Transient peak while F alone runs (a split stage's forward device runs no B); -1 = not
   /// measured: use workingBytes.
   std::int64_t forwardWorkingBytes = -1;
+  /// Peak of F without autograd (a checkpointed stage's forward, Note [Forward without
+  /// autograd] in CostModel.h) above what was live before: its input, its output and its
+  /// temporaries. -1 = not measured: use the input, the output and forwardWorkingBytes.
+  std::int64_t noGradForwardBytes = -1;
   /// Transient peak of this layer's optimizer step beyond its state (Adam's temporaries,
   /// e.g. exp_avg_sq.sqrt() / c, about 2x the largest parameter tensor); per iteration,
   /// not scaled by the microbatch. Note [Step working set] in CostModel.h.
   std::int64_t stepWorkingBytes = 0;
   std::int64_t paramBytes = 0;
+  /// Buffers (BatchNorm's running statistics): resident beside the weights on every
+  /// device that holds a copy of the layer, with no gradient and no optimizer state.
+  std::int64_t bufferBytes = 0;
   std::int64_t gradBytes = 0;
   std::int64_t optimizerBytes = 0;
 };
@@ -50,6 +57,7 @@ struct Profile {
   std::string source = "analytic";  // "analytic" | "measured"
   std::int64_t microbatch = 1;      // samples per microbatch the numbers are for
   std::int64_t inputBytes = 0;      // the model input per microbatch (stage 0's checkpoint)
+  std::int64_t targetBytes = 0;     // the loss targets per microbatch (on the last stage)
   std::vector<LayerCost> layers;
 
   int numLayers() const { return static_cast<int>(layers.size()); }
