@@ -184,9 +184,10 @@ using schedules::toString;
 bool plannerModels(ScheduleKind k);
 /// Every kind the planner models, in enum order.
 std::vector<ScheduleKind> allScheduleKinds();
-/// The kinds the solver tries when no family is named: those the runtime runs. The
-/// split-backward kinds (zb-h1, zb-h2; Note [Zero-bubble fill]) are planned when named
-/// (--schedules, sweeps), since pipefb_train does not run I and W yet.
+/// The kinds the solver tries when no family is named. The split-backward kinds (zb-h1,
+/// zb-h2; Note [Zero-bubble fill]) are planned when named (--schedules, sweeps) only:
+/// pipefb_train runs them (Note [Split backward in the runtime], src/runtime/
+/// SplitBackward.h), but adding them here changes every default plan.
 std::vector<ScheduleKind> defaultScheduleKinds();
 /// Note [Zero-bubble fill]
 /// zb-h1 and zb-h2 run one stage per device like 1f1b, with B split into I and W
