@@ -11,6 +11,7 @@
 #include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Messages.h"
 #include "pipefb/sim/CostTable.h"
 
 namespace pipefb::planner {
@@ -58,6 +59,24 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
   auto it = cache.find(key);
   if (it == cache.end())
     it = cache.emplace(key, schedules::makeSchedule(toString(k), S, M).contract).first;
+  return it->second;
+}
+
+// Note [Waiting messages]: counted on the generated schedule (the kind's default
+// placement); asynchronous kinds over 3 iterations, to see the next iteration's feed.
+const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, schedules::WaitingMessages> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(static_cast<int>(k), S, M);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const int K = isFlushing(k) ? 1 : 3;
+    it = cache
+             .emplace(key, schedules::waitingMessages(
+                               schedules::makeSchedule(toString(k), S, M, K).schedule))
+             .first;
+  }
   return it->second;
 }
 }  // namespace
@@ -240,8 +259,9 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     stepWs[l] = c.stepWorkingBytes;
     fws[l] = c.forwardWorkingBytes >= 0 ? c.forwardWorkingBytes : c.workingBytes;
     fpeak[l] = saved_[l + 1] + c.outputBytes + fws[l];
-    noGrad[l] = c.noGradForwardBytes >= 0 ? c.noGradForwardBytes
-                                          : inputBytes(static_cast<int>(l)) + c.outputBytes + fws[l];
+    noGrad[l] = c.noGradForwardBytes >= 0
+                    ? c.noGradForwardBytes
+                    : inputBytes(static_cast<int>(l)) + c.outputBytes + fws[l];
   }
   stepWorkingMax_ = buildMax(std::move(stepWs));
   forwardWorkingMax_ = buildMax(std::move(fws));
@@ -392,6 +412,14 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // device, its targets on the last stage's backward device.
   const std::int64_t oneInput = k == 0 ? scaled(profile_.inputBytes, f) : 0;
   const std::int64_t targetsFed = k == S - 1 ? M * scaled(profile_.targetBytes, f) : 0;
+  // Note [Waiting messages]: activations sent to F ahead of it, gradients (and the last
+  // stage's outputs) sent to B ahead of it. Not counted for folded shapes.
+  std::int64_t actsWaiting = 0, gradsWaiting = 0;
+  if (!shape.folded) {
+    const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M);
+    actsWaiting = wm.activations.at(k) * input;
+    gradsWaiting = wm.gradients.at(k) * output + (k == S - 1 ? wm.outputs * output : 0);
+  }
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out.
   e.stashBytes = ckpt ? input : off ? graph : graph + output;
@@ -495,7 +523,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes.
     const std::int64_t earlier = fstash - e.stashBytes;
     w(e.forwardMemory, MemoryCategory::CommBuffers,
-      std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier));
+      std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier) + actsWaiting);
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
     w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : deviceCopies * W);
@@ -504,7 +532,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::CommBuffers,
       (shape.kind == ScheduleKind::PipeFbAsync ? W : 0) +  // SyncWeights' snapshot
           (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
-          targetsFed);
+          targetsFed + gradsWaiting);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
     w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB));
   } else {
@@ -529,8 +557,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::OptimizerState, O);
     w(m, MemoryCategory::CommBuffers,
       (shape.replicas > 1 ? G : 0) +  // Note [Gradient buckets]
-          // the inputs whose F has not run when B peaks: those beyond the in-flight stashes
-          std::max(0, M - e.inFlight) * oneInput + targetsFed);
+                                      // the inputs whose F has not run when B peaks: those beyond
+                                      // the in-flight stashes
+          std::max(0, M - e.inFlight) * oneInput + targetsFed + actsWaiting + gradsWaiting);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.

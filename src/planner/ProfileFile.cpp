@@ -38,8 +38,8 @@ std::string profileToYaml(const Profile& p) {
       << ", step_working_bytes: " << l.stepWorkingBytes
       << ", backward_after_step: " << l.backwardAfterStep << ", snapshot: " << l.snapshot
       << ", forward_working_bytes: " << l.forwardWorkingBytes
-      << ", no_grad_forward_bytes: " << l.noGradForwardBytes
-      << ", buffer_bytes: " << l.bufferBytes << "}\n";
+      << ", no_grad_forward_bytes: " << l.noGradForwardBytes << ", buffer_bytes: " << l.bufferBytes
+      << "}\n";
   }
   return o.str();
 }

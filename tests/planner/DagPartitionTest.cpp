@@ -151,7 +151,9 @@ TEST(DagPartition, SolverEqualsBruteForceOverContiguousRangesOf250RandomDags) {
   }
   // The table is not degenerate: most instances plan, and many have cuts crossing several
   // tensors.
-  EXPECT_GE(feasible, 150);
+  // (145 since the cost model charges the messages that can wait on a device, Note
+  // [Waiting messages]; 150 before.)
+  EXPECT_GE(feasible, 140);
   EXPECT_GE(branchy, 100);
 }
 

@@ -140,7 +140,9 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
       "budget, %d heterogeneous, %d optima use a non-keep policy, %d optima bound by "
       "the process restriction, %d folded\n",
       feasible, infeasible, withHost, heterogeneous, nonKeep, processBound, folded);
-  EXPECT_GE(feasible, 140);
+  // (137 since the cost model charges the messages that can wait on a device, Note
+  // [Waiting messages]; 140 before.)
+  EXPECT_GE(feasible, 130);
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
   EXPECT_GE(processBound, 5);

@@ -340,8 +340,8 @@ TEST(SolverLiteral, BuffersSitBesideEveryCopyOfTheWeights) {
   CostModel m(p, freeCluster(2));
   using pipefb::index;
   using pipefb::MemoryCategory;
-  StageEstimate e = m.stage(shapeOf(ScheduleKind::PipeFbSync, 1, 1, {0, 1}), 0, 0, 1,
-                            StashPolicy::Offload);
+  StageEstimate e =
+      m.stage(shapeOf(ScheduleKind::PipeFbSync, 1, 1, {0, 1}), 0, 0, 1, StashPolicy::Offload);
   EXPECT_EQ(e.forwardMemory[index(MemoryCategory::Weights)], 106);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Weights)], 106);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Grads)], 100);
@@ -352,7 +352,9 @@ TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
   // Note [Comm buffers in the cost model]: 1f1b, S = 2, M = 4, microbatch 2; input 4 and
   // target 1 per sample. Stage 0 has 2 microbatches in flight when B peaks, so the inputs
   // of the other 2 still wait (2 x 8); the last stage holds all 4 targets (4 x 2). Each B
-  // holds its output's gradient (output 3 per sample: 6) beside its working set.
+  // holds its output's gradient (output 3 per sample: 6) beside its working set. Note
+  // [Waiting messages]: one gradient (6) can wait on device 0 and one activation (6) on
+  // device 1; with gpipe, 3 gradients on device 0.
   Profile p = timesProfile({1, 1});
   p.inputBytes = 4;
   p.targetBytes = 1;
@@ -363,15 +365,15 @@ TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
   StageEstimate first = m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint);
   StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint);
-  EXPECT_EQ(first.backwardMemory[index(MemoryCategory::CommBuffers)], 2 * 8);
-  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::CommBuffers)], 4 * 2);
+  EXPECT_EQ(first.backwardMemory[index(MemoryCategory::CommBuffers)], 2 * 8 + 6);
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::CommBuffers)], 4 * 2 + 6);
   // B's working set: the input gradient at its end (stage 1: 6) plus the output's (6).
   EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6);
   // gpipe runs every F before the first B: no input waits then.
   PipelineShape gp = shapeOf(ScheduleKind::GPipe, 2, 4, {0, 1}, 2);
   EXPECT_EQ(m.stage(gp, 0, 0, 1, StashPolicy::Checkpoint)
                 .backwardMemory[index(MemoryCategory::CommBuffers)],
-            0);
+            3 * 6);
 }
 
 TEST(SolverLiteral, KeptGraphHoldsTheStageOutput) {

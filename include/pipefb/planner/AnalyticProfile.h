@@ -36,8 +36,8 @@ struct LayerWork {
 };
 
 struct ModelWork {
-  std::string model;            // a key naming the model and the options that change its shapes
-  std::int64_t inputBytes = 0;  // per sample
+  std::string model;             // a key naming the model and the options that change its shapes
+  std::int64_t inputBytes = 0;   // per sample
   std::int64_t targetBytes = 8;  // per sample: Model::loss's class id (gpt2: T token ids)
   std::vector<LayerWork> layers;
 };

@@ -1,0 +1,46 @@
+// Note [Waiting messages]: how many messages can wait on a device, on generated schedules.
+#include <gtest/gtest.h>
+
+#include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Messages.h"
+
+namespace pipefb::schedules {
+namespace {
+
+WaitingMessages of(const std::string& kind, int S, int M, int K = 1) {
+  return waitingMessages(makeSchedule(kind, S, M, K).schedule);
+}
+
+TEST(WaitingMessages, GpipeSendsEveryGradientAheadOfTheUpstreamBackwards) {
+  // Device 1 runs F1.0..F1.3 then B1.3..B1.0 without waiting for device 0 after its
+  // inputs: when B0.3 starts, the gradients of B0.2, B0.1, B0.0 may all be there; and
+  // device 0's forwards run ahead of F1.0, so 3 activations may wait on device 1.
+  const WaitingMessages w = of("gpipe", 2, 4);
+  EXPECT_EQ(w.activations, (std::vector<int>{0, 3}));
+  EXPECT_EQ(w.gradients, (std::vector<int>{3, 0}));
+  EXPECT_EQ(w.outputs, 0);
+}
+
+TEST(WaitingMessages, OneFOneBBoundsWhatWaitsByItsWarmUp) {
+  // Device 0: F0.0 F0.1 B0.0 F0.2 B0.1 ...; at B0.0's start B1.1 may have run (it waits
+  // only for F0.1), so one gradient beyond B0.0's own can wait. F0.2 waits for B0.0, so
+  // no more than one activation waits on device 1 either.
+  const WaitingMessages w = of("1f1b", 2, 4);
+  EXPECT_EQ(w.activations, (std::vector<int>{0, 1}));
+  EXPECT_EQ(w.gradients, (std::vector<int>{1, 0}));
+}
+
+TEST(WaitingMessages, PipefbLastStageOutputsWaitOnItsBackwardDevice) {
+  // pipefb-sync, S = 2 on 4 devices: F(1) runs its 4 forwards without waiting for B(1),
+  // so at B1.0's start the outputs of F1.1..F1.3 may wait on B(1)'s device.
+  const WaitingMessages w = of("pipefb-sync", 2, 4);
+  EXPECT_EQ(w.outputs, 3);
+  // One microbatch: nothing can wait.
+  const WaitingMessages one = of("pipefb-sync", 2, 1);
+  EXPECT_EQ(one.outputs, 0);
+  EXPECT_EQ(one.activations, (std::vector<int>{0, 0}));
+  EXPECT_EQ(one.gradients, (std::vector<int>{0, 0}));
+}
+
+}  // namespace
+}  // namespace pipefb::schedules
