@@ -79,14 +79,14 @@ bool Placement::sharesDevices() const {
   return false;
 }
 
-Placement Placement::defaultFor(ScheduleKind kind, int numStages) {
+Placement Placement::defaultFor(ScheduleKind kind, int numStages, int virtualStages) {
   switch (info(kind).placement) {  // Note [Adding a schedule kind]
     case DefaultPlacement::SameDevice:
       return sameDevice(numStages);
     case DefaultPlacement::PipeFb:
       return pipefb(numStages);
     case DefaultPlacement::Looped:
-      return looped(numStages, 2);
+      return looped(numStages, virtualStages);
     case DefaultPlacement::VShape:
       return vShape(numStages);
   }
@@ -94,8 +94,34 @@ Placement Placement::defaultFor(ScheduleKind kind, int numStages) {
   return sameDevice(numStages);
 }
 
-Placement Placement::defaultFor(const std::string& kind, int numStages) {
-  return defaultFor(parseScheduleKind(kind), numStages);
+Placement Placement::defaultFor(const std::string& kind, int numStages, int virtualStages) {
+  return defaultFor(parseScheduleKind(kind), numStages, virtualStages);
+}
+
+// Note [Stages per device]: the ratios of the placements defaultFor() builds.
+Placement::StagesPerDevice Placement::stagesPerDevice(ScheduleKind kind, int virtualStages) {
+  switch (info(kind).placement) {
+    case DefaultPlacement::SameDevice:
+      return {1, 1};
+    case DefaultPlacement::PipeFb:
+      return {1, 2};
+    case DefaultPlacement::Looped:
+      return {std::max(1, virtualStages), 1};
+    case DefaultPlacement::VShape:
+      return {2, 1};
+  }
+  PIPEFB_ASSERT(false, "a schedule kind without a default placement");
+  return {1, 1};
+}
+
+int Placement::devicesFor(ScheduleKind kind, int numStages, int virtualStages) {
+  const StagesPerDevice r = stagesPerDevice(kind, virtualStages);
+  return numStages % r.stages == 0 ? numStages / r.stages * r.devices : 0;
+}
+
+int Placement::stagesOn(ScheduleKind kind, int devices, int virtualStages) {
+  const StagesPerDevice r = stagesPerDevice(kind, virtualStages);
+  return devices % r.devices == 0 ? devices / r.devices * r.stages : 0;
 }
 
 std::string Placement::toString() const {
@@ -137,7 +163,10 @@ Placement Placement::parse(const std::string& text, const std::string& where) {
 }
 
 void Placement::checkFor(const std::string& kind, int devices, const std::string& where) const {
-  const bool split = usesSplitPlacement(parseScheduleKind(kind));
+  const ScheduleKind k = parseScheduleKind(kind);
+  const bool split = usesSplitPlacement(k);
+  // Note [Stages per device]: looped and V placements host several stages per device.
+  const bool severalPerDevice = stagesPerDevice(k).stages > 1;
   std::map<int, int> forwardOf, backwardOf;  // device -> stage
   for (int s = 0; s < numStages(); ++s) {
     const StagePlacement& p = stages_[s];
@@ -151,6 +180,7 @@ void Placement::checkFor(const std::string& kind, int devices, const std::string
     if (!split && p.forward != p.backward)
       throw UserError(where + ": " + entry + " runs F and B on two devices; " + kind +
                       " runs both on one device (use pipefb-sync or pipefb-async to split)");
+    if (severalPerDevice) continue;
     for (auto [map, dev, pass] : {std::tuple{&forwardOf, p.forward, "forward"},
                                   std::tuple{&backwardOf, p.backward, "backward"}}) {
       auto [it, fresh] = map->emplace(dev, s);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pipefb/config/Config.h"
+#include "pipefb/schedules/Placement.h"
 
 namespace pipefb::test {
 
@@ -20,8 +21,9 @@ inline model::ModelOptions mlpOptions(int64_t inputSize, std::vector<int64_t> hi
   return o;
 }
 
-/// SGD 0.05 with momentum 0.9, S stages x M microbatches of `batch` under `stash`, on S
-/// devices (2S for pipefb-*).
+/// SGD 0.05 with momentum 0.9, S stages x M microbatches of `batch` under `stash`, on the
+/// devices of the schedule's default placement (Note [Stages per device]: S, 2S for
+/// pipefb-*, S/2 for interleaved-1f1b and zbv).
 inline config::Config pipelineConfig(const model::ModelOptions& m, const std::string& schedule,
                                      int S, int M, const std::string& stash, int64_t batch,
                                      const std::string& source = "<test>") {
@@ -36,8 +38,22 @@ inline config::Config pipelineConfig(const model::ModelOptions& m, const std::st
   c.pipeline.stages = S;
   c.pipeline.microbatches = M;
   c.pipeline.stash = stash;
-  c.devices.count = schedule.rfind("pipefb", 0) == 0 ? 2 * S : S;
+  c.devices.count = schedules::Placement::devicesFor(schedules::parseScheduleKind(schedule), S);
   return c;
+}
+
+/// PipeFB folded onto S devices (Note [Folded placements]): device d runs F of stage d and
+/// B of stage S-1-d.
+inline void fold(config::Config& c) {
+  const int S = static_cast<int>(c.pipeline.stages);
+  c.pipeline.placement = schedules::Placement::folded(S).toString();
+  c.devices.count = S;
+}
+
+/// interleaved-1f1b with v stages per device: S/v devices.
+inline void interleave(config::Config& c, int v) {
+  c.pipeline.virtual_stages = v;
+  c.devices.count = c.pipeline.stages / v;
 }
 
 }  // namespace pipefb::test

@@ -534,6 +534,9 @@ const std::vector<KeySpec>& schema() {
     s.push_back(text(
         "pipeline.placement", [](Config & c) -> auto& { return c.pipeline.placement; }));
     s.push_back(integer(
+        "pipeline.virtual_stages", [](Config & c) -> auto& { return c.pipeline.virtual_stages; }, 0,
+        4096));
+    s.push_back(integer(
         "pipeline.async_lag", [](Config & c) -> auto& { return c.pipeline.async_lag; }, -1,
         1 << 16));
     s.push_back(choice("pipeline.weight_prediction",
@@ -653,6 +656,80 @@ void applyOverride(Config& config, const std::string& assignment) {
   spec->set(config, node, Where{where});
 }
 
+int virtualStages(const Config& c) {
+  const auto& p = c.pipeline;
+  const auto kind = schedules::parseScheduleKind(p.schedule);
+  const bool looped = schedules::info(kind).placement == schedules::DefaultPlacement::Looped;
+  if (p.virtual_stages == 0) return schedules::Placement::kDefaultVirtualStages;
+  if (!looped)
+    throw UserError(c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
+                    " applies to interleaved-1f1b only (several stages per device), not " +
+                    p.schedule + "; allowed here: 0 (or remove the key)");
+  if (p.virtual_stages < 2)
+    throw UserError(c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
+                    " stage per device; interleaved-1f1b needs >= 2 (use 1f1b for one)");
+  return static_cast<int>(p.virtual_stages);
+}
+
+int pipelineStages(const Config& c) {
+  const std::string& src = c.source;
+  const auto& p = c.pipeline;
+  const auto kind = schedules::parseScheduleKind(p.schedule);
+  const int v = virtualStages(c);
+  int64_t S = p.stages;
+  if (!p.partition.empty()) {
+    const int64_t fromCuts = static_cast<int64_t>(p.partition.size()) + 1;
+    if (S > 0 && S != fromCuts)
+      throw UserError(src + ": pipeline.stages: " + std::to_string(S) +
+                      " disagrees with pipeline.partition (" + std::to_string(fromCuts - 1) +
+                      " cut points make " + std::to_string(fromCuts) +
+                      " stages); drop one of them or make them agree");
+    S = fromCuts;
+  }
+  const int64_t count = c.devices.count;
+  if (!p.placement.empty()) {  // it says its stages and its devices
+    const auto placement = schedules::Placement::parse(p.placement, src + ": pipeline.placement");
+    if (S > 0 && S != placement.numStages())
+      throw UserError(src + ": pipeline.placement: " + std::to_string(placement.numStages()) +
+                      " entries for " + std::to_string(S) +
+                      " stages; give one <forward>/<backward> per stage");
+    if (count != placement.numDevices())
+      throw UserError(src + ": devices.count: " + std::to_string(count) +
+                      " but pipeline.placement " + placement.toString() + " uses " +
+                      std::to_string(placement.numDevices()) +
+                      " devices; set devices.count: " + std::to_string(placement.numDevices()));
+    placement.checkFor(p.schedule, static_cast<int>(count), src + ": pipeline.placement");
+    return placement.numStages();
+  }
+  // Note [Stages per device] (schedules/Placement.h): the default placement's ratio.
+  const auto ratio = schedules::Placement::stagesPerDevice(kind, v);
+  if (S == 0) {
+    S = schedules::Placement::stagesOn(kind, static_cast<int>(count), v);
+    if (S == 0)
+      throw UserError(src + ": devices.count: " + std::to_string(count) + " is odd, but " +
+                      p.schedule +
+                      " runs the forward and the backward of a stage on different devices "
+                      "(2 devices per stage); use an even count or set pipeline.stages");
+    return static_cast<int>(S);
+  }
+  const int64_t need = schedules::Placement::devicesFor(kind, static_cast<int>(S), v);
+  if (need == 0)  // looped: S not a multiple of v; vShape: S odd
+    throw UserError(src + ": " +
+                    (p.virtual_stages > 0 ? "pipeline.virtual_stages" : "pipeline.stages") + ": " +
+                    std::to_string(S) + " stages of " + p.schedule + " do not split into " +
+                    std::to_string(ratio.stages) + " stages per device; give a multiple of " +
+                    std::to_string(ratio.stages) + " stages");
+  if (count != need)
+    throw UserError(
+        src + ": devices.count: " + std::to_string(count) + " but " + p.schedule + " with " +
+        std::to_string(S) + " stages needs " + std::to_string(need) + " devices" +
+        (ratio.devices > 1  ? " (F and B of each stage on their own device)"
+         : ratio.stages > 1 ? " (" + std::to_string(ratio.stages) + " stages per device)"
+                            : std::string()) +
+        "; set devices.count: " + std::to_string(need));
+  return static_cast<int>(S);
+}
+
 void validate(const Config& c, ConfigUse use) {
   const std::string& src = c.source;
   // The pipeline's shape rules hold for the trainer only (ConfigUse).
@@ -679,50 +756,12 @@ void validate(const Config& c, ConfigUse use) {
                     " needs a pipeline schedule (the host pool belongs to the pipeline "
                     "runtime); set pipeline.optimizer_offload: none, or choose a schedule");
   if (train && c.pipeline.schedule != "none") {
-    // The placement's device count: S for gpipe/1f1b/pipedream, 2S for pipefb-* (F and B
-    // of a stage on different devices). runtime::stagesFor() applies the same rule.
-    const bool split =
-        schedules::usesSplitPlacement(schedules::parseScheduleKind(c.pipeline.schedule));
-    const int64_t perStage = split ? 2 : 1;
-    int64_t S = c.pipeline.stages;
-    if (!c.pipeline.partition.empty()) {
-      const int64_t fromCuts = static_cast<int64_t>(c.pipeline.partition.size()) + 1;
-      if (S > 0 && S != fromCuts)
-        throw UserError(src + ": pipeline.stages: " + std::to_string(S) +
-                        " disagrees with pipeline.partition (" + std::to_string(fromCuts - 1) +
-                        " cut points make " + std::to_string(fromCuts) +
-                        " stages); drop one of them or make them agree");
-      S = fromCuts;
-    }
-    if (!c.pipeline.placement.empty()) {
-      const auto placement =
-          schedules::Placement::parse(c.pipeline.placement, src + ": pipeline.placement");
-      const int64_t fromPlacement = placement.numStages();
-      if (S > 0 && S != fromPlacement)
-        throw UserError(src + ": pipeline.placement: " + std::to_string(fromPlacement) +
-                        " entries for " + std::to_string(S) +
-                        " stages; give one <forward>/<backward> per stage");
-      S = fromPlacement;
-      if (c.devices.count == perStage * S)
-        placement.checkFor(c.pipeline.schedule, static_cast<int>(c.devices.count),
-                           src + ": pipeline.placement");
-      // Note [Folded placements]: the planner and the simulator take them; the runtime
-      // does not run one device's forward of one stage and backward of another yet.
-      bool unsplit = false;
-      for (int s = 0; s < placement.numStages(); ++s) unsplit = unsplit || !placement.split(s);
-      if (split && (placement.sharesDevices() || unsplit))
-        throw UserError(src + ": pipeline.placement: " + placement.toString() +
-                        " runs a forward and a backward on one device (folded); pipefb_train "
-                        "runs PipeFB with separate forward and backward devices only, e.g. " +
-                        schedules::Placement::pipefb(static_cast<int>(S)).toString() +
-                        " (pipefb_sim and pipefb_plan take folded placements)");
-    }
+    const int64_t stages = pipelineStages(c);
     if (c.pipeline.async_lag > c.pipeline.microbatches)
       throw UserError(
           src + ": pipeline.async_lag: " + std::to_string(c.pipeline.async_lag) +
           " is more than pipeline.microbatches (" + std::to_string(c.pipeline.microbatches) +
           "); allowed: -1 (a whole iteration) or 0.." + std::to_string(c.pipeline.microbatches));
-    const int64_t stages = S > 0 ? S : c.devices.count / perStage;
     if (!c.pipeline.stage_optimizer_offload.empty() &&
         static_cast<int64_t>(c.pipeline.stage_optimizer_offload.size()) != stages)
       throw UserError(src + ": pipeline.optimizer_offload: " +
@@ -743,15 +782,6 @@ void validate(const Config& c, ConfigUse use) {
       throw UserError(
           src + ": pipeline.lookahead: " + std::to_string(c.pipeline.stage_lookahead.size()) +
           " values for " + std::to_string(stages) + " stages; give one, or one per stage");
-    if (S > 0 && c.devices.count != perStage * S)
-      throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) + " but " +
-                      c.pipeline.schedule + " with " + std::to_string(S) + " stages needs " +
-                      std::to_string(perStage * S) +
-                      " devices; set devices.count: " + std::to_string(perStage * S));
-    if (S == 0 && c.devices.count % perStage != 0)
-      throw UserError(src + ": devices.count: " + std::to_string(c.devices.count) +
-                      " is odd, but " + c.pipeline.schedule +
-                      " needs 2 devices per stage; use an even count or set pipeline.stages");
   }
   for (size_t i = 1; i < c.pipeline.partition.size(); ++i)
     if (c.pipeline.partition[i] <= c.pipeline.partition[i - 1])

@@ -45,14 +45,7 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +
                     "; --set training.batch=" + std::to_string(spec.batch) + " or re-plan");
-  if (spec.folded())
-    throw UserError(source + ": stages: the plan folds " + spec.schedule + " onto " +
-                    std::to_string(spec.stages.size()) + " devices (placement " +
-                    spec.placement().toString() +
-                    "), which pipefb_train does not run yet; re-plan with pipefb_plan "
-                    "--no-folded for the 2S-device form");
   const std::vector<std::string> stash = runtimeStashPolicies(spec, source);
-  const bool split = isSplit(parseScheduleKind(spec.schedule));
   auto& p = cfg.pipeline;
   p.schedule = spec.schedule;
   p.stages = static_cast<std::int64_t>(spec.stages.size());
@@ -62,7 +55,13 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   p.replicas = spec.replicas;  // Note [Replicated pipelines]
   p.stash = stash.front();     // Note [Plan policies in the runtime]
   p.stage_stash = stash.size() > 1 ? stash : std::vector<std::string>{};
-  cfg.devices.count = (split ? 2 : 1) * p.stages;
+  // The plan's placement is the pipeline's (Note [Folded placements]: a folded PipeFB plan
+  // runs S stages on S devices); it says how many devices the run needs.
+  const schedules::Placement placement = spec.placement();
+  p.placement = placement == schedules::Placement::defaultFor(p.schedule, p.stages)
+                    ? std::string()
+                    : placement.toString();
+  cfg.devices.count = placement.numDevices();
   try {
     config::validate(cfg);
   } catch (const UserError& e) {
@@ -88,6 +87,10 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
                               ? cfg.pipeline.optimizer_offload == "host"
                               : std::all_of(perStage.begin(), perStage.end(),
                                             [](const std::string& v) { return v == "host"; });
+  // Note [Folded placements]: a folded pipeline.placement plans the folded shape.
+  shape.folded = isSplit(shape.kind) && !cfg.pipeline.placement.empty() &&
+                 schedules::Placement::parse(cfg.pipeline.placement, cfg.source) ==
+                     schedules::Placement::folded(stages);
   shape.chain.resize(shape.chainLength());
   std::iota(shape.chain.begin(), shape.chain.end(), 0);
   if (shape.chainLength() > model.cluster().numDevices())

@@ -4,7 +4,6 @@
 #include <limits>
 
 #include "pipefb/common/Error.h"
-#include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::runtime {
 
@@ -56,36 +55,8 @@ std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int6
   return out;
 }
 
-int stagesFor(const config::Config& c) {
-  const auto& p = c.pipeline;
-  const bool split = schedules::usesSplitPlacement(schedules::parseScheduleKind(p.schedule));
-  int S = static_cast<int>(p.stages);
-  if (!p.partition.empty()) {
-    int fromCuts = static_cast<int>(p.partition.size()) + 1;
-    if (S > 0 && S != fromCuts)
-      throw UserError(c.source + ": pipeline.stages: " + std::to_string(S) +
-                      " disagrees with pipeline.partition (" + std::to_string(fromCuts - 1) +
-                      " cut points make " + std::to_string(fromCuts) +
-                      " stages); drop one of them or make them agree");
-    S = fromCuts;
-  }
-  if (S == 0) {
-    if (split && c.devices.count % 2 != 0)
-      throw UserError(c.source + ": devices.count: " + std::to_string(c.devices.count) +
-                      " is odd, but " + p.schedule +
-                      " runs the forward and the backward of a stage on different devices "
-                      "(2 devices per stage); use an even count or set pipeline.stages");
-    S = static_cast<int>(split ? c.devices.count / 2 : c.devices.count);
-  }
-  int64_t need = split ? 2 * int64_t{S} : S;
-  if (c.devices.count != need)
-    throw UserError(c.source + ": devices.count: " + std::to_string(c.devices.count) + " but " +
-                    p.schedule + " with " + std::to_string(S) + " stages needs " +
-                    std::to_string(need) + " devices" +
-                    (split ? " (F and B of each stage on their own device)" : "") +
-                    "; set devices.count: " + std::to_string(need));
-  return S;
-}
+// One rule, one place: the config's (Note [Stages per device] in schedules/Placement.h).
+int stagesFor(const config::Config& c) { return config::pipelineStages(c); }
 
 void checkProcesses(const std::string& source, int64_t D, int64_t R, int64_t worldSize) {
   const std::string launch =

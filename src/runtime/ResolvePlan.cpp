@@ -39,7 +39,8 @@ std::vector<StageRange> partitionOf(const config::Config& config, const ModelLay
 schedules::Placement placementOf(const config::Config& config, schedules::ScheduleKind kind,
                                  int S) {
   const auto& p = config.pipeline;
-  if (p.placement.empty()) return schedules::Placement::defaultFor(kind, S);
+  if (p.placement.empty())
+    return schedules::Placement::defaultFor(kind, S, config::virtualStages(config));
   const std::string where = config.source + ": pipeline.placement";
   auto placement = schedules::Placement::parse(p.placement, where);
   if (placement.numStages() != S)

@@ -248,8 +248,16 @@ int main(int argc, char** argv) {
       group = pipefb::dist::makeGlooGroup(*env, {config.distributed.timeout});
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&
-        config.pipeline.partition.empty() && config.pipeline.partition_by == "planner")
-      planYaml = usePlannerPartition(config, configPath, group.get());
+        config.pipeline.partition.empty() && config.pipeline.partition_by == "planner") {
+      if (pipefb::planner::plannerModels(
+              pipefb::schedules::parseScheduleKind(config.pipeline.schedule)))
+        planYaml = usePlannerPartition(config, configPath, group.get());
+      else  // interleaved-1f1b, zbv: the cost model has no closed form for them yet
+        spdlog::info(
+            "pipeline: the planner does not model {}; partition balanced by parameter "
+            "bytes (set pipeline.partition to choose it)",
+            config.pipeline.schedule);
+    }
     std::optional<std::int64_t> keepPeak;
     try {  // informational: a config the planner cannot model still trains
       if (!group) keepPeak = keepBaselinePeak(config, configPath);

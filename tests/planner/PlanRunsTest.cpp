@@ -189,10 +189,7 @@ class PlanRuns : public ::testing::Test {
     const std::string plan = "pipefb_plan " + x.sets() + " --profile " + profile(x) +
                              " --schedules " + x.family() + " --microbatches " +
                              std::to_string(x.microbatches) + " --max-stages " +
-                             std::to_string(x.stages) + " --quiet" +
-                             // pipefb_train runs PipeFB on 2S devices only (Note [Folded
-                             // placements]); folded plans are the simulator's and planner's.
-                             (isSplit(x.family()) ? " --no-folded" : "");
+                             std::to_string(x.stages) + " --quiet";
     auto lo = test::runProgram(plan + " --budget 1KiB");
     const std::int64_t minBudget = smallestBudget(lo.out);
     if (lo.code == 2 && minBudget < 0) {
@@ -318,7 +315,7 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
         " --set data.synthetic_test=32";
     const std::string plan =
         "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet" +
-        (isSplit(family) ? " --no-folded" : "");  // pipefb_train runs the 2S form only
+        (isSplit(family) ? " --no-folded" : "");  // the 2S form (folded: below)
     auto lo = test::runProgram(plan + " --budget 1KiB");
     const std::int64_t budget = smallestBudget(lo.out);
     ASSERT_GT(budget, 0) << family << "\n" << lo.out;
@@ -344,6 +341,57 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
     // The budget binds: the fullest device comes within 1% of it, as planned.
     EXPECT_GE(highest, budget - budget / 100) << family;
     EXPECT_EQ(*std::max_element(predicted.begin(), predicted.end()), budget) << family;
+  }
+}
+
+// Note [Folded placements]: pipefb_train runs the planner's folded PipeFB plans (S stages on
+// S devices, device d running F of stage d and B of stage S-1-d), and each device peaks
+// within +-10% of what the plan's simulator predicts for it (simulated_peak_memory). VGG16
+// width 1/4, batch 32, M = 4 on 4 virtual devices, analytic profile, no budget: the planner
+// folds 2 stages onto devices 0 and 1. Measured when written: cpu:0 166.70 MiB against
+// 166.70 predicted, cpu:1 48.78-51.59 MiB against 51.18-55.12 (-6.4% at worst). Not yet
+// within 10% (left out here): at the smallest feasible budget the plan folds 3 stages
+// (0/2 1/1 2/0), and device 2 (F of fc7-fc8, B of the convolutions) peaks 11.5% below the
+// simulator and 12.1% below the cost model (pipefb-sync-keep); the cost model is 22.5% high
+// on device 0 (issue 16, "Fidelity").
+TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
+  for (const std::string family : {"pipefb-sync-keep", "pipefb-sync-checkpoint"}) {
+    const std::string sets =
+        "--config " + std::string(PIPEFB_SOURCE_DIR) +
+        "/configs/vgg16-single.yaml --set model.width=0.25 --set training.batch=32"
+        " --set pipeline.microbatches=4 --set devices.count=4 --set pipeline.schedule=pipefb-sync"
+        " --set data.name=synthetic --set data.synthetic_train=64 --set data.synthetic_test=32";
+    const std::string planFile = dir_ + "/" + family + ".yaml";
+    auto p = test::runProgram("pipefb_plan " + sets + " --schedules " + family +
+                              " --microbatches 4 --quiet -o " + planFile);
+    ASSERT_EQ(p.code, 0) << family << "\n" << p.out;
+    const YAML::Node plan = YAML::LoadFile(planFile);
+    bool folded = false;
+    for (const auto& o : plan["overrides"])
+      folded = folded || o.as<std::string>() == "pipeline.placement=0/1 1/0";
+    ASSERT_TRUE(folded) << family << ": the planner did not fold 2 stages\n" << p.out;
+    std::vector<std::int64_t> simulated;
+    for (const auto& v : plan["predicted"]["simulated_peak_memory"])
+      simulated.push_back(v.as<std::int64_t>());
+    const std::string runDir = dir_ + "/run-" + family;
+    auto t = test::runProgram("pipefb_train " + sets + " --plan " + planFile +
+                              " --set training.iterations=2 --set training.eval=false"
+                              " --set training.checkpoint=false --set output.dir=" +
+                              runDir);
+    ASSERT_EQ(t.code, 0) << family << "\n" << t.out;
+    EXPECT_NE(t.out.find("on 2 devices (0/1 1/0)"), std::string::npos) << t.out;
+    const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
+    int checked = 0;
+    for (const auto& d : summary["devices"]) {
+      const std::string name = d["name"];
+      if (name.rfind("cpu:", 0) != 0) continue;
+      const size_t i = std::stoul(name.substr(4));
+      ASSERT_LT(i, simulated.size());
+      const double want = static_cast<double>(simulated[i]);
+      EXPECT_NEAR(d["peak_bytes"].get<double>(), want, 0.1 * want) << family << " " << name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 2) << family;
   }
 }
 

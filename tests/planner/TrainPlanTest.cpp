@@ -36,7 +36,7 @@ Plan solvedPlan(const config::Config& cfg, const std::string& family, std::strin
   SolverOptions o = pl.solver;
   o.schedules = parseScheduleFamilies({family});
   o.simulateTop = 0;
-  o.foldedPlacements = folded;  // pipefb_train runs the 2S-device form only (below)
+  o.foldedPlacements = folded;
   SolveResult r = solve(*pl.model, o);
   EXPECT_TRUE(r.feasible);
   *yaml = planToYaml(*pl.model, r.best, PlanContext{cfg.source, pl.model->profile().model});
@@ -64,9 +64,9 @@ TEST(TrainPlan, RoundTripSetsThePipeline) {
   }
 }
 
-// Note [Folded placements]: a folded plan reads back as the same plan, and pipefb_train
-// (which does not run it yet) refuses it with a hint instead of running something else.
-TEST(TrainPlan, FoldedPlanReadsBackAndTrainingRefusesIt) {
+// Note [Folded placements]: a folded plan reads back as the same plan, and sets the
+// config's placement and devices (S stages on S devices) for pipefb_train to run it.
+TEST(TrainPlan, FoldedPlanReadsBackAndSetsThePlacement) {
   config::Config cfg = config::parseConfig(kVgg);
   std::string yaml;
   Plan plan = solvedPlan(cfg, "pipefb-sync-offload", &yaml, /*folded=*/true);
@@ -80,8 +80,16 @@ TEST(TrainPlan, FoldedPlanReadsBackAndTrainingRefusesIt) {
   EXPECT_TRUE(back.shape.folded);
   EXPECT_DOUBLE_EQ(back.iterationTime, plan.iterationTime);
   EXPECT_EQ(back.deviceMemory, plan.deviceMemory);
-  const std::string err = errorOf([&] { applyPlan(cfg, spec, "plan.yaml"); });
-  EXPECT_NE(err.find("--no-folded"), std::string::npos) << err;
+  applyPlan(cfg, spec, "plan.yaml");
+  EXPECT_EQ(cfg.pipeline.placement, "0/3 1/2 2/1 3/0");
+  EXPECT_EQ(cfg.devices.count, 4);
+  EXPECT_EQ(config::pipelineStages(cfg), 4);
+  // The 2S-device form keeps the schedule's default placement.
+  config::Config twoS = config::parseConfig(kVgg);
+  solvedPlan(twoS, "pipefb-sync-offload", &yaml);
+  applyPlan(twoS, parsePlan(yaml, "plan.yaml"), "plan.yaml");
+  EXPECT_EQ(twoS.pipeline.placement, "");
+  EXPECT_EQ(twoS.devices.count, 2 * twoS.pipeline.stages);
 }
 
 TEST(TrainPlan, RefusesOtherModelsAndAppliesMixedPolicies) {

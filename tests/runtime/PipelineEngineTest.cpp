@@ -16,6 +16,7 @@
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/schedules/Placement.h"
+#include "pipefb/sim/Simulator.h"
 #include "pipefb/train/Optimizer.h"
 
 using namespace pipefb;
@@ -149,23 +150,59 @@ runtime::EngineOptions quietOptions(int64_t iterations) {
   return o;
 }
 
+// How a pipeline's stages sit on its devices: the schedule's default placement, PipeFB
+// folded onto S devices (Note [Folded placements]), or v stages per device
+// (interleaved-1f1b).
+struct Layout {
+  Layout(const char* s) : schedule(s) {}  // the schedule's default placement
+  Layout(std::string s, bool f, int v = 0) : schedule(std::move(s)), folded(f), virtualStages(v) {}
+  std::string schedule;
+  bool folded = false;
+  int virtualStages = 0;
+  std::string name() const {
+    return schedule + (folded ? " folded" : "") +
+           (virtualStages ? " v=" + std::to_string(virtualStages) : "");
+  }
+  // Whether S stages x M microbatches make this layout.
+  bool takes(int S, int M) const {
+    if (folded) return S >= 2;
+    if (virtualStages) return S % virtualStages == 0 && M % (S / virtualStages) == 0;
+    return true;
+  }
+  void apply(config::Config& c) const {
+    if (folded) test::fold(c);
+    if (virtualStages) test::interleave(c, virtualStages);
+  }
+};
+const std::vector<Layout> kOneStagePerDevice = {"gpipe", "1f1b", "pipefb-sync"};
+// Devices that host several stages: a forward and another stage's backward (folded), or
+// several stages (interleaved).
+const std::vector<Layout> kFolded = {{"pipefb-sync", true}};
+const std::vector<Layout> kInterleaved = {{"interleaved-1f1b", false, 2}};
+const std::vector<std::string> kAllStashes = {"keep", "checkpoint", "offload",
+                                              "checkpoint-offload"};
+
 // One iteration: gradients equal; three: weights equal (and losses).
 void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
                       const std::vector<int>& microbatches,
                       const std::vector<std::string>& stashes = {"keep", "checkpoint"},
-                      const std::vector<std::string>& schedules = {"gpipe", "1f1b",
-                                                                   "pipefb-sync"}) {
+                      const std::vector<Layout>& layouts = kOneStagePerDevice) {
   constexpr int kIters = 3;
-  for (const std::string& sched : schedules)
+  for (const Layout& layout : layouts)
     for (const std::string& stash : stashes)
       for (int S : stageCounts)
         for (int M : microbatches) {
-          SCOPED_TRACE(c.name + " " + sched + " " + stash + " S=" + std::to_string(S) +
+          if (!layout.takes(S, M)) continue;
+          SCOPED_TRACE(c.name + " " + layout.name() + " " + stash + " S=" + std::to_string(S) +
                        " M=" + std::to_string(M));
-          auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
+          auto cfg = makeConfig(c.model, layout.schedule, S, M, stash, c.batch);
+          layout.apply(cfg);
           Reference ref(cfg);
           auto model = buildSeeded(c.model);
           runtime::PipelineEngine engine(*model, cfg, quietOptions(kIters));
+          EXPECT_EQ(engine.numDevices(), cfg.devices.count);
+          if (layout.folded)
+            EXPECT_EQ(engine.schedule().placement, schedules::Placement::folded(S));
           std::vector<data::Batch> batches;
           for (int k = 0; k < kIters; ++k)
             batches.push_back(makeBatch(*model, c.batch, c.model.num_classes, 100 + k));
@@ -308,24 +345,56 @@ TEST(PipelineEquivalenceOffload, Gpt2) {
 
 // Note [Split backward in the runtime]: I and W separately, every stash policy, and the
 // weights after three iterations (the split must not leak a gradient across a STEP).
-const std::vector<std::string> kEveryPolicy = {"keep", "offload", "checkpoint",
-                                               "checkpoint-offload"};
-const std::vector<std::string> kSplitKinds = {"zb-h1", "zb-h2", "pipefb-zb"};
+const std::vector<Layout> kSplitKinds = {"zb-h1", "zb-h2", "pipefb-zb"};
 TEST(PipelineEquivalenceSplit, Mlp) {
-  checkEquivalence({"mlp", mlpOptions(), 12}, {2, 3, 4}, {1, 3, 4}, kEveryPolicy, kSplitKinds);
+  checkEquivalence({"mlp", mlpOptions(), 12}, {2, 3, 4}, {1, 3, 4}, kAllStashes, kSplitKinds);
 }
 TEST(PipelineEquivalenceSplit, MlpMixedPolicies) {
   checkEquivalence({"mlp", mlpOptions()}, {4}, {2, 4},
                    {"checkpoint,offload,keep,checkpoint-offload"}, kSplitKinds);
 }
 TEST(PipelineEquivalenceSplit, Vgg16) {  // BatchNorm: IR restores its statistics
-  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {2, 3}, {2, 4}, kEveryPolicy, kSplitKinds);
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {2, 3}, {2, 4}, kAllStashes, kSplitKinds);
 }
 TEST(PipelineEquivalenceSplit, Resnet50) {
-  checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {3}, {4}, kEveryPolicy, kSplitKinds);
+  checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {3}, {4}, kAllStashes, kSplitKinds);
 }
 TEST(PipelineEquivalenceSplit, Gpt2) {
-  checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3}, {2, 4}, kEveryPolicy, kSplitKinds);
+  checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3}, {2, 4}, kAllStashes, kSplitKinds);
+}
+
+// Devices that host several stages (issue 16, folded PipeFB; issue 18, interleaved-1f1b):
+// still gradient-exact under every stash policy, and with a policy per stage. Odd S folds
+// the middle stage onto one device (not split).
+TEST(PipelineEquivalenceFolded, Mlp) {
+  checkEquivalence({"mlp", mlpOptions(), 12}, {2, 3, 4}, {1, 3, 4}, kAllStashes, kFolded);
+  checkEquivalence(
+      {"mlp", mlpOptions()}, {4}, {2, 4},
+      {"checkpoint,offload,keep,checkpoint-offload", "offload,checkpoint-offload,checkpoint,keep"},
+      kFolded);
+}
+TEST(PipelineEquivalenceFolded, Vgg16) {
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {2, 3, 4}, {2, 4}, kAllStashes, kFolded);
+}
+TEST(PipelineEquivalenceFolded, Resnet50) {
+  checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {2, 3}, {4}, kAllStashes, kFolded);
+}
+TEST(PipelineEquivalenceFolded, Gpt2) {
+  checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2}, kAllStashes, kFolded);
+}
+TEST(PipelineEquivalenceInterleaved, Mlp) {
+  checkEquivalence({"mlp", mlpOptions(), 12}, {2, 4}, {2, 4}, kAllStashes, kInterleaved);
+  // Four stages on one device.
+  checkEquivalence({"mlp", mlpOptions(), 12}, {4}, {3}, {"keep", "checkpoint"},
+                   {{"interleaved-1f1b", false, 4}});
+}
+TEST(PipelineEquivalenceInterleaved, Vgg16) {
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 12}, {4, 6}, {6}, kAllStashes, kInterleaved);
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {6}, {2}, {"keep"},
+                   {{"interleaved-1f1b", false, 3}});
+}
+TEST(PipelineEquivalenceInterleaved, Gpt2) {
+  checkEquivalence({"gpt2", gpt2Options(), 4}, {4}, {2, 4}, kAllStashes, kInterleaved);
 }
 
 namespace {
@@ -402,6 +471,50 @@ TEST(PipelineMemory, SplitBackwardStashPeaksMatchTheContract) {
     }
 }
 
+// Devices that host several stages (interleaved-1f1b, v = 2 and all 4 stages on one
+// device): each device's stash peak, at action ends, is the simulator's for the lowered
+// schedule with each stage's measured stash bytes per microbatch (within 10%; the
+// simulator charges every stash of every stage a device holds, so this also checks that
+// the stages' stashes add up). Folded PipeFB's stashes go through the host pool, whose
+// copies in flight depend on timing; its whole peaks are checked against the planner's
+// simulator in plan_runs_test (PlanRuns.FoldedPipeFbPeaksWhereTheSimulatorSays).
+TEST(PipelineMemory, InterleavedStashPeaksMatchTheSimulator) {
+  struct Row {
+    Layout layout;
+    int S, M;
+  };
+  const std::vector<Row> rows = {{{"interleaved-1f1b", false, 2}, 4, 6},
+                                 {{"interleaved-1f1b", false, 4}, 4, 6}};
+  for (const Row& row : rows)
+    for (const std::string stash : {"keep", "checkpoint"}) {
+      SCOPED_TRACE(row.layout.name() + " " + stash + " S=" + std::to_string(row.S));
+      auto cfg = makeConfig(wideMlp(), row.layout.schedule, row.S, row.M, stash, 48);
+      row.layout.apply(cfg);
+      auto model = buildSeeded(cfg.model);
+      runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+      e.step(makeBatch(*model, 48, 5, 1));
+      e.step(makeBatch(*model, 48, 5, 2));
+      e.finish();
+      const auto perMb = e.stashBytesPerMicrobatch();
+      sim::CostTable costs = sim::CostTable::uniform(row.S);
+      for (int s = 0; s < row.S; ++s) {
+        ASSERT_GT(perMb[s], 0);
+        sim::StageCosts& c = costs.stages[s];
+        c.stashBytes = c.checkpointBytes = perMb[s];
+        c.activationBytes = c.gradientBytes = c.weightVersionBytes = c.weightsBytes = 0;
+        c.gradsBytes = c.optimizerStateBytes = c.workingSetBytes = 0;
+        c.forwardWorkingSetBytes = 0;
+      }
+      const sim::SimResult r = sim::simulate(e.schedule(), costs);
+      const auto measured = stashAtActionEnds(e);
+      ASSERT_EQ(measured.size(), r.peakStashBytes.size());
+      for (size_t d = 0; d < measured.size(); ++d) {
+        const double want = static_cast<double>(r.peakStashBytes[d]);
+        EXPECT_NEAR(measured[d], want, 0.1 * want) << "device " << d;
+      }
+    }
+}
+
 TEST(PipelineMemory, OutOfMemoryNamesDeviceStopsWorkersAndKeepsOomInfo) {
   // gpipe: device 0 runs F0.0..F0.3 before any gradient can come back into its memory,
   // so the refused allocation is always a stash of F0.1 (no race with comm buffers).
@@ -470,7 +583,9 @@ namespace {
 //    forwards), and B(s,m) differentiates at that same stashed version;
 //  * pipefb-async: one update per iteration; every forward of iteration k runs on the
 //    version after k-1 updates (the forward device is one SyncWeights behind); with
-//    pipeline.weight_prediction linear, on 2 W[v] - W[v-1] for that version v > 0.
+//    pipeline.weight_prediction linear, on 2 W[v] - W[v-1] for that version v > 0. A
+//    stage that is not split (folded PipeFB, odd S: the middle one) runs F and B on one
+//    device, its STEP before its next forwards: synchronous, never predicted.
 // Each update applies the gradient to the newest weights. The gradient of microbatch m
 // is that of the whole model with each stage at its own version.
 struct AsyncReference {
@@ -480,9 +595,15 @@ struct AsyncReference {
   std::vector<torch::Tensor> params;
   std::vector<int> stageOf;                          // parameter index -> stage
   std::vector<std::vector<torch::Tensor>> versions;  // versions[u] = weights after u updates
+  schedules::Placement placement;
 
   AsyncReference(const config::Config& c, const std::vector<runtime::StageRange>& partition)
-      : config(c), model(buildSeeded(c.model)) {
+      : config(c),
+        model(buildSeeded(c.model)),
+        placement(c.pipeline.placement.empty()
+                      ? schedules::Placement::defaultFor(c.pipeline.schedule,
+                                                         static_cast<int>(partition.size()))
+                      : schedules::Placement::parse(c.pipeline.placement, "test")) {
     for (size_t s = 0; s < partition.size(); ++s)
       for (int64_t l = partition[s].first; l < partition[s].last; ++l)
         for (auto& p : model->layer(l)->parameters()) {
@@ -505,6 +626,7 @@ struct AsyncReference {
     // pipefb-async: the first `lag` forwards of iteration k (all by default) run before the
     // weights of iteration k-1 arrive.
     const int64_t lag = config.pipeline.async_lag < 0 ? M : config.pipeline.async_lag;
+    if (!placement.split(stage)) return m / M;
     return m % M < lag ? std::max<int64_t>(0, m / M - 1) : m / M;
   }
   // One iteration; returns the summed loss like PipelineEngine::step.
@@ -536,7 +658,7 @@ struct AsyncReference {
         torch::NoGradGuard ng;
         for (size_t i = 0; i < params.size(); ++i) {
           const int v = versionOf(stageOf[i], m);
-          if (predicts && v > 0)
+          if (predicts && v > 0 && placement.split(stageOf[i]))
             params[i].copy_(2 * versions.at(v)[i] - versions.at(v - 1)[i]);
           else
             params[i].copy_(versions.at(v)[i]);
@@ -559,10 +681,12 @@ struct AsyncReference {
 
 void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
                          const std::string& stash, const std::string& optimizer, int kIters = 4,
-                         int lag = -1, const std::string& prediction = "none") {
-  SCOPED_TRACE(c.name + " " + sched + " " + stash + " " + optimizer + " S=" + std::to_string(S) +
-               " M=" + std::to_string(M));
+                         int lag = -1, const std::string& prediction = "none",
+                         bool folded = false) {
+  SCOPED_TRACE(c.name + " " + sched + (folded ? " folded " : " ") + stash + " " + optimizer +
+               " S=" + std::to_string(S) + " M=" + std::to_string(M));
   auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
+  if (folded) test::fold(cfg);
   cfg.pipeline.async_lag = lag;
   cfg.pipeline.weight_prediction = prediction;
   cfg.training.optimizer = optimizer;
@@ -622,6 +746,16 @@ TEST(PipelineAsync, WeightsFollowTheAsynchronousSemantics) {
                       "linear");
   // BatchNorm: forwards on weight snapshots update the stage's statistics.
   checkAsyncSemantics({"resnet50", visionOptions("resnet50"), 8}, "pipedream", 3, 2, "keep", "sgd");
+}
+
+// Folded pipefb-async (Note [Folded placements]) keeps pipefb-async's weight semantics.
+TEST(PipelineAsync, FoldedPipefbAsyncFollowsTheAsynchronousSemantics) {
+  const Case mlp{"mlp", mlpOptions(), 12};
+  for (const std::string stash : {"keep", "checkpoint", "offload", "checkpoint-offload"})
+    for (int S : {2, 3, 4}) {
+      checkAsyncSemantics(mlp, "pipefb-async", S, 3, stash, "adam", 4, -1, "none", true);
+      checkAsyncSemantics(mlp, "pipefb-async", S, 3, stash, "adam", 5, 1, "linear", true);
+    }
 }
 
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {

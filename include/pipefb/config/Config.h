@@ -79,6 +79,9 @@ struct PipelineOptions {
   std::vector<int64_t> stage_lookahead;
   /// "" = the schedule's default; else "f/b f/b ...": forward/backward device per stage.
   std::string placement;
+  /// interleaved-1f1b: stages per device v (stage s on device s mod S/v); 0 = the default
+  /// (schedules::Placement::kDefaultVirtualStages). Other kinds take 0 only.
+  int64_t virtual_stages = 0;
   /// pipefb-async: forwards of iteration k that run before the weights of iteration k-1
   /// arrive; -1 = all of them (microbatches), 0 = synchronous weights. The default 1 with
   /// linear prediction is what converges like 1f1b (experiments/README.md, async_convergence).
@@ -154,6 +157,14 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
 void applyOverride(Config& config, const std::string& assignment);
 /// Cross-key checks (e.g. batch divisible by microbatches). Called by the loaders.
 void validate(const Config& config, ConfigUse use = ConfigUse::Train);
+/// The pipeline's stage count S: pipeline.stages, the partition's, the placement's, or
+/// what the schedule's default placement puts on devices.count (Note [Stages per device]
+/// in schedules/Placement.h), checked against devices.count (the placement's devices, or
+/// the default placement's for S). UserError naming the key otherwise. Train use only.
+int pipelineStages(const Config& config);
+/// pipeline.virtual_stages with 0 resolved (schedules::Placement::kDefaultVirtualStages);
+/// UserError when the schedule does not take the value given.
+int virtualStages(const Config& config);
 
 /// The resolved config as YAML, every key present; parseConfig(toYaml(c)) == c.
 std::string toYaml(const Config& config);

@@ -25,8 +25,9 @@ std::vector<StageRange> balancedPartition(const std::vector<int64_t>& layerCosts
 /// pipeline.partition.
 std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int64_t numLayers);
 
-/// The stage count a config asks for: pipeline.stages, else partition.size()+1, else
-/// derived from devices.count (S devices, or 2S for pipefb-*). UserError if they disagree.
+/// The stage count a config asks for: pipeline.stages, else partition.size()+1, else the
+/// placement's, else derived from devices.count (config::pipelineStages: S devices, 2S for
+/// pipefb-*, S/v for interleaved-1f1b, S/2 for zbv). UserError if they disagree.
 int stagesFor(const config::Config& config);
 
 /// Note [Replicated pipelines]: the rule for processes. `worldSize` is the size of the

@@ -46,10 +46,34 @@ class Placement {
   /// The mirror fold of position i in a chain of n onto n/2 (rounded up) devices:
   /// min(i, n-1-i). folded() puts B(s) on F(n-1-s)'s device; vShape() puts stage s there.
   static int foldedDevice(int i, int n) { return i < n - 1 - i ? i : n - 1 - i; }
-  /// The default placement of a schedule kind (ScheduleKindInfo::splitPlacement -> pipefb,
-  /// others -> sameDevice). By name: an unknown name is a UserError.
-  static Placement defaultFor(ScheduleKind kind, int numStages);
-  static Placement defaultFor(const std::string& kind, int numStages);
+  /// Virtual stages per device of looped() when none is given (pipeline.virtual_stages: 0).
+  static constexpr int kDefaultVirtualStages = 2;
+  /// The default placement of a schedule kind (DefaultPlacement: sameDevice, pipefb, looped
+  /// with `virtualStages` stages per device, vShape). By name: an unknown name is a
+  /// UserError.
+  static Placement defaultFor(ScheduleKind kind, int numStages,
+                              int virtualStages = kDefaultVirtualStages);
+  static Placement defaultFor(const std::string& kind, int numStages,
+                              int virtualStages = kDefaultVirtualStages);
+  /// Note [Stages per device]
+  /// The default placement of `kind` puts `stages` stages on every `devices` devices:
+  /// 1 on 1 (same device), 1 on 2 (pipefb), v on 1 (looped), 2 on 1 (vShape). It is the one
+  /// rule for how many devices a pipeline of S stages needs, and how many stages D devices
+  /// take, that the config, the resolver and the trainer check; a placement that is given
+  /// says it itself (numDevices(), e.g. folded(): S stages on S devices).
+  struct StagesPerDevice {
+    int stages = 1;
+    int devices = 1;
+  };
+  static StagesPerDevice stagesPerDevice(ScheduleKind kind,
+                                         int virtualStages = kDefaultVirtualStages);
+  /// Devices that defaultFor(kind, numStages, virtualStages) uses; 0 when numStages does
+  /// not fill them (looped: not a multiple of v; vShape: odd).
+  static int devicesFor(ScheduleKind kind, int numStages,
+                        int virtualStages = kDefaultVirtualStages);
+  /// Stages the default placement puts on `devices` devices; 0 when they do not make whole
+  /// stages (pipefb: an odd count).
+  static int stagesOn(ScheduleKind kind, int devices, int virtualStages = kDefaultVirtualStages);
 
   int numStages() const { return static_cast<int>(stages_.size()); }
   /// 1 + the largest device id used.
@@ -66,10 +90,12 @@ class Placement {
   /// Parses toString()'s form. A bad entry is a UserError that starts with `where`.
   static Placement parse(const std::string& text, const std::string& where);
   /// UserError (starting with `where`) unless this placement suits `kind` on `devices`
-  /// devices: every device id below `devices`; same-device kinds (gpipe, 1f1b, pipedream)
-  /// run F and B of a stage on one device; pipefb-* splits at least one stage (a stage it
-  /// does not split runs as in GPipe, e.g. folded()'s middle stage); and no device runs
-  /// more than one stage's forward, or more than one stage's backward. A pipefb device may
+  /// devices: every device id below `devices`; same-device kinds (gpipe, 1f1b, pipedream,
+  /// interleaved-1f1b, zbv) run F and B of a stage on one device; pipefb-* splits at least
+  /// one stage (a stage it does not split runs as in GPipe, e.g. folded()'s middle stage);
+  /// and, unless the kind's default placement hosts several stages per device (looped,
+  /// vShape: their generators check the exact shape), no device runs more than one stage's
+  /// forward, or more than one stage's backward. A pipefb device may
   /// run one stage's forward and another's backward (Note [Folded placements]).
   void checkFor(const std::string& kind, int devices, const std::string& where) const;
   bool operator==(const Placement& o) const { return stages_ == o.stages_; }
