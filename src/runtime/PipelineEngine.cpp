@@ -649,22 +649,6 @@ void PipelineEngine::Impl::build() {
   scheduleKind = pipeline.kind;
   kind = schedules::toString(scheduleKind);
   async = schedules::isAsync(scheduleKind);
-  if (schedules::splitsBackward(scheduleKind)) {  // before any device or thread exists
-    // Note [Split backward in the runtime]: I and W run where every device holds one stage.
-    const auto placement = pipeline.placement();
-    std::map<int, std::set<int>> stagesOn;
-    for (int s = 0; s < placement.numStages(); ++s) {
-      stagesOn[placement.forward(s)].insert(s);
-      stagesOn[placement.backward(s)].insert(s);
-    }
-    for (const auto& [d, on] : stagesOn)
-      if (on.size() > 1)
-        throw UserError(options.source + ": pipeline.schedule: " + kind + " places " +
-                        std::to_string(on.size()) + " stages on device " + std::to_string(d) +
-                        ", and the runtime runs a split backward (I, W) with one stage per "
-                        "device only; allowed: zb-h1, zb-h2, pipefb-zb on 2S devices (or "
-                        "simulate and plan it with pipefb_sim)");
-  }
   S = pipeline.numStages();
   M = pipeline.microbatches;
   K = pipeline.iterations;
