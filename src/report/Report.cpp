@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
@@ -358,9 +359,10 @@ std::string jsonScalar(const json& v) {
 // chose itself, both saved as plan.yaml), it also says why the plan has the imbalance,
 // from the plan's predicted time per microbatch and device (a split stage's F on its
 // forward device and B on its backward device; a same-device stage's pace):
-//   PipeFB (a stage's F and B on different devices): forward devices run only F and
-//     backward devices only B, and B is about 2F, so the imbalance is the design; the
-//     warning gives the plan's B/F;
+//   PipeFB on 2S devices (some device runs only forwards): forward devices run only F
+//     and backward devices only B, and B is about 2F, so the imbalance is the design; the
+//     warning gives the plan's B/F. Folded PipeFB has no such device (each also runs
+//     another stage's B) and is judged as below;
 //   otherwise, when the plan predicted about this imbalance (within 1.25x of the measured
 //     ratio), the planner's cut minimises the slowest stage at layer granularity under
 //     devices.memory, so every other cut is slower or does not fit;
@@ -382,7 +384,10 @@ std::optional<std::string> imbalanceWarning(const std::map<std::string, double>&
   // Predicted compute per microbatch on each device ("cpu:<index>").
   std::map<std::string, double> predicted;
   double forward = 0, backward = 0;
-  bool split = false;
+  // Devices that run a split stage's forward, and devices that run some backward: PipeFB
+  // on 2S devices has forward-only devices; folded PipeFB (Note [Folded placements]) has
+  // none, as each device also runs another stage's backward.
+  std::set<int> forwardDevices, backwardDevices;
   try {
     const YAML::Node stages = YAML::LoadFile(planPath.string())["stages"];
     if (!stages || !stages.IsSequence()) return noPlan;
@@ -399,14 +404,17 @@ std::optional<std::string> imbalanceWarning(const std::map<std::string, double>&
       }
       forward += f;
       backward += b;
-      split = split || fd != bd;
+      if (fd != bd) forwardDevices.insert(fd);
+      backwardDevices.insert(bd);
     }
   } catch (const YAML::Exception&) {
     return noPlan;
   }
   const std::string planned =
       "; the planner chose this partition (" + planPath.filename().string() + ")";
-  if (split && forward > 0)
+  bool forwardOnly = false;
+  for (int d : forwardDevices) forwardOnly = forwardOnly || !backwardDevices.count(d);
+  if (forwardOnly && forward > 0)
     return head + planned +
            ": PipeFB runs only F on the forward devices and only B on the backward " +
            "devices, and B is " + fmt(backward / forward, "%.1f") +
