@@ -586,9 +586,15 @@ double foldedDeviceTime(const StageEstimate& forwardPart, const StageEstimate& b
 
 std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
                                 const StageEstimate& backwardPart) {
-  const int ws = index(MemoryCategory::WorkingSet);
-  return total(forwardPart.forwardMemory) + total(backwardPart.backwardMemory) -
-         std::min(forwardPart.forwardMemory[ws], backwardPart.backwardMemory[ws]);
+  const int ws = index(MemoryCategory::WorkingSet), st = index(MemoryCategory::Stash);
+  const CategoryBytes& f = forwardPart.forwardMemory;
+  const CategoryBytes& b = backwardPart.backwardMemory;
+  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws];
+  // Note [Folded pace]: while B runs, F is not building a stash; only the copies still
+  // going out (Note [Offloads in flight]) stay beside B's working set.
+  const std::int64_t whileF = f[st] + f[ws];
+  const std::int64_t whileB = std::max<std::int64_t>(0, f[st] - forwardPart.stashBytes) + b[ws];
+  return both + std::max(whileF, whileB);
 }
 
 PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,

@@ -879,6 +879,38 @@ TEST(SolverLiteral, FoldedPipeFbPairsOneStagesForwardWithAnothersBackward) {
   EXPECT_DOUBLE_EQ(r2.best.iterationTime, 16);
 }
 
+// Note [Folded pace]: a folded device holds both parts' states and stashes, and the larger
+// of what F and B hold while they run. Device 0 runs F0 and B1 (offload, M = 4, lookahead
+// 1): F0's stashes: the one F builds + kOffloadsInFlight = 1 being copied out, 2 x 100;
+// B1's resident ones: lookahead + 1 = 2, 2 x 100. While F runs: 200 + its working set 10;
+// while B runs: the one copy still going out, 100, + B's working set 1000. So 200 + 1100.
+// (Both working sets less the smaller, as before, charged 1400: F's stash in the making
+// beside B's working set.)
+TEST(SolverLiteral, FoldedDeviceHoldsTheLargerOfWhatFAndBHoldWhileTheyRun) {
+  Profile prof = timesProfile({1, 1});
+  for (auto& l : prof.layers) {
+    l.backward = 1;
+    l.savedBytes = 100;
+    l.workingBytes = 1000;
+    l.forwardWorkingBytes = 10;
+  }
+  CostModel m(prof, freeCluster(2));
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1});
+  folded.folded = true;
+  auto p = solveShape(m, folded, {StashPolicy::Offload}, unlimited(2), -1, Objective::Time);
+  ASSERT_TRUE(p);
+  ASSERT_EQ(kOffloadsInFlight, 1);
+  EXPECT_EQ(p->stages[0].estimate.forwardMemory[index(pipefb::MemoryCategory::Stash)], 200);
+  EXPECT_EQ(p->stages[1].estimate.backwardMemory[index(pipefb::MemoryCategory::Stash)], 200);
+  EXPECT_EQ(p->deviceMemory, (std::vector<std::int64_t>{1300, 1300}));
+  // A forward working set larger than B's binds while F runs: 200 + 2000 + 200.
+  for (auto& l : prof.layers) l.forwardWorkingBytes = 2000;
+  CostModel m2(prof, freeCluster(2));
+  auto q = solveShape(m2, folded, {StashPolicy::Offload}, unlimited(2), -1, Objective::Time);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->deviceMemory, (std::vector<std::int64_t>{2400, 2400}));
+}
+
 // Odd S: the middle stage runs F and B on its own device (not split) and may keep its graph.
 TEST(SolverLiteral, FoldedMiddleStageIsNotSplit) {
   Profile prof = timesProfile({1, 1, 1});
