@@ -59,6 +59,8 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
   for (int d = 0; d < D; ++d)
     limits.push_back(options.objective == Objective::Memory ? model.limit(d, -1)
                                                             : model.limit(d, options.budget));
+  const std::vector<bool> opts = optimizerPlacements(options.optimizerOffload);
+  const int nO = static_cast<int>(opts.size());
   std::int64_t hostLimit = cl.hostPool;
   if (options.hostBudget >= 0)
     hostLimit = hostLimit < 0 ? options.hostBudget : std::min(hostLimit, options.hostBudget);
@@ -86,6 +88,8 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
             PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
             sh.replicas = R;
             sh.folded = folded;
+            sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
+            sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
             const int len = sh.chainLength();
             if (R * len > D) continue;
             const std::vector<StashPolicy>& pols = folded && S % 2 == 1 ? allPols : splitPols;
@@ -100,18 +104,21 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
               sh.corePace = model.corePace(sh);  // Note [Shared cores]
               sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
               for (const auto& cut : parts) {
-                // Stage costs per (stage, policy), then every policy combination.
+                // Stage costs per (stage, policy, optimizer placement), then every
+                // combination (Note [Optimizer placement search]: choice c is the policy
+                // pols[c / nO] with the placement opts[c % nO]).
                 std::vector<std::vector<StageEstimate>> est(S);
                 for (int k = 0; k < S; ++k)
                   for (StashPolicy p : pols)
-                    est[k].push_back(model.stage(sh, k, cut[k], cut[k + 1], p));
+                    for (bool oh : opts)
+                      est[k].push_back(model.stage(stageShape(sh, oh), k, cut[k], cut[k + 1], p));
                 std::vector<int> choice(S, 0);
                 while (true) {
                   // Note [Devices and processes]: a stage split across processes can only
                   // take a checkpoint kind.
                   bool allowed = true;
                   for (int k = 0; k < S; ++k)
-                    if (inputStashOnly(cl, sh, k) && !schedules::isCheckpoint(pols[choice[k]]))
+                    if (inputStashOnly(cl, sh, k) && !schedules::isCheckpoint(pols[choice[k] / nO]))
                       allowed = false;
                   ++res.visited;
                   std::vector<StageEstimate> chosen;
@@ -139,7 +146,8 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                         StagePlan st;
                         st.first = cut[k];
                         st.last = cut[k + 1];
-                        st.policy = pols[choice[k]];
+                        st.policy = pols[choice[k] / nO];
+                        st.optimizerOnHost = opts[choice[k] % nO];
                         p.stages.push_back(st);
                       }
                       evaluatePlan(model, p);
@@ -147,7 +155,8 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                     }
                   }
                   int k = 0;
-                  while (k < S && ++choice[k] == static_cast<int>(pols.size())) choice[k++] = 0;
+                  while (k < S && ++choice[k] == static_cast<int>(pols.size()) * nO)
+                    choice[k++] = 0;
                   if (k == S) break;
                 }
               }

@@ -80,6 +80,7 @@ std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t bu
     }
     std::string pol = schedules::toString(s.policy);
     if (e.effective != s.policy) pol += "->" + std::string(schedules::toString(e.effective));
+    if (s.optimizerOnHost) pol += " +opt@host";  // Note [Optimizer placement search]
     o << pad(std::to_string(k), 5) << " " << pad(layerRange(model.profile(), s.first, s.last), 34)
       << " " << pad(devices(s), 7) << " " << pad(pol, 18) << " "
       << pad(formatSeconds(e.forwardTime), 10) << " " << pad(formatSeconds(e.backwardTime), 10)
@@ -202,7 +203,8 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       o << "its forward and backward run on different devices, so the stash goes through "
            "the host pool";
     } else {
-      StageEstimate keep = model.stage(sh, static_cast<int>(k), s.first, s.last, StashPolicy::Keep);
+      StageEstimate keep = model.stage(stageShape(sh, s.optimizerOnHost), static_cast<int>(k),
+                                       s.first, s.last, StashPolicy::Keep);
       if (lim >= 0 && keep.peakMemory() > lim)
         o << "keep would need " << formatBytes(keep.peakMemory()) << " on device " << d
           << " (limit " << formatBytes(lim) << ")";
@@ -221,6 +223,18 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       o << "; recomputing the forward adds to the backward, which takes "
         << formatSeconds(s.estimate.backwardTime);
     o << ".\n";
+  }
+  // Note [Optimizer placement search]
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const StagePlan& s = plan.stages[k];
+    if (!s.optimizerOnHost) continue;
+    const std::int64_t opt = model.staticSum(s.first, s.last) - model.paramSum(s.first, s.last) -
+                             s.estimate.backwardMemory[index(MemoryCategory::Grads)];
+    o << "Stage " << k
+      << " keeps its optimizer state and master weights in the host pool: " << formatBytes(opt)
+      << " of optimizer state off device " << s.backwardDevice
+      << "; its step waits for the copies, " << formatSeconds(s.estimate.stepTime)
+      << " per step.\n";
   }
   // The budget's cost.
   if (unconstrained) {

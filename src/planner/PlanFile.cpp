@@ -74,6 +74,8 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
     o << "    forward_device: " << s.forwardDevice << "\n";
     o << "    backward_device: " << s.backwardDevice << "\n";
     o << "    policy: " << schedules::toString(s.policy) << "\n";
+    o << "    optimizer: " << (s.optimizerOnHost ? "host" : "device")
+      << "   # its state and master weights (host: pipeline.optimizer_offload)\n";
     o << "    predicted:\n";
     o << "      forward_time: " << e.forwardTime << "      # s per microbatch\n";
     o << "      backward_time: " << e.backwardTime << "\n";
@@ -123,6 +125,18 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
     o << "  - pipeline.placement=" << placement << "\n";
   }
   if (sh.replicas > 1) o << "  - pipeline.replicas=" << sh.replicas << "\n";
+  {
+    PlanSpec spec;  // Note [Optimizer placement search]: the runtime's per-stage list
+    for (const StagePlan& st : plan.stages) {
+      PlanStage ps;
+      ps.optimizerOnHost = st.optimizerOnHost;
+      spec.stages.push_back(ps);
+    }
+    const std::vector<std::string> opt = spec.optimizerOffload();
+    std::string v;
+    for (const auto& x : opt) v += (v.empty() ? "" : ",") + x;
+    o << "  - pipeline.optimizer_offload=" << (opt.size() > 1 ? "[" + v + "]" : v) << "\n";
+  }
   std::ostringstream part;
   for (size_t k = 1; k < plan.stages.size(); ++k)
     part << (k > 1 ? "," : "") << plan.stages[k].first;
@@ -150,6 +164,17 @@ bool PlanSpec::folded() const {
   for (int k = 0; k < S; ++k)
     if (stages[k].backwardDevice != stages[S - 1 - k].forwardDevice) return false;
   return true;
+}
+
+std::vector<std::string> PlanSpec::optimizerOffload() const {
+  std::vector<std::string> out;
+  bool uniform = true;
+  for (const PlanStage& st : stages) {
+    out.push_back(st.optimizerOnHost ? "host" : "none");
+    uniform = uniform && st.optimizerOnHost == stages.front().optimizerOnHost;
+  }
+  if (uniform && !out.empty()) out.resize(1);
+  return out;
 }
 
 std::vector<std::int64_t> PlanSpec::partition() const {
@@ -207,6 +232,14 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
       st.forwardDevice = s["forward_device"].as<int>();
       st.backwardDevice = s["backward_device"].as<int>();
       st.policy = schedules::parseStashPolicy(s["policy"].as<std::string>());
+      if (s["optimizer"]) {  // Note [Optimizer placement search]; absent: the device
+        const std::string where = s["optimizer"].as<std::string>();
+        if (where != "host" && where != "device")
+          throw UserError(source + ": stages[" + std::to_string(p.stages.size()) +
+                          "].optimizer: unknown value '" + where + "'; allowed: device | host");
+        st.optimizerOnHost = where == "host";
+        p.optimizerGiven = true;
+      }
       if (st.first != expect || st.last <= st.first)
         throw UserError(source + ": stages[" + std::to_string(p.stages.size()) +
                         "].layers must start at " + std::to_string(expect) +
@@ -272,6 +305,7 @@ Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
     sp.first = spec.stages[k].first;
     sp.last = spec.stages[k].last;
     sp.policy = spec.stages[k].policy;
+    sp.optimizerOnHost = spec.stages[k].optimizerOnHost;
     p.stages.push_back(sp);
   }
   for (int d : p.shape.chain)

@@ -129,6 +129,15 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   pl.model = std::make_unique<CostModel>(profile, std::move(cluster));
   pl.solver.batch = cfg.training.batch;
   pl.solver.lookahead = static_cast<int>(cfg.pipeline.lookahead);
+  // Note [Optimizer placement search]: the config's placement; a list that mixes host and
+  // none lets the planner choose per stage.
+  const auto& perStage = cfg.pipeline.stage_optimizer_offload;
+  const bool anyHost = cfg.pipeline.optimizer_offload == "host";
+  const bool allHost = anyHost && std::all_of(perStage.begin(), perStage.end(),
+                                              [](const std::string& v) { return v == "host"; });
+  pl.solver.optimizerOffload = !anyHost  ? OptimizerOffload::None
+                               : allHost ? OptimizerOffload::Host
+                                         : OptimizerOffload::PerStage;
   return pl;
 }
 

@@ -60,6 +60,44 @@ std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>
   return out;
 }
 
+OptimizerOffload parseOptimizerOffload(const std::string& text, const std::string& flag) {
+  for (OptimizerOffload o :
+       {OptimizerOffload::None, OptimizerOffload::Host, OptimizerOffload::PerStage})
+    if (text == toString(o)) return o;
+  throw UserError(flag + ": unknown value '" + text + "'; allowed: none | host | per-stage");
+}
+
+const char* toString(OptimizerOffload o) {
+  switch (o) {
+    case OptimizerOffload::None:
+      return "none";
+    case OptimizerOffload::Host:
+      return "host";
+    case OptimizerOffload::PerStage:
+      return "per-stage";
+  }
+  return "?";
+}
+
+std::vector<bool> optimizerPlacements(OptimizerOffload o) {
+  switch (o) {
+    case OptimizerOffload::None:
+      return {false};
+    case OptimizerOffload::Host:
+      return {true};
+    case OptimizerOffload::PerStage:
+      return {false, true};
+  }
+  return {false};
+}
+
+PipelineShape stageShape(const PipelineShape& shape, bool optimizerOnHost) {
+  PipelineShape s = shape;
+  s.optimizerOnHost = optimizerOnHost;
+  s.optimizerPerStage = false;
+  return s;
+}
+
 void SolverOptions::validate() const {
   if (batch < 1) throw UserError("planner: batch must be >= 1, got " + std::to_string(batch));
   if (maxMicrobatches < 1)
@@ -221,13 +259,16 @@ void evaluatePlan(const CostModel& model, Plan& plan) {
   plan.shape.corePace = model.corePace(plan.shape);  // Note [Shared cores]
   plan.shape.fill = model.fill(plan.shape.kind);     // Note [Zero-bubble fill]
   const PipelineShape& sh = plan.shape;
+  // Note [Optimizer placement search]: each stage is costed with its own placement.
+  const PipelineShape onDevice = stageShape(sh, false), onHost = stageShape(sh, true);
   std::vector<StageEstimate> est;
   std::vector<int> cuts{0};
   for (int k = 0; k < static_cast<int>(plan.stages.size()); ++k) {
     StagePlan& sp = plan.stages[k];
     sp.forwardDevice = sh.forwardDevice(k);
     sp.backwardDevice = sh.backwardDevice(k);
-    sp.estimate = model.stage(sh, k, sp.first, sp.last, sp.policy);
+    sp.estimate =
+        model.stage(sp.optimizerOnHost ? onHost : onDevice, k, sp.first, sp.last, sp.policy);
     est.push_back(sp.estimate);
     cuts.push_back(sp.last);
   }
@@ -256,6 +297,7 @@ struct Entry {
   int prevI = -1;    // start layer of the last stage
   int prevIdx = -1;  // entry index in the previous cell (Pareto mode)
   StashPolicy policy = StashPolicy::Keep;
+  bool optimizerOnHost = false;  // Note [Optimizer placement search]
 };
 
 bool better(const Entry& a, const Entry& b) {
@@ -305,14 +347,24 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
     return shape.policyAllowed(k, p) &&
            (!inputStashOnly(model.cluster(), shape, k) || schedules::isCheckpoint(p));
   };
+  // Note [Optimizer placement search]: choice c of stage k is the policy polsOf(k)[c / nO]
+  // with the optimizer placement opts[c % nO].
+  const std::vector<bool> opts = shape.optimizerPerStage
+                                     ? optimizerPlacements(OptimizerOffload::PerStage)
+                                     : std::vector<bool>{shape.optimizerOnHost};
+  const int nO = static_cast<int>(opts.size());
+  const PipelineShape shapes[2] = {stageShape(shape, false), stageShape(shape, true)};
+  auto choices = [&](int k) { return static_cast<int>(polsOf(k).size()) * nO; };
+  auto policyOf = [&](int k, int c) { return polsOf(k)[c / nO]; };
+  auto hostOf = [&](int c) { return static_cast<bool>(opts[c % nO]); };
   const size_t W = static_cast<size_t>(L) + 1;
-  // Stage estimates, computed on first use: (k, a, b, policy index).
+  // Stage estimates, computed on first use: (k, a, b, choice).
   std::map<std::tuple<int, int, int, int>, StageEstimate> cache;
   auto est = [&](int k, int a, int b, int pi) -> const StageEstimate& {
     auto key = std::make_tuple(k, a, b, pi);
     auto it = cache.find(key);
     if (it == cache.end())
-      it = cache.emplace(key, model.stage(shape, k, a, b, polsOf(k)[pi])).first;
+      it = cache.emplace(key, model.stage(shapes[hostOf(pi)], k, a, b, policyOf(k, pi))).first;
     return it->second;
   };
   auto over = [&](int device, std::int64_t bytes) {
@@ -359,11 +411,11 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
             if (j2 - i2 < rest) break;
             if (!odd && lastPair && j2 != i2) continue;
             if (time && model.computeLowerBound(shape, q, j2, j) >= cap) break;
-            for (int a = 0; a < static_cast<int>(polsOf(p).size()); ++a) {
-              if (!allowed(p, polsOf(p)[a])) continue;
+            for (int a = 0; a < choices(p); ++a) {
+              if (!allowed(p, policyOf(p, a))) continue;
               const StageEstimate& eL = est(p, i, i2, a);
-              for (int b = 0; b < static_cast<int>(polsOf(q).size()); ++b) {
-                if (!allowed(q, polsOf(q)[b])) continue;
+              for (int b = 0; b < choices(q); ++b) {
+                if (!allowed(q, policyOf(q, b))) continue;
                 const StageEstimate& eR = est(q, j2, j, b);
                 const std::int64_t memP = foldedDeviceMemory(eL, eR);
                 const std::int64_t memQ = foldedDeviceMemory(eR, eL);
@@ -420,8 +472,8 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
         }
         if (j - i < 1) continue;
         const int m = P;
-        for (int c = 0; c < static_cast<int>(allPols.size()); ++c) {
-          if (!allowed(m, allPols[c])) continue;
+        for (int c = 0; c < choices(m); ++c) {
+          if (!allowed(m, policyOf(m, c))) continue;
           const StageEstimate& e2 = est(m, i, j, c);
           const std::int64_t mem = total(e2.backwardMemory);
           if (over(shape.chain[m], mem)) continue;
@@ -443,7 +495,8 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
   if (odd) {
     plan.stages[P].first = bestI;
     plan.stages[P].last = bestJ;
-    plan.stages[P].policy = allPols[best.polL];
+    plan.stages[P].policy = policyOf(P, best.polL);
+    plan.stages[P].optimizerOnHost = hostOf(best.polL);
   }
   int i = bestI, j = bestJ, idx = best.prevIdx;
   for (int p = P - 1; p >= 0; --p) {
@@ -451,10 +504,12 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
     const int q = S - 1 - p;
     plan.stages[p].first = e.prevI;
     plan.stages[p].last = i;
-    plan.stages[p].policy = polsOf(p)[e.polL];
+    plan.stages[p].policy = policyOf(p, e.polL);
+    plan.stages[p].optimizerOnHost = hostOf(e.polL);
     plan.stages[q].first = j;
     plan.stages[q].last = e.prevJ;
-    plan.stages[q].policy = polsOf(q)[e.polR];
+    plan.stages[q].policy = policyOf(q, e.polR);
+    plan.stages[q].optimizerOnHost = hostOf(e.polR);
     i = e.prevI;
     j = e.prevJ;
     idx = e.prevIdx;
@@ -480,6 +535,14 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     if (std::find(policies.begin(), policies.end(), e) == policies.end()) policies.push_back(e);
   }
   const bool pareto = hostLimit >= 0;
+  // Note [Optimizer placement search]: the placements a stage may take, and the shape
+  // each is costed with.
+  const std::vector<bool> opts = shape.optimizerPerStage
+                                     ? optimizerPlacements(OptimizerOffload::PerStage)
+                                     : std::vector<bool>{shape.optimizerOnHost};
+  const PipelineShape shapes[2] = {stageShape(shape, false), stageShape(shape, true)};
+  // The memory relaxation takes the least: with the optimizer on the host if it may be.
+  const PipelineShape& leanest = shapes[opts.back() ? 1 : 0];
   // Note [Devices and processes]: a stage split across processes stashes its input only.
   std::vector<char> crossProcess(S);
   for (int k = 0; k < S; ++k) crossProcess[k] = inputStashOnly(model.cluster(), shape, k);
@@ -545,7 +608,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     // offload keep >= 1 resident stash of it, the checkpoint kinds recompute it in B).
     // (memoryLowerBound with no working set: the states, without the optimizer's when it is
     // on the host, Note [Optimizer offload in the cost model].)
-    return model.memoryLowerBound(shape, k, i, j, 0) + copies[k] * W + ws +
+    return model.memoryLowerBound(leanest, k, i, j, 0) + copies[k] * W + ws +
            scaledBytes(model.savedSum(i, j));
   };
   auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
@@ -629,13 +692,14 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
       sp.first = first;
       sp.last = last;
       double bestC = kInf;
-      for (StashPolicy p : policies) {
-        if (!allowed(k, p)) continue;
-        StageEstimate e = model.stage(shape, k, first, last, p);
-        if (!fits(e, k)) continue;
-        const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
-        if (c < bestC) bestC = c, sp.policy = p;
-      }
+      for (StashPolicy p : policies)
+        for (bool oh : opts) {
+          if (!allowed(k, p)) continue;
+          StageEstimate e = model.stage(shapes[oh], k, first, last, p);
+          if (!fits(e, k)) continue;
+          const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
+          if (c < bestC) bestC = c, sp.policy = p, sp.optimizerOnHost = oh;
+        }
       if (bestC == kInf) ok = false;
       greedyScore = std::max(greedyScore, bestC);
       g.stages.push_back(sp);
@@ -681,34 +745,38 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   // Stage [i, j) as the k-th, after every entry of cell (k - 1, i).
   auto consider = [&](int stage, int i, int j, std::int64_t maxWorking,
                       const std::vector<Entry>& prev) {
-    for (StashPolicy p : policies) {
-      if (!allowed(stage, p)) continue;
-      // Scalar time search: a stage as slow as the best so far cannot beat it (nor tie
-      // it below the cap, which is all a tie could change), so its memory is not costed.
-      if (!pareto && objective == Objective::Time &&
-          model.stage(shape, stage, i, j, p, maxWorking, /*timesOnly=*/true).time > best.score)
-        continue;
-      StageEstimate e = model.stage(shape, stage, i, j, p, maxWorking);
-      if (!fits(e, stage)) continue;
-      const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
-      const double t = objective == Objective::Time ? e.forwardCompute + e.backwardCompute : e.time;
-      for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
-        const Entry& pe = prev[idx];
-        Entry n;
-        n.score = std::max(pe.score, c);
-        n.tie = objective == Objective::Time ? pe.tie + t : std::max(pe.tie, t);
-        n.host = pe.host + e.hostBytes;
-        n.prevI = i;
-        n.prevIdx = idx;
-        n.policy = p;
-        if (pareto) {
-          if (n.host > hostLimit || n.score >= bound) continue;
-          cand.push_back(n);
-        } else if (better(n, best)) {
-          best = n;
+    for (StashPolicy p : policies)
+      for (bool oh : opts) {
+        if (!allowed(stage, p)) continue;
+        const PipelineShape& sh = shapes[oh];
+        // Scalar time search: a stage as slow as the best so far cannot beat it (nor tie
+        // it below the cap, which is all a tie could change), so its memory is not costed.
+        if (!pareto && objective == Objective::Time &&
+            model.stage(sh, stage, i, j, p, maxWorking, /*timesOnly=*/true).time > best.score)
+          continue;
+        StageEstimate e = model.stage(sh, stage, i, j, p, maxWorking);
+        if (!fits(e, stage)) continue;
+        const double c = objective == Objective::Time ? e.time : double(e.peakMemory());
+        const double t =
+            objective == Objective::Time ? e.forwardCompute + e.backwardCompute : e.time;
+        for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
+          const Entry& pe = prev[idx];
+          Entry n;
+          n.score = std::max(pe.score, c);
+          n.tie = objective == Objective::Time ? pe.tie + t : std::max(pe.tie, t);
+          n.host = pe.host + e.hostBytes;
+          n.prevI = i;
+          n.prevIdx = idx;
+          n.policy = p;
+          n.optimizerOnHost = oh;
+          if (pareto) {
+            if (n.host > hostLimit || n.score >= bound) continue;
+            cand.push_back(n);
+          } else if (better(n, best)) {
+            best = n;
+          }
         }
       }
-    }
   };
   // minPrev[p][i] = the lowest score in cells (k - 1, i .. i + 2^p - 1) (front entries;
   // infinite when empty), rebuilt per row k.
@@ -803,6 +871,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
     sp.first = e.prevI;
     sp.last = j;
     sp.policy = e.policy;
+    sp.optimizerOnHost = e.optimizerOnHost;
     idx = e.prevIdx < 0 ? 0 : e.prevIdx;
     j = e.prevI;
   }
@@ -842,7 +911,9 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
     sumF += l.forward;
     sumB += l.backward;
     sumStep += l.step;
-    sumStatic += l.paramBytes + l.gradBytes + l.optimizerBytes;
+    // (The optimizer state may live in the host pool: then it bounds nothing.)
+    sumStatic += l.paramBytes + l.gradBytes +
+                 (options.optimizerOffload == OptimizerOffload::None ? l.optimizerBytes : 0);
   }
   std::map<int, std::vector<std::vector<int>>> chainCache;
   auto chains = [&](int len) -> const std::vector<std::vector<int>>& {
@@ -878,6 +949,9 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
             PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
             sh.replicas = R;
             sh.folded = folded;
+            // Note [Optimizer placement search]
+            sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
+            sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
             const double f = double(sh.microbatchSize) / double(prof.microbatch);
             for (const auto& ch : chains(sh.chainLength())) {
               sh.chain = ch;
@@ -1087,12 +1161,12 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     c.weightVersionBytes = W;
     c.weightsBytes = W;
     c.gradsBytes = G;
-    c.optimizerStateBytes = O;
+    c.optimizerStateBytes = st.optimizerOnHost ? 0 : O;  // Note [Optimizer placement search]
     // B's (Note [Gathered weight gradients]); the simulator holds it while F or B runs.
     c.workingSetBytes = model.backwardWorking(sh, k, st.first, st.last);
     // Note [Forward device memory]: a split stage's forward device runs only F.
     c.forwardWorkingSetBytes = std::llround(model.forwardWorking(st.first, st.last) * f);
-    c.stepWorkingBytes = stepWs;  // Note [Step working set]
+    c.stepWorkingBytes = st.optimizerOnHost ? 0 : stepWs;  // Note [Step working set]
     ct.stages.push_back(c);
   }
   std::set<int> used;

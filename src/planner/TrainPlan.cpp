@@ -55,6 +55,13 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   p.replicas = spec.replicas;  // Note [Replicated pipelines]
   p.stash = stash.front();     // Note [Plan policies in the runtime]
   p.stage_stash = stash.size() > 1 ? stash : std::vector<std::string>{};
+  // Note [Optimizer placement search]: the plan's placement per stage ("host" when any
+  // is); a plan file written before plans carried it leaves the config's.
+  if (spec.optimizerGiven) {
+    const std::vector<std::string> opt = spec.optimizerOffload();
+    p.optimizer_offload = std::find(opt.begin(), opt.end(), "host") != opt.end() ? "host" : "none";
+    p.stage_optimizer_offload = opt.size() > 1 ? opt : std::vector<std::string>{};
+  }
   // The plan's placement is the pipeline's (Note [Folded placements]: a folded PipeFB plan
   // runs S stages on S devices); it says how many devices the run needs.
   const schedules::Placement placement = spec.placement();

@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
                  "config.yaml unless --config is given)");
   app.add_option("--plan", planPath,
                  "plan file from pipefb_plan: sets schedule, stages, partition, microbatches, "
-                 "stash policy, lookahead and devices.count");
+                 "stash policy, optimizer placement, lookahead and devices.count");
   return pipefb::runProgram("pipefb_train", app, argc, argv, [&] {
     std::string checkpoint;
     if (!resumeDir.empty()) {

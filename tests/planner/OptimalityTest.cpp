@@ -187,6 +187,49 @@ TEST(SolverOptimality, ReplicasEqualExhaustiveSearch) {
   EXPECT_GE(pipelined, 10);
 }
 
+// Note [Optimizer placement search]: with the optimizer's place chosen per stage (or put
+// on the host for all), the DP still equals the exhaustive search, for the fastest plan
+// under a budget and for the smallest budget.
+TEST(SolverOptimality, OptimizerPlacementEqualsExhaustiveSearch) {
+  std::mt19937 rng(4242);
+  int feasible = 0, onHost = 0, memoryChecked = 0;
+  for (int id = 0; id < 80; ++id) {
+    Instance in = randomInstance(rng, id);
+    in.options.optimizerOffload = id % 3 == 0 ? OptimizerOffload::Host : OptimizerOffload::PerStage;
+    if (id % 2 == 0) in.options.budget = 600 + 20 * id;
+    CostModel m(in.profile, in.cluster);
+    SolveResult dp = solve(m, in.options);
+    BruteForceResult bf = bruteForce(m, in.options);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << id;
+    if (bf.feasible) {
+      ++feasible;
+      ASSERT_TRUE(sameValue(dp.best.iterationTime, bf.objective))
+          << "instance " << id << ": dp " << dp.best.iterationTime << " vs brute force "
+          << bf.objective;
+      int host = 0;
+      for (const auto& st : dp.best.stages) host += st.optimizerOnHost;
+      if (host > 0) ++onHost;
+    }
+    SolverOptions mo = in.options;
+    mo.objective = Objective::Memory;
+    SolveResult dm = minimalBudget(m, mo);
+    BruteForceResult bm = bruteForce(m, mo);
+    ASSERT_EQ(dm.minimalBudget >= 0, bm.feasible) << "instance " << id;
+    if (!bm.feasible) continue;
+    ++memoryChecked;
+    ASSERT_EQ(double(dm.minimalBudget), bm.objective) << "instance " << id;
+  }
+  // (Optima that mix the two are rare on these random costs; SolverLiteral's
+  // OptimizerOnTheHostForTheStageThatNeedsIt has one.)
+  std::printf(
+      "optimizer placement: %d feasible, %d optima with a stage's optimizer on the "
+      "host, %d smallest budgets\n",
+      feasible, onHost, memoryChecked);
+  EXPECT_GE(feasible, 25);
+  EXPECT_GE(onHost, 8);
+  EXPECT_GE(memoryChecked, 35);
+}
+
 TEST(SolverOptimality, SmallestBudgetEqualsExhaustiveSearch) {
   std::mt19937 rng(7);
   int checked = 0;

@@ -911,6 +911,36 @@ TEST(SolverLiteral, FoldedDeviceHoldsTheLargerOfWhatFAndBHoldWhileTheyRun) {
   EXPECT_EQ(q->deviceMemory, (std::vector<std::int64_t>{2400, 2400}));
 }
 
+// Note [Optimizer placement search]: two stages of 1 s each (F 1, B 0, step 0); stage 1's
+// layer has 100 bytes of weights and 200 of optimizer state, and the host link moves 100
+// bytes/s. Under a 350-byte budget only the host fits stage 1 (W + G + O + B's gathered
+// gradient G = 500 on the device, 300 with O on the host; its step then waits 1 s for G
+// down and 1 s for W up); stage 0 (60 bytes of weights, no optimizer state: 180) stays on
+// its device, where its step is free. One stage does not fit either way (480 with O on the
+// host).
+TEST(SolverLiteral, OptimizerOnTheHostForTheStageThatNeedsIt) {
+  Profile prof = timesProfile({1, 1});
+  prof.layers[1].paramBytes = prof.layers[1].gradBytes = 100;
+  prof.layers[1].optimizerBytes = 200;
+  prof.layers[0].paramBytes = prof.layers[0].gradBytes = 60;
+  Cluster c = Cluster::uniform(2, 1.0, -1, Link{}, Link{100, 0});
+  CostModel m(prof, c);
+  SolverOptions o = only("1f1b-keep");
+  o.budget = 350;
+  o.maxStages = 2;
+  EXPECT_FALSE(solve(m, o).feasible);
+  o.optimizerOffload = OptimizerOffload::PerStage;
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  ASSERT_EQ(r.best.stages.size(), 2u);
+  EXPECT_FALSE(r.best.stages[0].optimizerOnHost);
+  EXPECT_TRUE(r.best.stages[1].optimizerOnHost);
+  EXPECT_EQ(r.best.deviceMemory, (std::vector<std::int64_t>{180, 300}));
+  EXPECT_EQ(r.best.hostBytes, 400);
+  EXPECT_DOUBLE_EQ(r.best.stages[1].estimate.stepTime, 2);
+  EXPECT_DOUBLE_EQ(r.best.stages[0].estimate.stepTime, 0);
+}
+
 // Odd S: the middle stage runs F and B on its own device (not split) and may keep its graph.
 TEST(SolverLiteral, FoldedMiddleStageIsNotSplit) {
   Profile prof = timesProfile({1, 1, 1});

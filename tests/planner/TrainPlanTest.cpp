@@ -31,12 +31,13 @@ std::string errorOf(const std::function<void()>& f) {
 
 // A plan from the solver, written and read back, sets the config's pipeline.
 Plan solvedPlan(const config::Config& cfg, const std::string& family, std::string* yaml,
-                bool folded = false) {
+                bool folded = false, OptimizerOffload opt = OptimizerOffload::None) {
   Planning pl = setupPlanning(cfg, SetupOptions{});
   SolverOptions o = pl.solver;
   o.schedules = parseScheduleFamilies({family});
   o.simulateTop = 0;
   o.foldedPlacements = folded;
+  o.optimizerOffload = opt;
   SolveResult r = solve(*pl.model, o);
   EXPECT_TRUE(r.feasible);
   *yaml = planToYaml(*pl.model, r.best, PlanContext{cfg.source, pl.model->profile().model});
@@ -90,6 +91,44 @@ TEST(TrainPlan, FoldedPlanReadsBackAndSetsThePlacement) {
   applyPlan(twoS, parsePlan(yaml, "plan.yaml"), "plan.yaml");
   EXPECT_EQ(twoS.pipeline.placement, "");
   EXPECT_EQ(twoS.devices.count, 2 * twoS.pipeline.stages);
+}
+
+// Note [Optimizer placement search]: a plan's optimizer placement per stage goes into the
+// plan file, reads back as the same plan, and becomes pipeline.optimizer_offload (one value,
+// or the per-stage list); a plan file without it leaves the config's.
+TEST(TrainPlan, OptimizerPlacementRoundTripsIntoTheConfig) {
+  config::Config cfg = config::parseConfig(kVgg);
+  std::string yaml;
+  const Plan plan = solvedPlan(cfg, "1f1b-keep", &yaml, /*folded=*/false, OptimizerOffload::Host);
+  ASSERT_GT(plan.stages.size(), 1u) << yaml;
+  for (const auto& st : plan.stages) EXPECT_TRUE(st.optimizerOnHost);
+  EXPECT_NE(yaml.find("optimizer: host"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("pipeline.optimizer_offload=host"), std::string::npos) << yaml;
+  PlanSpec spec = parsePlan(yaml, "plan.yaml");
+  Planning pl = setupPlanning(cfg, SetupOptions{});
+  const Plan back = planFromSpec(*pl.model, spec);
+  EXPECT_EQ(back.deviceMemory, plan.deviceMemory);
+  EXPECT_EQ(back.hostBytes, plan.hostBytes);
+  config::Config applied = cfg;
+  applyPlan(applied, spec, "plan.yaml");
+  EXPECT_EQ(applied.pipeline.optimizer_offload, "host");
+  EXPECT_TRUE(applied.pipeline.stage_optimizer_offload.empty());
+  PlanSpec mixed = spec;
+  mixed.stages[0].optimizerOnHost = false;
+  applied = cfg;
+  applyPlan(applied, mixed, "plan.yaml");
+  EXPECT_EQ(applied.pipeline.optimizer_offload, "host");
+  ASSERT_EQ(applied.pipeline.stage_optimizer_offload.size(), mixed.stages.size());
+  EXPECT_EQ(applied.pipeline.stage_optimizer_offload[0], "none");
+  EXPECT_EQ(applied.pipeline.stage_optimizer_offload[1], "host");
+  // A plan written before plans carried the placement keeps the config's.
+  const std::string old = std::regex_replace(yaml, std::regex("\n    optimizer: [a-z]+[^\n]*"), "");
+  config::Config host = config::parseConfig(kVgg, {"pipeline.optimizer_offload=host"});
+  applyPlan(host, parsePlan(old, "old.yaml"), "old.yaml");
+  EXPECT_EQ(host.pipeline.optimizer_offload, "host");
+  const std::string bad = std::regex_replace(yaml, std::regex("optimizer: host"), "optimizer: gpu");
+  EXPECT_NE(errorOf([&] { parsePlan(bad, "p.yaml"); }).find("allowed: device | host"),
+            std::string::npos);
 }
 
 TEST(TrainPlan, RefusesOtherModelsAndAppliesMixedPolicies) {

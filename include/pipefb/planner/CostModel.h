@@ -137,7 +137,8 @@
 // and a gradient buffer G go to the host pool (hostBytes) instead of O on the backward
 // device, and so does the step's transient (Note [Step working set]); the step pays its
 // copies, G device->host and W host->device, on top of its compute (they are waited for,
-// tensor by tensor).
+// tensor by tensor). The flag is per stage: the solver costs each stage with its own
+// placement and may choose it (Note [Optimizer placement search] in Solver.h).
 //
 // Note [Backward after a step]
 // The first B after an optimizer step costs more than the others: the runtime zeroes the
@@ -230,7 +231,11 @@ struct PipelineShape {
   int microbatches = 1;
   std::int64_t microbatchSize = 1;
   int lookahead = 1;
-  bool optimizerOnHost = false;  // Note [Optimizer offload in the cost model]
+  /// What stage() costs the optimizer with (Note [Optimizer offload in the cost model]).
+  bool optimizerOnHost = false;
+  /// The DP chooses the optimizer's place per stage, host or backward device (Note
+  /// [Optimizer placement search] in Solver.h); then optimizerOnHost is ignored.
+  bool optimizerPerStage = false;
   /// pipeline.offload_weights: auto (true) moves an offloaded stage's stashed weight
   /// versions to the host pool (Note [Weight-version offload]); none (false) keeps them.
   bool offloadWeights = true;

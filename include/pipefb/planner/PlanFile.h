@@ -31,6 +31,7 @@ struct PlanStage {
   int first = 0, last = 0;
   int forwardDevice = 0, backwardDevice = 0;
   schedules::StashPolicy policy = schedules::StashPolicy::Keep;
+  bool optimizerOnHost = false;  // `optimizer: host` (Note [Optimizer placement search])
 };
 struct PlanSpec {
   std::string model;     // the profile's model key ("vgg16 width=0.25 ... [optimizer=sgd]")
@@ -45,6 +46,7 @@ struct PlanSpec {
   double predictedIterationTime = 0;
   std::vector<std::int64_t> predictedPeak;  // per device
   std::vector<std::string> overrides;       // the plan's `overrides` ("key=value")
+  bool optimizerGiven = false;  // some stage says `optimizer:` (plan files before it do not)
 
   /// pipeline.partition: the first layer of stages 1..S-1.
   std::vector<std::int64_t> partition() const;
@@ -52,6 +54,8 @@ struct PlanSpec {
   schedules::Placement placement() const;
   /// PipeFB folded onto S devices (Note [Folded placements]): B(k) runs where F(S-1-k) does.
   bool folded() const;
+  /// pipeline.optimizer_offload per stage ("host" | "none"), one value when all agree.
+  std::vector<std::string> optimizerOffload() const;
 };
 
 /// Reads and checks a plan file (contiguous stages covering [0, layers), known schedule

@@ -34,12 +34,15 @@ inline void addSetupOptions(CLI::App& app, SetupOptions& setup) {
 /// The solver's search flags that pipefb_plan and pipefb_sweep both take.
 struct SearchFlags {
   int maxMicrobatches = 64;
-  int microbatches = 0;  // 0: search
-  int simulateTop = 0;   // candidates re-scored with the simulator
+  int microbatches = 0;          // 0: search
+  int simulateTop = 0;           // candidates re-scored with the simulator
+  std::string optimizerOffload;  // "": the config's (Setup.cpp); none | host | per-stage
   void applyTo(SolverOptions& o) const {
     o.maxMicrobatches = maxMicrobatches;
     o.microbatches = microbatches;
     o.simulateTop = simulateTop;
+    if (!optimizerOffload.empty())
+      o.optimizerOffload = parseOptimizerOffload(optimizerOffload, "--optimizer-offload");
   }
 };
 
@@ -52,6 +55,11 @@ inline void addSearchOptions(CLI::App& app, SearchFlags& flags) {
   app.add_option("--simulate-top", flags.simulateTop,
                  "re-score this many candidates with the simulator (" +
                      std::to_string(flags.simulateTop) + ")");
+  app.add_option("--optimizer-offload", flags.optimizerOffload,
+                 "where each stage's optimizer state and master weights may live: none (its "
+                 "backward device), host (the host pool), per-stage (the planner chooses per "
+                 "stage); default: the config's pipeline.optimizer_offload (a list with both: "
+                 "per-stage)");
 }
 
 }  // namespace pipefb::planner

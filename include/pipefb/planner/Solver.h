@@ -74,6 +74,24 @@ std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>
 /// layers (their DP is O(S L^4) at worst).
 inline constexpr int kFoldedExactLayers = 64;
 
+/// Note [Optimizer placement search]
+/// Where each stage's optimizer state and master weights may live (pipeline.
+/// optimizer_offload, Note [Optimizer offload in the cost model]): None keeps every
+/// stage's on its backward device, Host puts every stage's in the host pool, PerStage
+/// lets the DP choose per stage, beside its stash policy (the runtime takes a per-stage
+/// list, pipeline.optimizer_offload: [host, none, ...]). A stage's choice changes only its
+/// own time (the step's copies) and memory (no optimizer state or step transient on the
+/// device; W + G + O in the host pool), so the choice per stage keeps the DP exact, and the
+/// brute force enumerates it too.
+enum class OptimizerOffload { None, Host, PerStage };
+/// "none" | "host" | "per-stage"; else a UserError naming `flag` and the allowed values.
+OptimizerOffload parseOptimizerOffload(const std::string& text, const std::string& flag);
+const char* toString(OptimizerOffload o);
+/// The placements a stage may take (false: backward device, true: host).
+std::vector<bool> optimizerPlacements(OptimizerOffload o);
+/// `shape` costing every stage's optimizer in one place (PipelineShape::optimizerOnHost).
+PipelineShape stageShape(const PipelineShape& shape, bool optimizerOnHost);
+
 enum class Objective {
   Time,    // minimise iteration time under the budgets
   Memory,  // minimise the largest device memory (the smallest feasible uniform budget)
@@ -93,6 +111,8 @@ struct SolverOptions {
   int maxReplicas = 1;
   /// Note [Folded search]: PipeFB families are also searched folded onto S devices.
   bool foldedPlacements = true;
+  /// Note [Optimizer placement search]
+  OptimizerOffload optimizerOffload = OptimizerOffload::None;
   int keepTop = 4;      // candidates kept (distinct shapes) for re-scoring
   int simulateTop = 4;  // re-score this many with the simulator (0 = DP only)
   Objective objective = Objective::Time;
@@ -103,6 +123,9 @@ struct StagePlan {
   int first = 0, last = 0;  // layers [first, last)
   int forwardDevice = 0, backwardDevice = 0;
   StashPolicy policy = StashPolicy::Keep;
+  /// The stage's optimizer state and master weights in the host pool (Note [Optimizer
+  /// placement search]); evaluatePlan costs the stage with it.
+  bool optimizerOnHost = false;
   StageEstimate estimate;
 };
 

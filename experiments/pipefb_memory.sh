@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 16 "Memory", planned: each schedule family's smallest feasible budget per device
+# (pipefb_plan --budget 1MiB prints it and exits 2), with and without optimizer offload
+# (--optimizer-offload none | per-stage), on equal device counts, microbatch 8 (batch 64
+# in 8 microbatches). Analytic T4 profiles and the cluster specs; no model is allocated,
+# nothing is timed, so the machine's load does not change the numbers.
+#   ResNet50 224 px, GPT-2 small 1024 tokens, VGG16 224 px (fc6's floor).
+# Families: 1f1b-keep, 1f1b-offload, 1f1b (any policy), gpipe (any), pipedream-offload,
+# pipedream (any), and PipeFB: pipefb-sync, pipefb-async (folded or 2S, any policy).
+# -> smallest_budget.csv (one row per model, cluster, optimizer placement, family) and
+#    ratios.csv (PipeFB's best against the best non-PipeFB family and against 1f1b-keep).
+#
+#   experiments/pipefb_memory.sh                  (after scripts/setup; ~1 minute)
+#   CLUSTERS=4x-t4-pcie experiments/pipefb_memory.sh
+source "$(dirname "$0")/lib.sh"
+CLUSTERS=${CLUSTERS:-4x-t4-pcie 8x-t4-pcie}
+FAMILIES=${FAMILIES:-1f1b-keep 1f1b-offload 1f1b gpipe pipedream-offload pipedream pipefb-sync pipefb-async}
+need pipefb_plan
+start_results pipefb_memory
+CSV=$OUT/smallest_budget.csv
+echo "model,cluster,optimizer_offload,family,smallest_budget_bytes,plan" >"$CSV"
+
+declare -A ARGS
+ARGS[resnet50]="--config $ROOT/configs/resnet50.yaml --set model.width=1 --set model.input_size=224 --set model.channels=3 --set model.num_classes=1000"
+ARGS[gpt2-small]="--config $ROOT/configs/gpt2-small.yaml --set model.input_size=1024 --set model.width=1"
+ARGS[vgg16]="--config $ROOT/configs/vgg16.yaml --set model.width=1 --set model.input_size=224 --set model.channels=3 --set model.num_classes=1000"
+
+for model in resnet50 gpt2-small vgg16; do
+  for cluster in $CLUSTERS; do
+    n=${cluster%%x-*}
+    for opt in none per-stage; do
+      for fam in $FAMILIES; do
+        log=$OUT/logs/$model-$cluster-$opt-$fam.txt
+        mkdir -p "$OUT/logs"
+        rc=0
+        # shellcheck disable=SC2086
+        $NICE "$BUILD/pipefb_plan" ${ARGS[$model]} --set training.batch=64 \
+          --set devices.count="$n" --set pipeline.schedule=1f1b --cluster "$cluster" \
+          --microbatches 8 --budget 1MiB --optimizer-offload "$opt" --schedules "$fam" \
+          --simulate-top 0 -o /dev/null >"$log" 2>&1 || rc=$?
+        [[ $rc == 2 ]] || { echo "pipefb_plan: expected exit 2, got $rc (see $log)" >&2; exit 1; }
+        bytes=$(sed -n 's/.*(--budget \(-\?[0-9]*\)).*/\1/p' "$log" | tail -1)
+        plan=$(grep -m1 ' stages on ' "$log" | sed 's/: predicted.*//' || true)
+        echo "$model,$cluster,$opt,$fam,$bytes,\"$plan\"" >>"$CSV"
+      done
+    done
+  done
+done
+
+"$PY" - "$CSV" "$OUT/ratios.csv" <<'PYEOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+by = {}
+for r in rows:
+    b = int(r["smallest_budget_bytes"])
+    by.setdefault((r["model"], r["cluster"], r["optimizer_offload"]), {})[r["family"]] = b
+mib = lambda b: "%.2f" % (b / 2**20)
+with open(sys.argv[2], "w") as f:
+    f.write("model,cluster,optimizer_offload,pipefb_best,pipefb_best_mib,other_best,"
+            "other_best_mib,ratio_vs_other_best,keep_mib,ratio_vs_1f1b_keep\n")
+    for (model, cluster, opt), fams in by.items():
+        ok = {k: v for k, v in fams.items() if v >= 0}
+        pf = {k: v for k, v in ok.items() if k.startswith("pipefb")}
+        ot = {k: v for k, v in ok.items() if not k.startswith("pipefb")}
+        if not pf or not ot or "1f1b-keep" not in ok:
+            continue
+        p = min(pf, key=pf.get)
+        o = min(ot, key=ot.get)
+        k = ok["1f1b-keep"]
+        f.write("%s,%s,%s,%s,%s,%s,%s,%.3f,%s,%.3f\n" % (model, cluster, opt, p, mib(pf[p]), o,
+                mib(ot[o]), pf[p] / ot[o], mib(k), pf[p] / k))
+        print("%-10s %-10s opt %-9s PipeFB %-12s %10s MiB | best other %-17s %10s MiB | %.3fx"
+              " | 1f1b-keep %10s MiB %.3fx" % (model, cluster, opt, p, mib(pf[p]), o,
+                                                mib(ot[o]), pf[p] / ot[o], mib(k), pf[p] / k))
+PYEOF
+end_results
