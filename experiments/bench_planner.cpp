@@ -1,7 +1,7 @@
 // Planner speed (issue 6, "Speed"): plan 1000 layers x 64 devices (< 2 s), and a
 // 16-budget sweep of VGG16 without --measure (< 10 s). Prints the times and exits 1 when
 // a target is missed.
-//   build/bench_planner [--layers 1000] [--devices 64]
+//   build/bench_planner [--layers 1000] [--devices 64] [--optimizer-offload per-stage]
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -18,9 +18,19 @@ using namespace pipefb::planner;
 int main(int argc, char** argv) {
   CLI::App app{"bench_planner: solver and sweep speed"};
   int layers = 1000, devices = 64;
+  std::string optimizer = "none";
   app.add_option("--layers", layers, "layers of the synthetic model (1000)");
   app.add_option("--devices", devices, "identical devices (64)");
+  app.add_option("--optimizer-offload", optimizer,
+                 "none | host | per-stage: the optimizer placements planned (none)");
   CLI11_PARSE(app, argc, argv);
+  OptimizerOffload offload;
+  try {
+    offload = parseOptimizerOffload(optimizer, "--optimizer-offload");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_planner: %s\n", e.what());
+    return 2;
+  }
   bool ok = true;
 
   // 1000 layers with varied costs (a transformer-like body with heavier ends), 64 devices
@@ -52,6 +62,7 @@ int main(int argc, char** argv) {
     SolverOptions o;
     o.batch = 512;
     o.simulateTop = 4;
+    o.optimizerOffload = offload;  // Note [Optimizer placement search]
     auto t0 = std::chrono::steady_clock::now();
     SolveResult r = solve(m, o);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -97,6 +108,7 @@ int main(int argc, char** argv) {
     SolverOptions o;
     o.batch = 64;
     o.simulateTop = 0;
+    o.optimizerOffload = offload;
     SweepResult r = runSweep(m, o, parseBudgets("64MiB:4GiB:16"), defaultSweepFamilies());
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf(

@@ -82,6 +82,7 @@ sec = lambda v, u: float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6}[u]
 p, s = sec(line.group(2), line.group(3)), sec(line.group(4), line.group(5))
 print('%s,%s,%s,%s,%s,%.6f,%.6f,%.2f,%.2f,"%s"' % (model, cluster, opt, fam, budget, p, s, 64 / p, 64 / s, line.group(1)))
 PYEOF
+        rm -f "$log"  # its numbers and plan are in the CSV row
       done
     done
   done
