@@ -348,10 +348,10 @@ class CostModel;
 ///   out) and what B holds while it runs (its working set and the copies still going out:
 ///   F builds no stash then), one runs at a time (Note [PipeFB device order]). Taking both
 ///   working sets less the smaller (as before) charged F's stash in the making beside B's
-///   working set (ResNet50 224 px, 4x-t4-pcie, microbatch 8, the smallest-budget plan:
-///   device 2 at 451.12 MiB; now 438.87 MiB, what the simulator's peak holds there too,
-///   though its copy is done by then and 12.25 MiB of activations wait to be received in
-///   its place: the copy still going out is Note [Offloads in flight]'s bound, not timing);
+///   working set: 12.25 MiB too much on device 2 of ResNet50's (224 px, 4x-t4-pcie,
+///   microbatch 8) smallest-budget folded plan, whose simulated peak holds B's working set
+///   and prefetched stashes and no stash of F's (its copy is done by then; the copy still
+///   going out is Note [Offloads in flight]'s bound, not timing);
 /// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
 /// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
 /// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the
