@@ -91,6 +91,14 @@ std::vector<bool> optimizerPlacements(OptimizerOffload o) {
   return {false};
 }
 
+namespace {
+// Note [Optimizer placement search]: the placements the DP tries for each stage of `shape`.
+std::vector<bool> placementsOf(const PipelineShape& shape) {
+  return shape.optimizerPerStage ? optimizerPlacements(OptimizerOffload::PerStage)
+                                 : std::vector<bool>{shape.optimizerOnHost};
+}
+}  // namespace
+
 PipelineShape stageShape(const PipelineShape& shape, bool optimizerOnHost) {
   PipelineShape s = shape;
   s.optimizerOnHost = optimizerOnHost;
@@ -349,9 +357,7 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
   };
   // Note [Optimizer placement search]: choice c of stage k is the policy polsOf(k)[c / nO]
   // with the optimizer placement opts[c % nO].
-  const std::vector<bool> opts = shape.optimizerPerStage
-                                     ? optimizerPlacements(OptimizerOffload::PerStage)
-                                     : std::vector<bool>{shape.optimizerOnHost};
+  const std::vector<bool> opts = placementsOf(shape);
   const int nO = static_cast<int>(opts.size());
   const PipelineShape shapes[2] = {stageShape(shape, false), stageShape(shape, true)};
   auto choices = [&](int k) { return static_cast<int>(polsOf(k).size()) * nO; };
@@ -537,9 +543,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   const bool pareto = hostLimit >= 0;
   // Note [Optimizer placement search]: the placements a stage may take, and the shape
   // each is costed with.
-  const std::vector<bool> opts = shape.optimizerPerStage
-                                     ? optimizerPlacements(OptimizerOffload::PerStage)
-                                     : std::vector<bool>{shape.optimizerOnHost};
+  const std::vector<bool> opts = placementsOf(shape);
   const PipelineShape shapes[2] = {stageShape(shape, false), stageShape(shape, true)};
   // The memory relaxation takes the least: with the optimizer on the host if it may be.
   const PipelineShape& leanest = shapes[opts.back() ? 1 : 0];
