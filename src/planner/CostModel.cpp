@@ -63,18 +63,21 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
 }
 
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
-// placement); asynchronous kinds over 3 iterations, to see the next iteration's feed.
-const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M) {
+// placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
+// iterations, to see the next iteration's feed.
+const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M, bool folded) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, schedules::WaitingMessages> cache;
+  static std::map<std::tuple<int, int, int, bool>, schedules::WaitingMessages> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(static_cast<int>(k), S, M);
+  auto key = std::make_tuple(static_cast<int>(k), S, M, folded);
   auto it = cache.find(key);
   if (it == cache.end()) {
     const int K = isFlushing(k) ? 1 : 3;
+    const schedules::Placement placement =
+        folded ? schedules::Placement::folded(S) : schedules::Placement::defaultFor(k, S);
     it = cache
              .emplace(key, schedules::waitingMessages(
-                               schedules::makeSchedule(toString(k), S, M, K).schedule))
+                               schedules::makeSchedule(k, S, M, placement, K).schedule))
              .first;
   }
   return it->second;
@@ -413,13 +416,12 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const std::int64_t oneInput = k == 0 ? scaled(profile_.inputBytes, f) : 0;
   const std::int64_t targetsFed = k == S - 1 ? M * scaled(profile_.targetBytes, f) : 0;
   // Note [Waiting messages]: activations sent to F ahead of it, gradients (and the last
-  // stage's outputs) sent to B ahead of it. Not counted for folded shapes.
-  std::int64_t actsWaiting = 0, gradsWaiting = 0;
-  if (!shape.folded) {
-    const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M);
-    actsWaiting = wm.activations.at(k) * input;
-    gradsWaiting = wm.gradients.at(k) * output + (k == S - 1 ? wm.outputs * output : 0);
-  }
+  // stage's outputs) sent to B ahead of it. A folded device is charged both of its
+  // stages' counts (each the most over the device's compute starts: an upper bound).
+  const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M, shape.folded);
+  const std::int64_t actsWaiting = wm.activations.at(k) * input;
+  const std::int64_t gradsWaiting =
+      wm.gradients.at(k) * output + (k == S - 1 ? wm.outputs * output : 0);
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out.
   e.stashBytes = ckpt ? input : off ? graph : graph + output;

@@ -146,7 +146,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
   EXPECT_GE(processBound, 5);
-  EXPECT_GE(folded, 2);
+  EXPECT_GE(folded, 1);  // 2 before folded devices were charged their waiting messages
 }
 
 // Note [Replicated pipelines]: with replicas the DP still equals the exhaustive search, on
