@@ -368,7 +368,7 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
 // 166.70 predicted, cpu:1 48.78-51.59 MiB against 51.18-55.12 (-6.4% at worst). Not yet
 // within 10% (left out here): at the smallest feasible budget the plan folds 3 stages
 // (0/2 1/1 2/0), and device 2 (F of fc7-fc8, B of the convolutions) peaks 11.5% below the
-// simulator and 12.1% below the cost model (pipefb-sync-keep), and device 0 22.7% below
+// simulator and 12.1% below the cost model (pipefb-sync-keep), and device 0 12.9% below
 // the cost model (issue 16, "Fidelity"; experiments/README.md, folded_pipefb).
 TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
   for (const std::string family : {"pipefb-sync-keep", "pipefb-sync-checkpoint"}) {
