@@ -1847,6 +1847,17 @@ PipelineEngine::~PipelineEngine() {
   I.stages.clear();
 }
 
+// Note [Overlapping iterations]
+// A synchronous step() returns when every device finished the iteration, so the next
+// iteration's microbatches reach device 0 only after the last device's last action: a
+// flush. zb-h2 needs none (Note [Lagged W], schedules/ZeroBubble.h): each stage steps after
+// its own last W, and its device's next forwards come after that STEP in its list, so
+// they may start while later devices still run this iteration's deferred W's. With
+// EngineOptions::overlapIterations step() returns once the losses are known (the last
+// stage's I's ran) and the caller feeds the next iteration at once. Nothing else changes:
+// each device runs its list in order, so every forward still sees its stage's weights
+// after all the steps before it, and the result is the flushed run's (tests/runtime,
+// PipelineOverlap). Only finish() (or the last step()) waits for every device.
 double PipelineEngine::step(const data::Batch& batch) {
   Impl& I = *impl_;
   if (I.joined)
@@ -1902,7 +1913,8 @@ double PipelineEngine::step(const data::Batch& batch) {
   const bool lastIteration = k + 1 == I.K;
   I.waitFor(
       [&] {
-        if (I.async && !lastIteration && feedLast) return I.lossCount[k] == I.M;
+        if ((I.async || I.options.overlapIterations) && !lastIteration && feedLast)
+          return I.lossCount[k] == I.M;
         for (int d = 0; d < I.D; ++d)
           if (I.done[d] < I.need[d][k]) return false;
         return true;

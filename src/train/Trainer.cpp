@@ -138,7 +138,11 @@ Trainer::~Trainer() = default;
 void Trainer::ensureEngine() {
   if (config_.pipeline.schedule == "none") return;
   const int64_t every = config_.training.checkpoint_every;
-  const bool async = schedules::isAsync(schedules::parseScheduleKind(config_.pipeline.schedule));
+  const auto kind = schedules::parseScheduleKind(config_.pipeline.schedule);
+  // Note [Overlapping iterations] (PipelineEngine.cpp): zb-h2 runs without a flush; like
+  // an asynchronous schedule it is never idle between two step()s.
+  const bool overlap = kind == schedules::ScheduleKind::ZbH2;
+  const bool async = schedules::isAsync(kind) || overlap;
   if (stepsDone_ >= totalSteps_) return;  // nothing left to run (the last engine stays)
   if (engine_ && stepsDone_ < engineEnd_) return;
   if (engine_) {  // a segment is over: carry its optimizer state into the next
@@ -154,6 +158,7 @@ void Trainer::ensureEngine() {
   if (async && every > 0) end = std::min(totalSteps_, (stepsDone_ / every + 1) * every);
   runtime::EngineOptions eo;
   eo.iterations = std::max<int64_t>(1, end - stepsDone_);
+  eo.overlapIterations = overlap;
   eo.totalSteps = totalSteps_;
   eo.firstStep = stepsDone_;
   eo.log = engineEnd_ == 0;  // the first engine of this process; segments repeat it

@@ -529,6 +529,56 @@ TEST(PipelineMemory, SeveralStagesPerDeviceStashPeaksMatchTheSimulator) {
   }
 }
 
+// Note [Overlapping iterations]: zb-h2 with overlapIterations starts iteration 1's first
+// forward while the last device still runs iteration 0's deferred W's (slowed down here so
+// that the order does not depend on thread timing), and ends with the flushed run's weights.
+TEST(PipelineOverlap, ZbH2FillsTheDrainWithTheNextIterationAndStaysExact) {
+  constexpr int S = 4, M = 4, kIters = 3;
+  auto cfg = makeConfig(mlpOptions(), "zb-h2", S, M, "keep", 16);
+  std::vector<data::Batch> batches;
+  for (int k = 0; k < kIters; ++k)
+    batches.push_back(makeBatch(*buildSeeded(cfg.model), 16, 5, 300 + k));
+  Reference ref(cfg);
+  for (const auto& b : batches) ref.step(b, kIters);
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapping" : "flushed");
+    auto model = buildSeeded(cfg.model);
+    auto o = quietOptions(kIters);
+    o.overlapIterations = overlap;
+    const runtime::PipelineEngine* engine = nullptr;
+    o.beforeAction = [&](int d, int i) {
+      if (d == S - 1 && engine->schedule().devices[d][i].type == schedules::ActionType::WeightGrad)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    };
+    runtime::PipelineEngine e(*model, cfg, o);
+    engine = &e;
+    for (const auto& b : batches) e.step(b);
+    e.finish();
+    std::string worst;
+    EXPECT_LE(maxRelErr(*model, *ref.model, /*grads=*/false, &worst), 1e-5) << worst;
+    // When iteration 1's first forward started on device 0, and iteration 0's last W ended on
+    // device S-1.
+    double firstF = -1, lastW = -1;
+    const auto records = e.records();
+    for (size_t j = 0; j < records[0].size(); ++j) {
+      const auto& a = e.schedule().devices[0][j];
+      if (a.type == schedules::ActionType::Forward && a.index == M && firstF < 0)
+        firstF = records[0][j].start;
+    }
+    for (size_t j = 0; j < records[S - 1].size(); ++j) {
+      const auto& a = e.schedule().devices[S - 1][j];
+      if (a.type == schedules::ActionType::WeightGrad && a.index < M)
+        lastW = std::max(lastW, records[S - 1][j].end);
+    }
+    ASSERT_GE(firstF, 0);
+    ASSERT_GE(lastW, 0);
+    if (overlap)
+      EXPECT_LT(firstF, lastW) << "iteration 1 waited for iteration 0's drain";
+    else
+      EXPECT_GE(firstF, lastW) << "a flushed step() let iteration 1 start early";
+  }
+}
+
 TEST(PipelineMemory, OutOfMemoryNamesDeviceStopsWorkersAndKeepsOomInfo) {
   // gpipe: device 0 runs F0.0..F0.3 before any gradient can come back into its memory,
   // so the refused allocation is always a stash of F0.1 (no race with comm buffers).

@@ -81,6 +81,11 @@ struct EngineOptions {
   int64_t traceFirstIteration = 0;
   /// Log the partition and the schedule shape (spdlog info).
   bool log = true;
+  /// Note [Overlapping iterations] (PipelineEngine.cpp): step() returns once the
+  /// iteration's losses are known, as an asynchronous schedule's does, so that the next
+  /// iteration's forwards fill this one's drain (zb-h2's steady state). A synchronous
+  /// schedule stays exact; .grad and the weights are final only after finish().
+  bool overlapIterations = false;
   /// Fault injection for tests: called on the device's worker thread before each of its
   /// actions (device, index into schedule().devices[device]). May throw or sleep.
   std::function<void(int, int)> beforeAction;
