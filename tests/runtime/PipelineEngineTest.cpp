@@ -2,6 +2,7 @@
 // memory contract, its errors and its trace.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -545,13 +546,16 @@ TEST(PipelineOverlap, ZbH2FillsTheDrainWithTheNextIterationAndStaysExact) {
     auto model = buildSeeded(cfg.model);
     auto o = quietOptions(kIters);
     o.overlapIterations = overlap;
-    const runtime::PipelineEngine* engine = nullptr;
+    // The workers start inside the constructor: wait for the engine to be known.
+    std::atomic<const runtime::PipelineEngine*> engine{nullptr};
     o.beforeAction = [&](int d, int i) {
-      if (d == S - 1 && engine->schedule().devices[d][i].type == schedules::ActionType::WeightGrad)
+      while (!engine.load()) std::this_thread::yield();
+      if (d == S - 1 &&
+          engine.load()->schedule().devices[d][i].type == schedules::ActionType::WeightGrad)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     };
     runtime::PipelineEngine e(*model, cfg, o);
-    engine = &e;
+    engine.store(&e);
     for (const auto& b : batches) e.step(b);
     e.finish();
     std::string worst;
