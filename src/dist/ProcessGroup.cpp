@@ -338,9 +338,13 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
       coll_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_), env_.rank,
                          env_.worldSize, timeout_);
     } catch (const std::exception& e) {
-      throw UserError("rendezvous: rank " + std::to_string(env_.rank) + " of group '" + prefix +
-                      "' could not connect the c10d " + spec_.name +
-                      " mesh within distributed.timeout " + seconds(timeout_.count() / 1000.0) +
+      // Note [Gone ranks]: a rank that dies while the mesh connects resets it. That is the
+      // job failing (exit 1, naming the rank), not a setting to change.
+      const std::string what = "rendezvous: rank " + std::to_string(env_.rank) + " of group '" +
+                               prefix + "' could not connect the c10d " + spec_.name + " mesh";
+      const auto gone = goneRanks();
+      if (!gone.empty()) throw collectiveError(what, firstLine(e.what()));
+      throw UserError(what + " within distributed.timeout " + seconds(timeout_.count() / 1000.0) +
                       ": " + firstLine(e.what()));
     }
     reaper_ = std::thread([this] { reap(); });
