@@ -34,14 +34,24 @@ const std::vector<std::string>& stashPolicyNames() {
   return names;
 }
 
+namespace {
+
+/// A list key with one value per stage (or device): `n` values where `want` are needed is
+/// a UserError "<source>: <key>: n values for want <things>; give one, or one per <one>".
+void checkOnePer(const std::string& source, const std::string& key, std::size_t n,
+                 std::int64_t want, const std::string& things, const std::string& one) {
+  if (static_cast<std::int64_t>(n) == want) return;
+  throw UserError(source + ": " + key + ": " + std::to_string(n) + " values for " +
+                  std::to_string(want) + " " + things + "; give one, or one per " + one);
+}
+
+}  // namespace
+
 std::vector<schedules::StashPolicy> stashPerStage(const Config& config, int stages) {
   const auto& p = config.pipeline;
   if (p.stage_stash.empty())
     return std::vector<schedules::StashPolicy>(stages, schedules::parseStashPolicy(p.stash));
-  if (static_cast<int>(p.stage_stash.size()) != stages)
-    throw UserError(config.source + ": pipeline.stash: " + std::to_string(p.stage_stash.size()) +
-                    " values for " + std::to_string(stages) +
-                    " stages; give one, or one per stage");
+  checkOnePer(config.source, "pipeline.stash", p.stage_stash.size(), stages, "stages", "stage");
   std::vector<schedules::StashPolicy> out;
   for (const auto& v : p.stage_stash) out.push_back(schedules::parseStashPolicy(v));
   return out;
@@ -762,26 +772,17 @@ void validate(const Config& c, ConfigUse use) {
           src + ": pipeline.async_lag: " + std::to_string(c.pipeline.async_lag) +
           " is more than pipeline.microbatches (" + std::to_string(c.pipeline.microbatches) +
           "); allowed: -1 (a whole iteration) or 0.." + std::to_string(c.pipeline.microbatches));
-    if (!c.pipeline.stage_optimizer_offload.empty() &&
-        static_cast<int64_t>(c.pipeline.stage_optimizer_offload.size()) != stages)
-      throw UserError(src + ": pipeline.optimizer_offload: " +
-                      std::to_string(c.pipeline.stage_optimizer_offload.size()) + " values for " +
-                      std::to_string(stages) + " stages; give one, or one per stage");
-    if (!c.pipeline.stage_stash.empty() &&
-        static_cast<int64_t>(c.pipeline.stage_stash.size()) != stages)
-      throw UserError(src + ": pipeline.stash: " + std::to_string(c.pipeline.stage_stash.size()) +
-                      " values for " + std::to_string(stages) +
-                      " stages; give one, or one per stage");
-    if (!c.devices.device_memory.empty() &&
-        static_cast<int64_t>(c.devices.device_memory.size()) != c.devices.count)
-      throw UserError(src + ": devices.memory: " + std::to_string(c.devices.device_memory.size()) +
-                      " values for " + std::to_string(c.devices.count) +
-                      " devices (devices.count); give one, or one per device");
-    if (!c.pipeline.stage_lookahead.empty() &&
-        static_cast<int64_t>(c.pipeline.stage_lookahead.size()) != stages)
-      throw UserError(
-          src + ": pipeline.lookahead: " + std::to_string(c.pipeline.stage_lookahead.size()) +
-          " values for " + std::to_string(stages) + " stages; give one, or one per stage");
+    if (!c.pipeline.stage_optimizer_offload.empty())
+      checkOnePer(src, "pipeline.optimizer_offload", c.pipeline.stage_optimizer_offload.size(),
+                  stages, "stages", "stage");
+    if (!c.pipeline.stage_stash.empty())
+      checkOnePer(src, "pipeline.stash", c.pipeline.stage_stash.size(), stages, "stages", "stage");
+    if (!c.devices.device_memory.empty())
+      checkOnePer(src, "devices.memory", c.devices.device_memory.size(), c.devices.count,
+                  "devices (devices.count)", "device");
+    if (!c.pipeline.stage_lookahead.empty())
+      checkOnePer(src, "pipeline.lookahead", c.pipeline.stage_lookahead.size(), stages, "stages",
+                  "stage");
   }
   for (size_t i = 1; i < c.pipeline.partition.size(); ++i)
     if (c.pipeline.partition[i] <= c.pipeline.partition[i - 1])
