@@ -1,0 +1,589 @@
+#pragma once
+// Private to src/runtime: the state of a PipelineEngine (its Impl) and the types its
+// parts share. PipelineEngine.cpp builds it and runs the public API; each concept's
+// actions live in a file of its own (see the Notes named below).
+#include <torch/torch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "SplitBackward.h"
+#include "pipefb/common/Error.h"
+#include "pipefb/common/NumericalError.h"
+#include "pipefb/dist/ProcessGroup.h"
+#include "pipefb/memory/DomainRegistry.h"
+#include "pipefb/memory/MemoryEvent.h"
+#include "pipefb/memory/MemoryScope.h"
+#include "pipefb/offload/SavedTensorHooks.h"
+#include "pipefb/offload/TransferManager.h"
+#include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/schedules/PipelinePlan.h"
+#include "pipefb/schedules/ScheduleKind.h"
+
+namespace pipefb::runtime {
+
+using schedules::Action;
+using schedules::ActionType;
+using schedules::StashKind;
+using Tensor = torch::Tensor;
+
+// Thrown inside a worker whose receive was woken because the pipeline is stopping.
+struct Cancelled {};
+
+// Note [Weights, versions and replicas]
+// A *replica* is one set of modules for the layers of a stage, with its tensors in one
+// memory domain:
+//  * the master: the model's own layers, moved to the stage's backward device, with
+//    .grad and the stage's optimizer. Every gradient ends up in the master's .grad.
+//  * a forward copy (split PipeFB stages): lives on the forward device, refreshed by
+//    RecvWeights. RW copies in place when no stash still refers to the copy, and
+//    otherwise builds a new copy, so a pending autograd graph keeps the version its
+//    forward used (pipefb-async) until its backward released it.
+//  * a weight version (asynchronous schedules): when F(s,m) and B(s,m) see different
+//    weight versions (a STEP in between), F runs on a snapshot of the current
+//    weights (same device) or the backward device keeps a snapshot of the version
+//    before STEP (split stage with checkpoint), category weight_versions.
+// Backward never accumulates into the replica it ran on: it asks autograd for the
+// gradients w.r.t. the replica's parameters (torch::autograd::grad) and adds them to
+// the master's .grad on the backward device. That is what lets the backward device's
+// thread run a graph that the forward device built (DESIGN.md, "stash policy") with
+// the weight gradients landing in, and charged to, the backward device.
+// LibTorch modules cannot be cloned generically, so copies come from "shells": a
+// throw-away buildModel() whose layers are cut into per-stage shells, their tensors
+// freed until a replica fills them (ShellPool).
+// Note [Weight prediction]
+// pipefb-async's forward devices run iteration k on the weights of k-1 updates, so every
+// gradient is one update stale; with Adam on a plain VGG that alone costs 10-40 accuracy
+// points (experiments/README.md, async_convergence; experiments/delayed_adam.py shows the
+// same in plain PyTorch). pipeline.weight_prediction: linear hands the forwards the
+// linear extrapolation W[v] + (W[v] - W[v-1]) instead of W[v] (PipeMare, SpecTrain): the
+// backward device computes it right after STEP from the weights before and after the step,
+// in one replica (category weight_versions) that SyncWeights sends. Backwards differentiate
+// at what their forward ran on (the forward copy's graph, or for checkpoint kinds the
+// prediction kept as that version), so the gradients stay exact for the weights used.
+// Version 0 (the initial weights) is never predicted.
+// Note [Optimizer offload]
+// pipeline.optimizer_offload: host (per stage) moves a stage's optimizer off its backward
+// device, as ZeRO-Offload does: the backward device keeps the weights (the master the
+// forwards, versions and predictions read, updated in place) and their .grad, and
+// nothing else. The host pool's domain holds master copies of the weights (category
+// weights, the optimizer's parameters), a gradient buffer (grads) and the Adam/SGD state
+// (optimizer_state). STEP is pipelined tensor by tensor on the device's copy engine:
+// all gradients are queued D2H into the host buffer; for each tensor in turn the
+// compute thread waits for its gradient (stall), steps the optimizer on that one host
+// tensor (the optimizers skip parameters without a gradient; their state is per
+// tensor, so this is bit-identical to one step over all), and queues the H2D copy of
+// the new weights into the device parameter in place. STEP ends when every H2D copy is
+// done, so what runs after it sees the new weights. The time the compute thread waits
+// for these copies is stall, and is not counted as compute that hides copies
+// (transferStats()). The device's .grad is zeroed by the next backward, as without
+// offload. Checkpoints read and restore the host optimizer through
+// PipelineEngine::optimizerParameters() / optimizerDomain().
+// Note [Weight syncs]
+// SyncWeights(s,k) hands the new weights of a split stage to its forward device:
+// the prediction (Note [Weight prediction]), else the host master copy under
+// optimizer offload, else the device master. Within one process the message carries
+// references when the schedule is synchronous: the forward device's RecvWeights(s,k)
+// comes before its forwards of iteration k+1, whose backwards come before STEP(s,k+1),
+// so the weights cannot change before RW copied them. RW copies them tensor by tensor
+// into the forward copy in place (H2D on its copy engine when they come from the host),
+// so the forward device never holds a second full copy. Asynchronous schedules may step
+// again before RW (async_lag): SYNC then sends a snapshot, charged as comm_buffers to
+// the sender (its send buffer: the backward device, or the host pool under optimizer
+// offload). When a pending graph still uses the forward copy, RW builds a new copy
+// (Note [Weights, versions and replicas]); that is a second version, not a transient.
+// Across processes the c10d receive buffer (comm_buffers) is still a full copy.
+struct Shell {
+  int stage = 0;
+  std::vector<std::shared_ptr<model::Layer>> layers;
+  std::vector<Tensor> params;
+  std::vector<Tensor> buffers;
+};
+
+struct Replica {
+  int stage = 0;
+  int version = 0;
+  std::vector<std::shared_ptr<model::Layer>> layers;
+  std::vector<Tensor> params;
+  std::vector<Tensor> buffers;
+  std::unique_ptr<Shell> shell;  // null for the master
+
+  Tensor forward(Tensor x) const {
+    for (const auto& l : layers) x = l->forward(x);
+    return x;
+  }
+};
+using ReplicaPtr = std::shared_ptr<Replica>;
+
+inline void collectTensors(const std::vector<std::shared_ptr<model::Layer>>& layers,
+                           std::vector<Tensor>& params, std::vector<Tensor>& buffers) {
+  for (const auto& l : layers) {
+    for (auto& p : l->parameters()) params.push_back(p);
+    for (auto& b : l->buffers()) buffers.push_back(b);
+  }
+}
+
+class ShellPool {
+ public:
+  ShellPool(model::ModelOptions options, std::vector<StageRange> partition, bool training)
+      : options_(std::move(options)),
+        partition_(std::move(partition)),
+        training_(training),
+        free_(partition_.size()) {}
+
+  std::unique_ptr<Shell> acquire(int stage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_[stage].empty()) buildAll();
+    auto s = std::move(free_[stage].back());
+    free_[stage].pop_back();
+    return s;
+  }
+  void release(std::unique_ptr<Shell> shell) {
+    for (auto& t : shell->params) t.set_data(torch::empty({0}, t.options()));
+    for (auto& t : shell->buffers) t.set_data(torch::empty({0}, t.options()));
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[shell->stage].push_back(std::move(shell));
+  }
+
+ private:
+  // Builds one model (outside every device: the unscoped domain), keeping the global RNG
+  // as it was, and cuts it into one shell per stage.
+  void buildAll() {
+    memory::MemoryScope scope(memory::unscopedDomain(), MemoryCategory::Weights);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    Tensor state;
+    {
+      std::lock_guard<std::mutex> g(gen.mutex());
+      state = gen.get_state();
+    }
+    auto m = model::buildModel(options_);
+    {
+      std::lock_guard<std::mutex> g(gen.mutex());
+      gen.set_state(state);
+    }
+    m->train(training_);
+    for (size_t s = 0; s < partition_.size(); ++s) {
+      auto shell = std::make_unique<Shell>();
+      shell->stage = static_cast<int>(s);
+      for (int64_t i = partition_[s].first; i < partition_[s].last; ++i)
+        shell->layers.push_back(m->layer(static_cast<size_t>(i)));
+      collectTensors(shell->layers, shell->params, shell->buffers);
+      for (auto& t : shell->params) t.set_data(torch::empty({0}, t.options()));
+      for (auto& t : shell->buffers) t.set_data(torch::empty({0}, t.options()));
+      free_[s].push_back(std::move(shell));
+    }
+  }
+
+  model::ModelOptions options_;
+  std::vector<StageRange> partition_;
+  bool training_;
+  std::mutex mu_;
+  std::vector<std::vector<std::unique_ptr<Shell>>> free_;
+};
+
+// A copy of `params`/`buffers` in `domain` under `category`, as a replica of `stage`.
+// shareBuffers: the replica's buffers are `buffers` themselves (Note [Snapshots share
+// buffers]).
+inline ReplicaPtr makeReplica(const std::shared_ptr<ShellPool>& pool, int stage, int version,
+                              const std::vector<Tensor>& params, const std::vector<Tensor>& buffers,
+                              memory::MemoryDomain& domain, MemoryCategory category,
+                              bool shareBuffers = false) {
+  auto shell = pool->acquire(stage);
+  PIPEFB_ASSERT(shell->params.size() == params.size() && shell->buffers.size() == buffers.size(),
+                "replica shell of stage " << stage << " does not match the stage");
+  {
+    memory::MemoryScope scope(domain, category);
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < params.size(); ++i)
+      shell->params[i].set_data(params[i].detach().clone());
+    for (size_t i = 0; i < buffers.size(); ++i)
+      shell->buffers[i].set_data(shareBuffers ? buffers[i].detach() : buffers[i].detach().clone());
+  }
+  auto* r = new Replica;
+  r->stage = stage;
+  r->version = version;
+  r->layers = shell->layers;
+  r->params = shell->params;
+  r->buffers = shell->buffers;
+  r->shell = std::move(shell);
+  return ReplicaPtr(r, [pool](Replica* p) {
+    p->params.clear();
+    p->buffers.clear();
+    p->layers.clear();
+    pool->release(std::move(p->shell));
+    delete p;
+  });
+}
+
+// What B(s,m) needs from F(s,m) (DESIGN.md, "stash").
+struct StashEntry {
+  bool graph = false;  // keep: the autograd graph of F; else a checkpoint of the input
+  Tensor input;        // graph: the leaf F ran on; checkpoint: the saved stage input
+  Tensor output;       // graph: the root of the graph
+  ReplicaPtr replica;  // graph: the weights it ran on; checkpoint: a snapshot, or null
+  // graph under the offload policy: what autograd saved (Note [Saved-tensor hooks]).
+  std::shared_ptr<offload::SavedTensorGroup> saved;
+  bool onHost = false;       // its tensors are with the transfer manager
+  int stage = 0, index = 0;  // (stage, microbatch): its transfer key
+};
+using StashPtr = std::shared_ptr<StashEntry>;
+
+enum class Chan : std::uint8_t { Act, Grad, Weights, Input, Target, Stash };
+
+struct ChanKey {
+  Chan kind;
+  int stage;
+  int index;
+  int device;  // receiver (-1 for the host stash registry)
+  bool operator<(const ChanKey& o) const {
+    return std::tie(kind, stage, index, device) < std::tie(o.kind, o.stage, o.index, o.device);
+  }
+};
+
+struct Message {
+  std::vector<Tensor> tensors;
+  StashPtr stash;
+};
+
+// In-process mailboxes. A receive blocks until its message is there, or throws
+// Cancelled once the pipeline stops.
+class Channels {
+ public:
+  void put(const ChanKey& k, Message m) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      PIPEFB_ASSERT(!box_.count(k), "duplicate message on a channel");
+      box_.emplace(k, std::move(m));
+    }
+    cv_.notify_all();
+  }
+  Message take(const ChanKey& k) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (closed_) throw Cancelled{};
+      auto it = box_.find(k);
+      if (it != box_.end()) {
+        Message m = std::move(it->second);
+        box_.erase(it);
+        return m;
+      }
+      cv_.wait(lock);
+    }
+  }
+  std::optional<Message> tryTake(const ChanKey& k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = box_.find(k);
+    if (it == box_.end()) return std::nullopt;
+    Message m = std::move(it->second);
+    box_.erase(it);
+    return m;
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Drops every message (their tensors are freed on the calling thread).
+  void clear() {
+    std::map<ChanKey, Message> old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      old.swap(box_);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<ChanKey, Message> box_;
+  bool closed_ = false;
+};
+
+using Key = std::pair<int, int>;  // (stage, microbatch)
+
+// Note [Message tags] in ProcessGroup.cpp: c10d tags stay below 2^29. The microbatch
+// index (run-wide, so it carries the iteration) wraps at 2^17, far more than are ever in
+// flight between two ranks; stages < 256.
+inline int64_t tagOf(const ChanKey& k) {
+  return ((static_cast<int64_t>(k.index) & ((1 << 17) - 1)) * 256 + (k.stage & 255)) * 8 +
+         static_cast<int>(k.kind);
+}
+
+template <class V>
+V takeFrom(std::map<Key, V>& m, Key k, const char* what) {
+  auto it = m.find(k);
+  PIPEFB_ASSERT(it != m.end(), what << " of (" << k.first << "," << k.second << ") is missing");
+  V v = std::move(it->second);
+  m.erase(it);
+  return v;
+}
+
+struct DeviceState {
+  int id = 0;
+  memory::MemoryDomain* domain = nullptr;
+  std::map<Key, Tensor> acts;     // stage outputs made here or received: (stage, mb)
+  std::map<Key, Tensor> grads;    // gradients w.r.t. a stage's input: (stage, mb)
+  std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
+  std::map<Key, Tensor> targets;  // targets from step()
+  std::map<Key, StashPtr> stashes;
+  // Note [Split backward in the runtime]: what W(s,m) needs from I(s,m).
+  struct PendingW {
+    DeferredWeightGrad grad;
+    ReplicaPtr rep;  // the weights I ran on (the graph reads them)
+  };
+  std::map<Key, PendingW> deferred;
+  // Stage inputs coming from another process (Note [Channels across processes]).
+  std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
+  std::vector<schedules::ActionSpan> records;  // [j]: action j of its list  // guarded by Impl::mu_
+  double busy = 0;                             // guarded by Impl::mu_
+  // Note [Optimizer offload]: when compute waited for its own copies (guarded by Impl::mu_).
+  std::vector<offload::CopyInterval> waits;
+};
+
+// Note [Gradient buckets]
+// With pipeline.replicas (hybrid data + pipeline parallelism) a stage's gradients are
+// averaged over its replicas before STEP, the way DDP's reducer does it. The stage's
+// parameters, in reverse order (the order backward finishes them), fill buckets of about
+// distributed.bucket_mb MiB; each bucket is one flat buffer (CommBuffers, on the backward
+// device), made at the stage's first AR and reused. During the B that completes the
+// stage's gradients of the iteration (the last B(s, m) before AR(s) in the device's list),
+// post hooks on the autograd nodes that feed a parameter's accumulator see that
+// parameter's gradient as soon as backward computed it: the hook adds it to .grad (the
+// add B makes anyway), copies the now final .grad into its bucket slot, and once a bucket
+// is complete starts its all-reduce (c10d, asynchronous). The all-reduce of the last
+// layers' gradients so runs while backward still works on the first layers. Buckets
+// start in index order on every rank (a bucket that completes early waits for those
+// before it), so the replicas' collectives pair up. What no hook saw (a parameter fed by
+// more than one node, an unused one) is added after autograd returns, as before, and the
+// remaining buckets start then. AR(s) waits for the buckets in order, divides by R and
+// copies the means back into .grad: the same sums and the same division as the single
+// concatenated bucket it replaces. distributed.overlap: false starts every bucket at AR
+// (no hooks), for comparison.
+struct GradBuckets {
+  struct Bucket {
+    std::vector<int> params;       // indices into the stage's params
+    std::vector<int64_t> offsets;  // their element offsets in flat
+    Tensor flat;
+    int missing = 0;  // parameters whose gradient is not final yet (this iteration)
+    std::shared_ptr<dist::PendingCollective> work;
+    int64_t startNs = 0;
+    size_t record = 0;  // its entry in the engine's bucket log
+  };
+  std::vector<Bucket> buckets;
+  std::vector<int> bucketOf, slotOf;  // per parameter
+  std::vector<char> ready;            // per parameter: final and in its bucket
+  int next = 0;                       // the next bucket to start
+  bool active = false;                // this iteration's buckets are being filled
+  int backwardAction = -1;            // the B filling them (index into the device's list)
+  bool inAutograd = false;            // hooks run: the B's autograd call has not returned
+  int64_t backwardDoneNs = 0;         // when it returned
+};
+
+struct StageState {
+  int index = 0;
+  StageRange range;
+  int fDev = 0, bDev = 0;
+  bool split = false;
+  bool recompute = false;     // checkpoint kinds
+  bool offloadSaved = false;  // effective policy offload: saved tensors through the hooks
+  ReplicaPtr master;          // on bDev
+  ReplicaPtr fwd;             // split: the forward copy on fDev
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  bool gradsStale = false;  // a STEP ran since the last backward: zero before accumulating
+  int masterVersion = 0;
+  // Note [Weights, versions and replicas]: per microbatch, the weight version F and B see.
+  std::vector<int> fVersion, bVersion;
+  std::weak_ptr<Replica> snapshot;     // same device: the snapshot of the current version
+  std::map<int, ReplicaPtr> versions;  // split + checkpoint: kept on bDev
+  // Note [Weight-version offload in the runtime]: the schedule moves this stage's stashed
+  // versions (pipeline.offload_weights auto with an offload kind); same-device snapshots
+  // are then kept in `versions` too, until DROPW. `away`: offloaded, not acquired yet.
+  bool offloadWeights = false;
+  std::set<int> away;
+  // Note [Weight prediction]: split stages of pipefb-async with pipeline.weight_prediction.
+  bool predict = false;
+  ReplicaPtr predicted;        // on bDev: what RecvWeights of masterVersion hands the forwards
+  std::map<int, int> lastUse;  // version -> last microbatch whose B needs it
+  // Note [Optimizer offload]: pipeline.optimizer_offload: host.
+  bool optimizerOnHost = false;
+  std::vector<Tensor> hostParams;        // host pool: master copies, the optimizer's parameters
+  std::vector<Tensor> hostGrads;         // host pool: where STEP copies the device's .grad
+  int64_t stashBytesPerMb = -1;          // measured at the first F
+  std::unique_ptr<GradBuckets> buckets;  // Note [Gradient buckets]
+};
+
+inline int64_t tensorBytes(const Tensor& t) {
+  return static_cast<int64_t>(t.numel() * t.element_size());
+}
+
+// "nan", "inf" or "-inf" for the first non-finite element of t, "" when all are finite.
+inline std::string nonFinite(const Tensor& t) {
+  if (!t.defined() || !t.is_floating_point()) return "";
+  torch::NoGradGuard noGrad;
+  Tensor bad = torch::isfinite(t).logical_not();
+  if (!bad.any().item<bool>()) return "";
+  if (t.isnan().any().item<bool>()) return "nan";
+  return t.masked_select(bad)[0].item<double>() > 0 ? "inf" : "-inf";
+}
+
+struct PipelineEngine::Impl {
+  model::Model& model;
+  schedules::PipelinePlan pipeline;  // Note [The plan is the program]
+  EngineOptions options;
+  std::string kind;                        // its name, for messages and reports
+  schedules::ScheduleKind scheduleKind{};  // traits: pipefb/schedules/ScheduleKind.h
+  int S = 0, M = 0, D = 0;
+  int64_t K = 0;
+  bool async = false;
+  std::vector<StageRange> partition;
+  schedules::SchedulePlan plan;  // lowered
+  std::vector<StageState> stages;
+  std::vector<DeviceState> devices;
+  memory::MemoryDomain* host = nullptr;
+  std::unique_ptr<offload::TransferManager> transfers;  // Note [Asynchronous host copies]
+  std::shared_ptr<ShellPool> pool;
+  Channels channels;
+  int64_t t0 = 0;  // memory::nowNs() when the workers started: the records' 0 s
+  // The records' seconds (schedules::ActionSpan) from and to memory::nowNs()'s clock.
+  double secondsSinceOrigin(int64_t ns) const { return static_cast<double>(ns - t0) * 1e-9; }
+  int64_t originNs(double seconds) const { return t0 + std::llround(seconds * 1e9); }
+
+  // Note [Channels across processes]
+  // With EngineOptions::group (one process per device, issue 8) this process runs the
+  // worker of device group->rank() mod D only. A message to or from a device of another
+  // process is a c10d send/recv (pipefb/dist/ProcessGroup.h) under tagOf(its ChanKey);
+  // between devices of this process it stays a mailbox. Sends never block (the group
+  // holds the buffer until delivered), receives block until the peer sent, died, or
+  // distributed.timeout passed (PeerError: the failure names the action and the rank).
+  // The stash of a stage whose F and B run in different processes can only be its stage
+  // input (checkpoint kinds, checked in build()): OFF sends it from host memory, PRE posts
+  // its receive on a helper thread, and B waits for it. The loss is all-reduced in
+  // step(), so every rank returns it.
+  bool isLocal(int d) const;
+  // Hybrid data + pipeline parallelism (pipeline.replicas = R): rank = replica x D + device;
+  // AR(s) all-reduces stage s's gradients over replicaGroup, the ranks of this device.
+  int R = 1, myDevice = -1, myReplica = 0;
+  std::shared_ptr<dist::ProcessGroup> replicaGroup;
+  // Note [Gradient buckets]: the B actions (stage, microbatch) that complete a stage's
+  // gradients before its AR, and what the buckets did (guarded by mu).
+  std::set<std::pair<int, int>> finalBackward;
+  std::vector<BucketRecord> bucketLog;
+  GradBuckets& bucketsOf(DeviceState& dev, StageState& st);
+  void beginBuckets(DeviceState& dev, StageState& st);
+  void bucketReady(StageState& st, int param);
+  void startBuckets(StageState& st, int64_t step);
+  std::string published;  // this rank's failure as published to the store
+  int rankOf(int d) const { return myReplica * D + d; }
+  void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
+  std::vector<Tensor> receive(int peer, const ChanKey& k);
+
+  // Progress, failure and losses: guarded by mu_.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> done;               // actions finished per device
+  std::vector<std::vector<int>> need;  // [device][iteration]: actions that end it
+  int64_t progress = 0;
+  std::vector<double> loss;  // per iteration
+  std::vector<int> lossCount;
+  struct Failure {
+    int device = -1;
+    int action = -1;
+    std::exception_ptr error;
+    std::string stall;  // non-empty for a watchdog stall
+  };
+  std::optional<Failure> failure;
+  std::vector<std::atomic<int>> current;  // the action each worker is at
+  std::atomic<bool> aborted{false};
+  std::vector<std::thread> workers;
+  bool joined = false;
+  int64_t fed = 0;
+
+  // Memory events for the trace.
+  bool recording = false;
+  std::vector<memory::MemoryEvent> events;
+  std::map<int, CategoryBytes> eventBase;  // domain id -> live per category at start
+  int64_t eventBaseNs = 0;
+
+  Impl(model::Model& m, schedules::PipelinePlan p, EngineOptions o)
+      : model(m), pipeline(std::move(p)), options(std::move(o)), current(0) {}
+
+  // ---------------------------------------------------------------- set-up
+  void build();
+  void precomputeVersions(StageState& st);
+  int iterationOf(const Action& a) const;
+
+  // ---------------------------------------------------------------- running
+  void workerMain(int d);
+  void fetchExternal(DeviceState& dev, const Action& a);
+  void execute(DeviceState& dev, const Action& a);
+  void execForward(DeviceState& dev, const Action& a);
+  void execBackward(DeviceState& dev, const Action& a);
+  void execSendAct(DeviceState& dev, const Action& a);
+  void execRecvAct(DeviceState& dev, const Action& a);
+  void execSendGrad(DeviceState& dev, const Action& a);
+  void execRecvGrad(DeviceState& dev, const Action& a);
+  void execOffload(DeviceState& dev, const Action& a);
+  void execPrefetch(DeviceState& dev, const Action& a);
+  void execDrop(DeviceState& dev, const Action& a);
+  void execStep(DeviceState& dev, const Action& a);
+  void execSyncWeights(DeviceState& dev, const Action& a);
+  void execRecvWeights(DeviceState& dev, const Action& a);
+  void execAllReduce(DeviceState& dev, const Action& a);
+  void execInputGrad(DeviceState& dev, const Action& a);   // Note [Split backward in the
+  void execWeightGrad(DeviceState& dev, const Action& a);  // runtime] (SplitBackward.h)
+
+  // What B(s,m) and I(s,m) start from: the stash taken (and recomputed), the weights it
+  // ran on, and the gradient of the loss w.r.t. the stage output (the last stage's loss
+  // is computed and counted here).
+  struct BackwardStart {
+    ReplicaPtr rep;
+    Tensor input, output, gradOut;
+    std::vector<Tensor> savedBuffers;  // recompute: buffers as they were before it
+  };
+  BackwardStart startBackward(DeviceState& dev, const Action& a);
+  // A STEP ran since the stage's last backward: its .grad starts from zero again.
+  void zeroStaleGrads(StageState& st);
+  // After the last backward of (s,m): a kept weight version may be done with (split
+  // stage, checkpoint).
+  void releaseVersion(StageState& st, int mb);
+
+  StashPtr takeStash(DeviceState& dev, int stage, int mb);
+  void bringToDevice(DeviceState& dev, StashEntry& e);
+  ReplicaPtr forwardReplica(StageState& st, int mb);
+  ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
+  void bringVersionBack(StageState& st,
+                        int version);  // Note [Weight-version offload in the runtime]
+  void stepOnHost(DeviceState& dev, StageState& st, int index);  // Note [Optimizer offload]
+  void waitCopy(DeviceState& dev, const std::shared_future<void>& copy);
+
+  // Note [Numerics check] (pipefb/common/NumericalError.h): checkAll for activations
+  // and gradients, checkLoss for the loss; mb is the run-wide microbatch index.
+  bool checkAll() const { return options.training.check_numerics == "all"; }
+  bool checkLoss() const { return options.training.check_numerics != "off"; }
+  void check(const Tensor& t, const std::string& what, int stage, int mb) const {
+    std::string v = nonFinite(t);
+    if (!v.empty()) throw NumericalError(what, v, options.firstStep + mb / M + 1, stage, mb % M, M);
+  }
+  void fail(int d, int i, std::exception_ptr e);
+  template <class Pred>
+  void waitFor(Pred pred, const char* what);
+  [[noreturn]] void raiseFailure();
+  void stopWorkers();
+  void drainEvents();
+};
+
+}  // namespace pipefb::runtime
