@@ -11,6 +11,9 @@
 #include "PipelineConfig.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/config/Config.h"
+#include "pipefb/planner/PlanFile.h"
+#include "pipefb/planner/Setup.h"
+#include "pipefb/planner/TrainPlan.h"
 #include "pipefb/runtime/ResolvePlan.h"
 
 using namespace pipefb;
@@ -127,5 +130,72 @@ TEST(MixedPlan, MixedStashGivesTheWeightsOfUniformKeep) {
     EXPECT_LE(worstRelativeDifference(*mixed.model, *keep.model, &which), 1e-5) << which;
     for (size_t k = 0; k < keep.losses.size(); ++k)
       EXPECT_NEAR(mixed.losses[k], keep.losses[k], 1e-5 * std::max(1.0, std::abs(keep.losses[k])));
+  }
+}
+
+// Note [The plan is the program]: the planner's plan reaches the engine without loss. A
+// solved plan, written as a plan file, read back, applied to the config (applyPlan) and
+// resolved (resolvePlan, the one resolver) must give every stage the plan's layer range,
+// devices, stash policy, optimizer placement and lookahead, and the plan's kind,
+// microbatches and replicas. Mixed policies and mixed optimizer placements are forced in,
+// so a key that applyPlan dropped (or resolvePlan ignored) fails here.
+TEST(MixedPlan, SolvedPlansReachTheResolvedPlanWithoutLoss) {
+  const config::Config base = config::parseConfig(
+      "model: {name: vgg16, width: 0.25, input_size: 32, channels: 1, num_classes: 10}\n"
+      "training: {batch: 32}\ndevices: {count: 4}\n"
+      "pipeline: {schedule: 1f1b, microbatches: 4}\n");
+  struct Case {
+    const char* family;
+    bool folded;
+  };
+  const std::vector<Case> cases = {{"1f1b-keep", false},
+                                   {"pipedream-checkpoint", false},
+                                   {"pipefb-sync-offload", false},
+                                   {"pipefb-sync-offload", true},
+                                   {"pipefb-async-checkpoint", true}};
+  const std::vector<schedules::StashPolicy> policies = {
+      schedules::StashPolicy::Checkpoint, schedules::StashPolicy::Offload,
+      schedules::StashPolicy::Keep, schedules::StashPolicy::CheckpointOffload};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.family) + (c.folded ? " folded" : ""));
+    planner::Planning pl = planner::setupPlanning(base, planner::SetupOptions{});
+    planner::SolverOptions o = pl.solver;
+    o.schedules = planner::parseScheduleFamilies({c.family});
+    o.simulateTop = 0;
+    o.foldedPlacements = c.folded;
+    const planner::SolveResult r = planner::solve(*pl.model, o);
+    ASSERT_TRUE(r.feasible);
+    planner::PlanContext context;
+    context.config = base.source;
+    context.model = pl.model->profile().model;
+    const std::string yaml = planner::planToYaml(*pl.model, r.best, context);
+    planner::PlanSpec spec = planner::parsePlan(yaml, "plan.yaml");
+    for (size_t s = 0; s < spec.stages.size(); ++s) {  // mixed, whatever the solver chose
+      spec.stages[s].policy = policies[(s + 1) % policies.size()];
+      spec.stages[s].optimizerOnHost = s % 2 == 0;
+    }
+    spec.optimizerGiven = true;
+    spec.lookahead = 2;
+    config::Config cfg = base;
+    planner::applyPlan(cfg, spec, "plan.yaml");
+    const runtime::ModelLayers layers{"vgg16", std::vector<std::int64_t>(spec.numLayers, 1)};
+    const auto plan = runtime::resolvePlan(cfg, layers, 1);
+    EXPECT_EQ(schedules::toString(plan.kind), spec.schedule);
+    EXPECT_EQ(plan.microbatches, spec.microbatches);
+    EXPECT_EQ(plan.replicas, spec.replicas);
+    ASSERT_EQ(plan.numStages(), static_cast<int>(spec.stages.size()));
+    for (int s = 0; s < plan.numStages(); ++s) {
+      SCOPED_TRACE("stage " + std::to_string(s));
+      const auto& got = plan.stages[s];
+      const auto& want = spec.stages[s];
+      EXPECT_EQ(got.first, want.first);
+      EXPECT_EQ(got.last, want.last);
+      EXPECT_EQ(got.forwardDevice, want.forwardDevice);
+      EXPECT_EQ(got.backwardDevice, want.backwardDevice);
+      EXPECT_EQ(got.stash, want.policy);
+      EXPECT_EQ(got.optimizer == schedules::OptimizerPlacement::Host, want.optimizerOnHost);
+      EXPECT_EQ(got.lookahead, spec.lookahead);
+    }
+    EXPECT_EQ(plan.numDevices(), spec.placement().numDevices());
   }
 }
