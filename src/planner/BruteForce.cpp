@@ -65,6 +65,95 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
   if (options.hostBudget >= 0)
     hostLimit = hostLimit < 0 ? options.hostBudget : std::min(hostLimit, options.hostBudget);
 
+  // Keeps `plan` when it fits and beats the best so far.
+  auto consider = [&](const PipelineShape& sh, const std::vector<StageEstimate>& chosen,
+                      const std::vector<int>& cut, bool allowed, auto makePlan) {
+    ++res.visited;
+    const PlanLoad load = planLoad(model, sh, chosen, cut);
+    bool ok = allowed && (hostLimit < 0 || load.hostBytes <= hostLimit);
+    std::int64_t peak = 0;
+    for (int d = 0; d < D && ok; ++d) {
+      if (limits[d] >= 0 && load.deviceMemory[d] > limits[d]) ok = false;
+      peak = std::max(peak, load.deviceMemory[d]);
+    }
+    if (!ok) return;
+    const double obj =
+        options.objective == Objective::Time ? sh.iterationTime(load.tau) : double(peak);
+    if (obj >= res.objective) return;
+    res.objective = obj;
+    res.feasible = true;
+    res.plan = makePlan();
+    evaluatePlan(model, res.plan);
+  };
+
+  // Note [Decoupled search]: Df forward and Db backward devices, every chain, every
+  // forward and every backward partition of the layers (each layer a segment), one policy
+  // and optimizer placement for all segments.
+  const bool decoupled = options.decoupledPlacements &&
+                         (options.maxStages == 0 || options.maxStages >= L) &&
+                         L <= kDecoupledExactLayers;
+  for (const ScheduleFamily& fam : families) {
+    if (!decoupled || !isSplit(fam.kind)) continue;
+    std::vector<int> Ms = microbatchCounts(options.batch, options.maxMicrobatches);
+    if (options.microbatches > 0)
+      Ms = options.batch % options.microbatches == 0 ? std::vector<int>{options.microbatches}
+                                                     : std::vector<int>{};
+    std::vector<int> layerCuts;
+    for (int l = 0; l <= L; ++l) layerCuts.push_back(l);
+    for (int M : Ms)
+      for (int n = 2; n <= D; ++n) {
+        std::vector<std::vector<int>> chains;
+        std::vector<int> cur;
+        std::vector<bool> used(D, false);
+        chainsOf(D, n, cur, used, chains);
+        for (int Df = 1; Df < n && Df <= L && n - Df <= L; ++Df) {
+          std::vector<std::vector<int>> fparts, bparts;
+          std::vector<int> c0{0};
+          partitionsOf(L, Df, c0, fparts);
+          c0 = {0};
+          partitionsOf(L, n - Df, c0, bparts);
+          for (const auto& chain : chains) {
+            PipelineShape sh = PipelineShape::of(fam.kind, L, M, options.batch, options.lookahead);
+            sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
+            sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
+            sh.forwardDevices = Df;
+            sh.backwardDevices = n - Df;
+            sh.chain = chain;
+            sh.corePace = model.corePace(sh);
+            sh.fill = model.fill(sh.kind);
+            for (const auto& [policy, host] : decoupledChoices(model, sh, fam.policies))
+              for (const auto& fc : fparts)
+                for (const auto& bc : bparts) {
+                  PipelineShape s2 = stageShape(sh, host);
+                  s2.forwardRange.assign(L, 0);
+                  s2.backwardRange.assign(L, 0);
+                  for (int a = 0; a < Df; ++a)
+                    for (int l = fc[a]; l < fc[a + 1]; ++l) s2.forwardRange[l] = a;
+                  for (int r = 0; r < n - Df; ++r)
+                    for (int l = bc[r]; l < bc[r + 1]; ++l) s2.backwardRange[l] = r;
+                  std::vector<StageEstimate> chosen;
+                  for (int l = 0; l < L; ++l)
+                    chosen.push_back(model.stage(s2, l, l, l + 1, policy));
+                  consider(s2, chosen, layerCuts, true, [&] {
+                    Plan p;
+                    p.family = fam.name;
+                    p.shape = s2;
+                    for (int l = 0; l < L; ++l) {
+                      StagePlan st;
+                      st.first = l;
+                      st.last = l + 1;
+                      st.policy = policy;
+                      st.optimizerOnHost = host;
+                      p.stages.push_back(st);
+                    }
+                    return p;
+                  });
+                }
+          }
+        }
+      }
+  }
+
   for (const ScheduleFamily& fam : families) {
     // Policies that behave identically under this placement are tried once.
     // A folded shape's middle stage (odd S) is not split: there every policy differs.
@@ -120,40 +209,22 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                   for (int k = 0; k < S; ++k)
                     if (inputStashOnly(cl, sh, k) && !schedules::isCheckpoint(pols[choice[k] / nO]))
                       allowed = false;
-                  ++res.visited;
                   std::vector<StageEstimate> chosen;
                   for (int k = 0; k < S; ++k) chosen.push_back(est[k][choice[k]]);
-                  const PlanLoad load = planLoad(model, sh, chosen, cut);
-                  const std::vector<std::int64_t>& mem = load.deviceMemory;
-                  const std::int64_t host = load.hostBytes;
-                  const double tau = load.tau;
-                  bool ok = allowed && (hostLimit < 0 || host <= hostLimit);
-                  std::int64_t peak = 0;
-                  for (int d = 0; d < D && ok; ++d) {
-                    if (limits[d] >= 0 && mem[d] > limits[d]) ok = false;
-                    peak = std::max(peak, mem[d]);
-                  }
-                  if (ok) {
-                    const double obj =
-                        options.objective == Objective::Time ? sh.iterationTime(tau) : double(peak);
-                    if (obj < res.objective) {
-                      res.objective = obj;
-                      res.feasible = true;
-                      Plan p;
-                      p.family = fam.name;
-                      p.shape = sh;
-                      for (int k = 0; k < S; ++k) {
-                        StagePlan st;
-                        st.first = cut[k];
-                        st.last = cut[k + 1];
-                        st.policy = pols[choice[k] / nO];
-                        st.optimizerOnHost = opts[choice[k] % nO];
-                        p.stages.push_back(st);
-                      }
-                      evaluatePlan(model, p);
-                      res.plan = p;
+                  consider(sh, chosen, cut, allowed, [&] {
+                    Plan p;
+                    p.family = fam.name;
+                    p.shape = sh;
+                    for (int k = 0; k < S; ++k) {
+                      StagePlan st;
+                      st.first = cut[k];
+                      st.last = cut[k + 1];
+                      st.policy = pols[choice[k] / nO];
+                      st.optimizerOnHost = opts[choice[k] % nO];
+                      p.stages.push_back(st);
                     }
-                  }
+                    return p;
+                  });
                   int k = 0;
                   while (k < S && ++choice[k] == static_cast<int>(pols.size()) * nO)
                     choice[k++] = 0;

@@ -390,6 +390,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // device (Note [PipeFB device order]): min(M, S + 1) stashes, one version, no weight
   // messages.
   const bool unsplitPipeFb = isSplit(shape.kind) && !split;
+  // Note [Decoupled devices]: a segment's links and waiting messages are its range's.
+  const bool decoupled = shape.decoupled();
   const int fd = shape.forwardDevice(k), bd = shape.backwardDevice(k);
   const ClusterDevice& fdev = cluster_.devices[fd];
   const ClusterDevice& bdev = cluster_.devices[bd];
@@ -418,10 +420,12 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // Note [Waiting messages]: activations sent to F ahead of it, gradients (and the last
   // stage's outputs) sent to B ahead of it. A folded device is charged both of its
   // stages' counts (each the most over the device's compute starts: an upper bound).
-  const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M, shape.folded);
-  const std::int64_t actsWaiting = wm.activations.at(k) * input;
-  const std::int64_t gradsWaiting =
-      wm.gradients.at(k) * output + (k == S - 1 ? wm.outputs * output : 0);
+  std::int64_t actsWaiting = 0, gradsWaiting = 0;
+  if (!decoupled) {
+    const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M, shape.folded);
+    actsWaiting = wm.activations.at(k) * input;
+    gradsWaiting = wm.gradients.at(k) * output + (k == S - 1 ? wm.outputs * output : 0);
+  }
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out.
   e.stashBytes = ckpt ? input : off ? graph : graph + output;
@@ -469,8 +473,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // Note [Weight snapshots]: one per F when PipeDream keeps copies (a STEP after every B).
   if (shape.kind == ScheduleKind::PipeDream && copies > 0)
     e.snapshotTime = range(snapshot_, first, last) / fspeed;
-  e.linkIn = linkTime(shape, k, first);
-  if (split && k == S - 1)
+  e.linkIn = decoupled ? 0.0 : linkTime(shape, k, first);
+  if (split && k == S - 1 && !decoupled)
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
@@ -574,6 +578,60 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   return e;
 }
 
+namespace {
+// Note [Decoupled devices]: a boundary between two devices of one pass waits as many
+// messages as the 2S-device form's (the forward devices never wait for a backward within
+// an iteration, and a backward device only for its stashes and the next range's gradients).
+const schedules::WaitingMessages& decoupledWaiting(ScheduleKind k, int M) {
+  return waitingFor(k, 2, M, false);
+}
+}  // namespace
+
+RangeBoundary CostModel::forwardRangeInput(const PipelineShape& shape, int a, int first) const {
+  RangeBoundary out;
+  if (a == 0) return out;
+  const std::int64_t bytes = scaled(inputBytes(first), scale(shape));
+  out.time =
+      cluster_.link(shape.forwardRangeDevice(a - 1), shape.forwardRangeDevice(a)).time(bytes);
+  out.bytes = decoupledWaiting(shape.kind, shape.microbatches).activations.at(1) * bytes;
+  return out;
+}
+
+RangeBoundary CostModel::backwardRangeOutput(const PipelineShape& shape, int r, int last) const {
+  RangeBoundary out;
+  const schedules::WaitingMessages& wm = decoupledWaiting(shape.kind, shape.microbatches);
+  const std::int64_t bytes = scaled(profile_.layers[last - 1].outputBytes, scale(shape));
+  const int to = shape.backwardRangeDevice(r);
+  if (r + 1 < shape.backwardDevices) {
+    out.time = cluster_.link(shape.backwardRangeDevice(r + 1), to).time(bytes);
+    out.bytes = wm.gradients.at(0) * bytes;
+  } else {
+    out.time = cluster_.link(shape.forwardRangeDevice(shape.forwardDevices - 1), to).time(bytes);
+    out.bytes = wm.outputs * bytes;
+  }
+  return out;
+}
+
+void DecoupledDevice::addForward(const StageEstimate& e) {
+  const int st = index(MemoryCategory::Stash), ws = index(MemoryCategory::WorkingSet);
+  const CategoryBytes& m = e.forwardMemory;
+  compute += e.forwardCompute;
+  copy += e.forwardCopy;
+  resident += total(m) - m[st] - m[ws];
+  largestA = std::max(largestA, e.stashBytes + m[ws]);
+  largestB = std::max(largestB, m[st] - e.stashBytes);
+}
+
+void DecoupledDevice::addBackward(const StageEstimate& e) {
+  const int st = index(MemoryCategory::Stash), ws = index(MemoryCategory::WorkingSet);
+  const CategoryBytes& m = e.backwardMemory;
+  compute += e.backwardCompute;
+  copy += e.backwardCopy;
+  resident += total(m) - m[st] - m[ws];
+  largestA = std::max(largestA, m[st]);
+  largestB = std::max(largestB, m[ws]);
+}
+
 double CostModel::foldedLinkTime(const PipelineShape& shape, int a, int actLayer,
                                  int gradLayer) const {
   const double f = scale(shape);
@@ -599,11 +657,48 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
   return both + std::max(whileF, whileB);
 }
 
+std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const PipelineShape& shape,
+                                            const std::vector<StageEstimate>& stages,
+                                            const std::vector<int>& cuts) {
+  const int S = static_cast<int>(stages.size());
+  std::vector<DecoupledRange> out;
+  for (bool backward : {false, true}) {
+    const std::vector<int>& range = backward ? shape.backwardRange : shape.forwardRange;
+    for (int k = 0; k < S; ++k) {
+      if (k == 0 || range[k] != range[k - 1]) {
+        DecoupledRange r;
+        r.backward = backward;
+        r.index = range[k];
+        r.first = k;
+        r.device = backward ? shape.backwardDevice(k) : shape.forwardDevice(k);
+        out.push_back(r);
+      }
+      DecoupledRange& r = out.back();
+      r.last = k + 1;
+      r.firstLayer = cuts[r.first];
+      r.lastLayer = cuts[k + 1];
+      backward ? r.load.addBackward(stages[k]) : r.load.addForward(stages[k]);
+    }
+  }
+  for (DecoupledRange& r : out)
+    r.boundary = r.backward ? model.backwardRangeOutput(shape, r.index, r.lastLayer)
+                            : model.forwardRangeInput(shape, r.index, r.firstLayer);
+  return out;
+}
+
 PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
                   const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
   const int S = static_cast<int>(stages.size());
   PlanLoad out;
   out.deviceMemory.assign(model.cluster().numDevices(), 0);
+  if (shape.decoupled()) {  // Note [Decoupled devices]
+    for (const StageEstimate& e : stages) out.hostBytes += e.hostBytes;
+    for (const DecoupledRange& r : decoupledRanges(model, shape, stages, cuts)) {
+      out.tau = std::max({out.tau, r.load.time(), r.boundary.time});
+      out.deviceMemory[r.device] += r.load.memory() + r.boundary.bytes;
+    }
+    return out;
+  }
   for (int k = 0; k < S; ++k) {
     const StageEstimate& e = stages[k];
     out.tau = std::max(out.tau, e.time);

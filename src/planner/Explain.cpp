@@ -59,6 +59,44 @@ std::string breakdown(const CategoryBytes& b) {
   return o.str();
 }
 
+// Note [Decoupled search]: each range in words, which ranges of the other pass it meets,
+// and what its device holds (Note [Decoupled devices]).
+std::string decoupledRangesInWords(const CostModel& model, const Plan& plan) {
+  std::vector<StageEstimate> est;
+  std::vector<int> cuts{0};
+  for (const StagePlan& s : plan.stages) est.push_back(s.estimate), cuts.push_back(s.last);
+  const std::vector<DecoupledRange> ranges = decoupledRanges(model, plan.shape, est, cuts);
+  std::ostringstream o;
+  const PipelineShape& sh = plan.shape;
+  o << "decoupled: " << sh.forwardDevices << " forward device(s) feed " << sh.backwardDevices
+    << " backward device(s); every segment's stash goes through the host pool\n";
+  for (const DecoupledRange& r : ranges) {
+    const char* pass = r.backward ? "backward" : "forward";
+    o << "  " << pass << " range " << r.index << ": "
+      << layerRange(model.profile(), r.firstLayer, r.lastLayer) << " on device " << r.device << ", "
+      << (r.backward ? "B" : "F") << " " << formatSeconds(r.load.compute)
+      << " per microbatch, holds " << formatBytes(r.load.memory() + r.boundary.bytes) << " ("
+      << formatBytes(r.load.resident) << " of states and buffers, " << formatBytes(r.load.largestA)
+      << (r.backward ? " of prefetched stashes, " : " of stash being built and F's work, ")
+      << formatBytes(r.load.largestB)
+      << (r.backward ? " of one segment's working set" : " of copies going out");
+    if (r.boundary.bytes > 0)
+      o << ", " << formatBytes(r.boundary.bytes)
+        << (r.backward ? " of gradients or outputs that can wait"
+                       : " of activations that can wait");
+    o << "); " << (r.backward ? "fed by forward range" : "feeds backward range");
+    bool first = true;
+    for (const DecoupledRange& q : ranges) {
+      if (q.backward == r.backward || q.lastLayer <= r.firstLayer || q.firstLayer >= r.lastLayer)
+        continue;
+      o << (first ? " " : ", ") << q.index << " (device " << q.device << ")";
+      first = false;
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
 }  // namespace
 
 std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t budget) {
@@ -89,7 +127,7 @@ std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t bu
       << " " << pad(mem(cat(m, MemoryCategory::Grads) + cat(m, MemoryCategory::OptimizerState)), 11)
       << " " << pad(stash, 16) << " " << pad(mem(cat(m, MemoryCategory::WorkingSet)), 11) << " "
       << pad(formatBytes(pipefb::planner::total(m)), 11) << "\n";
-    if (!e.same)
+    if (!e.same && !plan.shape.decoupled())
       o << pad("", 5) << " " << pad("  forward device " + std::to_string(s.forwardDevice), 34)
         << " " << pad("", 7 + 18 + 10 + 10 + 10 + 24 + 6) << " "
         << pad(mem(cat(e.forwardMemory, MemoryCategory::Weights)), 11) << " " << pad("-", 11) << " "
@@ -98,12 +136,16 @@ std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t bu
         << pad(formatBytes(pipefb::planner::total(e.forwardMemory)), 11) << "\n";
   }
   const PipelineShape& sh = plan.shape;
+  if (sh.decoupled()) o << decoupledRangesInWords(model, plan);
   o << "\n"
     << toString(sh.kind) << " (" << plan.family << "), " << sh.stages << " stages on "
     << sh.chainLength() << " devices"
-    << (sh.folded ? " (folded: device d runs F of stage d and B of stage S-1-d)" : "") << ", "
-    << sh.microbatches << " microbatches of " << sh.microbatchSize << ": predicted iteration "
-    << formatSeconds(plan.iterationTime) << ", "
+    << (sh.folded ? " (folded: device d runs F of stage d and B of stage S-1-d)" : "")
+    << (sh.decoupled() ? " (decoupled: " + std::to_string(sh.forwardDevices) + " forward, " +
+                             std::to_string(sh.backwardDevices) + " backward)"
+                       : "")
+    << ", " << sh.microbatches << " microbatches of " << sh.microbatchSize
+    << ": predicted iteration " << formatSeconds(plan.iterationTime) << ", "
     << lpad(
            [&] {
              char b[32];
@@ -143,11 +185,32 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
   int dev = be.binding == Resource::BackwardCompute || be.binding == Resource::BackwardCopy
                 ? plan.stages[bs].backwardDevice
                 : plan.stages[bs].forwardDevice;
-  o << "What sets the time: stage " << bs << " ("
-    << layerRange(prof, plan.stages[bs].first, plan.stages[bs].last) << ") on device " << dev
-    << ": its " << toString(be.binding) << " take(s) " << formatSeconds(be.time)
-    << " per microbatch";
-  if (plan.stages.size() > 1)
+  if (sh.decoupled()) {  // Note [Decoupled devices]: the busiest range, not a segment
+    std::vector<StageEstimate> est;
+    std::vector<int> cuts{0};
+    for (const StagePlan& s : plan.stages) est.push_back(s.estimate), cuts.push_back(s.last);
+    const auto ranges = decoupledRanges(model, sh, est, cuts);
+    auto busy = [](const DecoupledRange& r) { return std::max(r.load.time(), r.boundary.time); };
+    const DecoupledRange& b = *std::max_element(
+        ranges.begin(), ranges.end(),
+        [&](const DecoupledRange& x, const DecoupledRange& y) { return busy(x) < busy(y); });
+    double least = busy(b);
+    for (const auto& r : ranges) least = std::min(least, busy(r));
+    o << "What sets the time: " << (b.backward ? "backward" : "forward") << " range " << b.index
+      << " (" << layerRange(prof, b.firstLayer, b.lastLayer) << ") on device " << b.device << ": "
+      << (b.boundary.time >= b.load.time() ? "its boundary's message"
+          : b.load.copy > b.load.compute   ? "its copies"
+                                           : "its compute")
+      << " take(s) " << formatSeconds(busy(b)) << " per microbatch; the least busy range takes "
+      << formatSeconds(least) << " (balance " << static_cast<int>(100 * least / busy(b) + 0.5)
+      << "%)";
+  } else {
+    o << "What sets the time: stage " << bs << " ("
+      << layerRange(prof, plan.stages[bs].first, plan.stages[bs].last) << ") on device " << dev
+      << ": its " << toString(be.binding) << " take(s) " << formatSeconds(be.time)
+      << " per microbatch";
+  }
+  if (plan.stages.size() > 1 && !sh.decoupled())
     o << "; the fastest stage takes " << formatSeconds(lo) << " (balance "
       << static_cast<int>(100 * lo / be.time + 0.5) << "%)";
   o << ".\n";
@@ -181,7 +244,9 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       o << " of its " << formatBytes(lim) << " limit ("
         << static_cast<int>(100.0 * plan.deviceMemory[bd] / lim + 0.5) << "%)";
     o << ":";
+    if (sh.decoupled()) o << " its range, above.";
     for (const auto& s : plan.stages) {
+      if (sh.decoupled()) break;  // Note [Decoupled devices]: per range, not per segment
       if (s.backwardDevice == bd)
         o << " stage " << (&s - &plan.stages[0]) << " " << breakdown(s.estimate.backwardMemory)
           << " (" << s.estimate.inFlight << " stashes in flight under " << toString(sh.kind)
@@ -193,7 +258,13 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
     o << "\n";
   }
   // Policies.
-  for (size_t k = 0; k < plan.stages.size(); ++k) {
+  if (sh.decoupled()) {  // Note [Decoupled search]: one policy and placement for all
+    const StagePlan& s = plan.stages.front();
+    o << "Every segment uses " << schedules::toString(s.estimate.effective)
+      << (s.optimizerOnHost ? ", with its optimizer state and master weights in the host pool" : "")
+      << " (a decoupled plan takes one policy and one optimizer placement for all).\n";
+  }
+  for (size_t k = 0; k < plan.stages.size() && !sh.decoupled(); ++k) {
     const StagePlan& s = plan.stages[k];
     if (s.estimate.effective == StashPolicy::Keep) continue;
     const int d = s.backwardDevice;
@@ -225,7 +296,7 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
     o << ".\n";
   }
   // Note [Optimizer placement search]
-  for (size_t k = 0; k < plan.stages.size(); ++k) {
+  for (size_t k = 0; k < plan.stages.size() && !sh.decoupled(); ++k) {
     const StagePlan& s = plan.stages[k];
     if (!s.optimizerOnHost) continue;
     const std::int64_t opt = model.staticSum(s.first, s.last) - model.paramSum(s.first, s.last) -

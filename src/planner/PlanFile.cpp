@@ -166,6 +166,28 @@ bool PlanSpec::folded() const {
   return true;
 }
 
+namespace {
+// Maximal runs of consecutive stages on one device, [first, last) with the device.
+struct Run {
+  int first = 0, last = 0, device = 0;
+};
+std::vector<Run> runsOf(const std::vector<PlanStage>& stages, bool backward) {
+  std::vector<Run> out;
+  for (int k = 0; k < static_cast<int>(stages.size()); ++k) {
+    const int d = backward ? stages[k].backwardDevice : stages[k].forwardDevice;
+    if (out.empty() || out.back().device != d) out.push_back({k, k, d});
+    out.back().last = k + 1;
+  }
+  return out;
+}
+}  // namespace
+
+bool PlanSpec::decoupled() const {
+  if (!isSplit(parseScheduleKind(schedule)) || folded()) return false;
+  return runsOf(stages, false).size() < stages.size() ||
+         runsOf(stages, true).size() < stages.size();
+}
+
 std::vector<std::string> PlanSpec::optimizerOffload() const {
   std::vector<std::string> out;
   bool uniform = true;
@@ -296,11 +318,31 @@ Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
   p.shape.replicas = spec.replicas;
   p.shape.folded = spec.folded();
   const int S = p.shape.stages;
-  p.shape.chain.assign(p.shape.chainLength(), 0);
+  if (spec.decoupled()) {  // Note [Decoupled search]: the ranges and their devices
+    const auto fr = runsOf(spec.stages, false), br = runsOf(spec.stages, true);
+    PipelineShape& sh = p.shape;
+    sh.forwardDevices = static_cast<int>(fr.size());
+    sh.backwardDevices = static_cast<int>(br.size());
+    sh.chain.assign(sh.chainLength(), 0);
+    sh.forwardRange.assign(S, 0);
+    sh.backwardRange.assign(S, 0);
+    for (size_t a = 0; a < fr.size(); ++a) {
+      sh.chain[a] = fr[a].device;
+      for (int k = fr[a].first; k < fr[a].last; ++k) sh.forwardRange[k] = static_cast<int>(a);
+    }
+    for (size_t r = 0; r < br.size(); ++r) {
+      sh.chain[sh.chainLength() - 1 - r] = br[r].device;
+      for (int k = br[r].first; k < br[r].last; ++k) sh.backwardRange[k] = static_cast<int>(r);
+    }
+  } else {
+    p.shape.chain.assign(p.shape.chainLength(), 0);
+  }
   for (int k = 0; k < S; ++k) {
-    p.shape.chain[k] = spec.stages[k].forwardDevice;
-    if (isSplit(p.shape.kind) && !p.shape.folded)
-      p.shape.chain[2 * S - 1 - k] = spec.stages[k].backwardDevice;
+    if (!spec.decoupled()) {
+      p.shape.chain[k] = spec.stages[k].forwardDevice;
+      if (isSplit(p.shape.kind) && !p.shape.folded)
+        p.shape.chain[2 * S - 1 - k] = spec.stages[k].backwardDevice;
+    }
     StagePlan sp;
     sp.first = spec.stages[k].first;
     sp.last = spec.stages[k].last;

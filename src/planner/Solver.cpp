@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
@@ -884,6 +885,160 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
 }
 
 // ---------------------------------------------------------------------------------------
+// Decoupled partitions (Note [Decoupled search] in Solver.h)
+
+std::vector<std::pair<StashPolicy, bool>> decoupledChoices(
+    const CostModel& model, const PipelineShape& shape, const std::vector<StashPolicy>& policies) {
+  std::vector<std::pair<StashPolicy, bool>> out;
+  if (shape.replicas != 1) return out;
+  for (int d : shape.chain)  // Note [Devices and processes]: one process
+    if (!model.cluster().sameProcess(d, shape.chain.front())) return out;
+  for (StashPolicy p : policies) {
+    const StashPolicy e = schedules::effectivePolicy(p, true);
+    for (bool host : placementsOf(shape))
+      if (std::find(out.begin(), out.end(), std::pair{e, host}) == out.end())
+        out.emplace_back(e, host);
+  }
+  return out;
+}
+
+namespace {
+
+// One pass's partition of the L segments into `n` ranges on their devices: best[a][j] is
+// the least score (pace, or bytes) of ranges 0..a-1 covering layers [0, j); a range's
+// score is its device's (Note [Decoupled devices]) with its boundary's message, infinite
+// over the device's limit. Returns the cuts (n + 1 of them) and the score, or nothing.
+struct PassCuts {
+  double score = kInf;
+  std::vector<int> cuts;
+};
+
+// cost(a, i, j, d): the score of range a = [i, j) on its device, whose segments' load is d
+// (infinite over the device's limit); floor(a, d): a part of it that only grows with the
+// range, so the scan over i (j - 1 down to a - 1, one segment added each step) stops once
+// it reaches the cap.
+template <typename Cost, typename Floor>
+PassCuts partitionPass(int L, int n, double cap,
+                       const std::vector<const std::vector<StageEstimate>*>& est, bool forward,
+                       Cost cost, Floor floor) {
+  std::vector<std::vector<double>> best(n + 1, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int>> arg(n + 1, std::vector<int>(L + 1, -1));
+  best[0][0] = 0;
+  for (int a = 1; a <= n; ++a)
+    for (int j = a; j <= L - (n - a); ++j) {
+      DecoupledDevice d;
+      for (int i = j - 1; i >= a - 1; --i) {
+        forward ? d.addForward((*est[a - 1])[i]) : d.addBackward((*est[a - 1])[i]);
+        if (floor(a - 1, d) >= cap) break;
+        if (best[a - 1][i] >= cap) continue;
+        const double c = std::max(best[a - 1][i], cost(a - 1, i, j, d));
+        if (c < best[a][j]) best[a][j] = c, arg[a][j] = i;
+      }
+    }
+  PassCuts out;
+  if (!(best[n][L] < cap)) return out;
+  out.score = best[n][L];
+  out.cuts.assign(n + 1, L);
+  for (int a = n, j = L; a >= 1; --a) out.cuts[a - 1] = j = arg[a][j];
+  return out;
+}
+
+}  // namespace
+
+std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineShape& shapeIn,
+                                        const std::vector<StashPolicy>& policies,
+                                        const std::vector<std::int64_t>& limits,
+                                        std::int64_t hostLimit, Objective objective, double bound) {
+  const int L = model.numLayers(), Df = shapeIn.forwardDevices, Db = shapeIn.backwardDevices;
+  if (Df < 1 || Db < 1 || Df > L || Db > L || !isSplit(shapeIn.kind)) return std::nullopt;
+  const bool time = objective == Objective::Time;
+  std::optional<Plan> best;
+  for (const auto& [policy, host] : decoupledChoices(model, shapeIn, policies)) {
+    PipelineShape sh = stageShape(shapeIn, host);
+    sh.stages = L;
+    // Segment estimates per (range, layer): a segment's forward part depends only on its
+    // forward device, its backward part only on its backward device, and of that device
+    // only on its speed and host link (one process: Note [Devices and processes] does not
+    // enter), so devices alike share them.
+    std::map<std::tuple<double, double, double>, std::vector<StageEstimate>> cache[2];
+    auto estimates = [&](int ranges, bool backward) {
+      std::vector<const std::vector<StageEstimate>*> out;
+      for (int a = 0; a < ranges; ++a) {
+        const ClusterDevice& dev =
+            model.cluster()
+                .devices[backward ? sh.backwardRangeDevice(a) : sh.forwardRangeDevice(a)];
+        auto key = std::make_tuple(dev.speed, dev.host.bandwidth, dev.host.latency);
+        auto it = cache[backward].find(key);
+        if (it == cache[backward].end()) {
+          PipelineShape probe = sh;
+          probe.forwardRange.assign(L, backward ? 0 : a);
+          probe.backwardRange.assign(L, backward ? a : 0);
+          std::vector<StageEstimate> v;
+          for (int l = 0; l < L; ++l) v.push_back(model.stage(probe, l, l, l + 1, policy));
+          it = cache[backward].emplace(key, std::move(v)).first;
+        }
+        out.push_back(&it->second);
+      }
+      return out;
+    };
+    const auto fwd = estimates(Df, false);
+    const auto bwd = estimates(Db, true);
+    std::int64_t hostBytes = 0;
+    for (const StageEstimate& e : *fwd[0]) hostBytes += e.hostBytes;
+    if (hostLimit >= 0 && hostBytes > hostLimit) continue;
+    const double cap = best ? std::min(bound, time ? best->tau : double(best->peakMemory)) : bound;
+    auto over = [&](int device, std::int64_t bytes) {
+      return limits[device] >= 0 && bytes > limits[device];
+    };
+    auto score = [&](int device, const DecoupledDevice& d, const RangeBoundary& b) {
+      const std::int64_t mem = d.memory() + b.bytes;
+      if (over(device, mem)) return kInf;
+      return time ? std::max(d.time(), b.time) : double(mem);
+    };
+    // What only grows with a range: its device's time or bytes (infinite once over).
+    auto floorAt = [&](int device, const DecoupledDevice& d) {
+      if (over(device, d.memory())) return kInf;
+      return time ? d.time() : double(d.memory());
+    };
+    const PassCuts fp = partitionPass(
+        L, Df, cap, fwd, true,
+        [&](int a, int i, int j, const DecoupledDevice& d) {
+          return score(sh.forwardRangeDevice(a), d, model.forwardRangeInput(sh, a, i));
+        },
+        [&](int a, const DecoupledDevice& d) { return floorAt(sh.forwardRangeDevice(a), d); });
+    if (fp.cuts.empty()) continue;
+    const PassCuts bp = partitionPass(
+        L, Db, cap, bwd, false,
+        [&](int a, int i, int j, const DecoupledDevice& d) {
+          if (a + 1 == Db && j != L) return kInf;  // the last range ends at the model's end
+          return score(sh.backwardRangeDevice(a), d, model.backwardRangeOutput(sh, a, j));
+        },
+        [&](int a, const DecoupledDevice& d) { return floorAt(sh.backwardRangeDevice(a), d); });
+    if (bp.cuts.empty()) continue;
+    Plan plan;
+    plan.shape = sh;
+    plan.shape.forwardRange.assign(L, 0);
+    plan.shape.backwardRange.assign(L, 0);
+    for (int a = 0; a < Df; ++a)
+      for (int l = fp.cuts[a]; l < fp.cuts[a + 1]; ++l) plan.shape.forwardRange[l] = a;
+    for (int r = 0; r < Db; ++r)
+      for (int l = bp.cuts[r]; l < bp.cuts[r + 1]; ++l) plan.shape.backwardRange[l] = r;
+    for (int l = 0; l < L; ++l) {
+      StagePlan st;
+      st.first = l;
+      st.last = l + 1;
+      st.policy = policy;
+      st.optimizerOnHost = host;
+      plan.stages.push_back(st);
+    }
+    evaluatePlan(model, plan);
+    if (!best || (time ? plan.tau < best->tau : plan.peakMemory < best->peakMemory))
+      best = std::move(plan);
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------
 // The search over shapes
 
 namespace {
@@ -896,6 +1051,65 @@ struct Job {
 
 double objectiveOf(const Plan& p, Objective o) {
   return o == Objective::Time ? p.iterationTime : double(p.peakMemory);
+}
+
+// Note [Decoupled search]: PipeFB families also as (M, Df, Db, chain) shapes, each
+// with a lower bound of its objective: the pace of both passes spread over their devices,
+// or the states spread over the chain.
+template <typename Chains>
+void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
+                      const std::vector<ScheduleFamily>& families, Chains& chains,
+                      std::vector<Job>& jobs, SolveResult& res) {
+  const int D = model.cluster().numDevices(), L = model.numLayers();
+  if (!options.decoupledPlacements || (options.maxStages > 0 && options.maxStages < L)) return;
+  const Profile& prof = model.profile();
+  double sumF = 0, sumB = 0, sumStep = 0;
+  std::int64_t sumStatic = 0, sumW = 0;
+  for (const auto& l : prof.layers) {
+    sumW += l.paramBytes;
+    sumF += l.forward;
+    sumB += l.backward;
+    sumStep += l.step;
+    sumStatic += l.paramBytes + l.gradBytes +
+                 (options.optimizerOffload == OptimizerOffload::None ? l.optimizerBytes : 0);
+  }
+  for (const ScheduleFamily& fam : families) {
+    if (!isSplit(fam.kind)) continue;
+    if (L > kDecoupledExactLayers) {
+      res.decoupledSkipped = true;
+      continue;
+    }
+    std::vector<int> Ms = microbatchCounts(options.batch, options.maxMicrobatches);
+    if (options.microbatches > 0)
+      Ms = options.batch % options.microbatches == 0 ? std::vector<int>{options.microbatches}
+                                                     : std::vector<int>{};
+    for (int M : Ms)
+      for (int n = 2; n <= D; ++n)
+        for (const auto& ch : chains(n))
+          for (int Df = 1; Df < n; ++Df) {
+            PipelineShape sh = PipelineShape::of(fam.kind, L, M, options.batch, options.lookahead);
+            sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
+            sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
+            sh.forwardDevices = Df;
+            sh.backwardDevices = n - Df;
+            sh.chain = ch;
+            sh.corePace = model.corePace(sh);  // Note [Shared cores]
+            sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
+            double bound;
+            if (options.objective == Objective::Time) {
+              const double f = double(sh.microbatchSize) / double(prof.microbatch);
+              double sf = 0, sb = 0;
+              for (int a = 0; a < Df; ++a) sf += model.speed(sh, sh.forwardRangeDevice(a));
+              for (int r = 0; r < n - Df; ++r) sb += model.speed(sh, sh.backwardRangeDevice(r));
+              const double step = sumStep * stepsPerMicrobatch(fam.kind, M);
+              bound = sh.iterationTime(std::max(sumF * f / sf, (sumB * f + step) / sb));
+            } else {
+              // The backward devices hold every W + G (+ O), the forward ones every W.
+              bound = std::max(double(sumStatic) / (n - Df), double(sumW) / Df);
+            }
+            jobs.push_back({&fam, sh, bound});
+          }
+  }
 }
 
 SolveResult search(const CostModel& model, const SolverOptions& options,
@@ -981,6 +1195,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
         }
       }
     }
+  addDecoupledJobs(model, options, families, chains, jobs, res);
   std::stable_sort(jobs.begin(), jobs.end(),
                    [](const Job& a, const Job& b) { return a.bound < b.bound; });
   res.shapesTotal = static_cast<long>(jobs.size());
@@ -998,8 +1213,11 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
       bound = options.objective == Objective::Time ? worst / job.shape.slots() : worst;
       bound *= 1 + 1e-12;
     }
-    auto plan = solveShape(model, job.shape, job.family->policies, limits, hostLimit,
-                           options.objective, bound);
+    auto plan = job.shape.decoupled()
+                    ? solveDecoupledShape(model, job.shape, job.family->policies, limits, hostLimit,
+                                          options.objective, bound)
+                    : solveShape(model, job.shape, job.family->policies, limits, hostLimit,
+                                 options.objective, bound);
     if (!plan) continue;
     plan->family = job.family->name;
     const double v = objectiveOf(*plan, options.objective);
@@ -1098,11 +1316,13 @@ SolveResult solve(const CostModel& model, const SolverOptions& options) {
       prefetchFurther(model, r.candidates[i], limits, host, options.lookahead);
     }
     // Among the simulated, those that fit first, then by simulated iteration time.
-    std::stable_sort(r.candidates.begin(), r.candidates.begin() + n,
-                     [](const Plan& a, const Plan& b) {
-                       if (a.simFits != b.simFits) return a.simFits;
-                       return a.simIterationTime < b.simIterationTime;
-                     });
+    std::stable_sort(
+        r.candidates.begin(), r.candidates.begin() + n, [](const Plan& a, const Plan& b) {
+          if (a.simFits != b.simFits) return a.simFits;
+          // (A plan the simulator cannot run keeps its predicted time.)
+          auto t = [](const Plan& p) { return p.simulated ? p.simIterationTime : p.iterationTime; };
+          return t(a) < t(b);
+        });
     r.best = r.candidates.front();
   }
   if (options.objective == Objective::Time && !r.feasible) {
@@ -1125,6 +1345,8 @@ SolveResult solve(const CostModel& model, const SolverOptions& options) {
 void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int64_t>& limits,
                   std::int64_t hostLimit) {
   const PipelineShape& sh = plan.shape;
+  // Note [Decoupled search]: the generators do not run several segments per device yet.
+  if (sh.decoupled()) return;
   const int S = sh.stages;
   std::vector<schedules::StagePlacement> sp;
   std::vector<StashPolicy> policies;

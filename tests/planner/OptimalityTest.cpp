@@ -98,8 +98,11 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   int feasible = 0, infeasible = 0, withHost = 0, heterogeneous = 0, nonKeep = 0;
   int processBound = 0;  // instances whose optimum the process restriction made worse
   int folded = 0;        // optima that fold PipeFB onto S devices (Note [Folded search])
+  int decoupled = 0;     // optima with decoupled partitions (Note [Decoupled search])
   for (int id = 0; id < 300; ++id) {
     Instance in = randomInstance(rng, id);
+    // Every other instance without decoupled shapes, which otherwise beat the folded ones.
+    in.options.decoupledPlacements = id % 2 == 0;
     CostModel m(in.profile, in.cluster);
     SolveResult dp = solve(m, in.options);
     BruteForceResult bf = bruteForce(m, in.options);
@@ -129,6 +132,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
         << ") vs brute force " << bf.objective << " (" << bf.plan.family
         << " S=" << bf.plan.shape.stages << " M=" << bf.plan.shape.microbatches << ")";
     if (bf.plan.shape.folded) ++folded;
+    if (bf.plan.shape.decoupled()) ++decoupled;
     for (const auto& st : dp.best.stages)
       if (st.policy != StashPolicy::Keep) {
         ++nonKeep;
@@ -138,8 +142,8 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   std::printf(
       "optimality: 300 instances, %d feasible, %d infeasible, %d with a host-pool "
       "budget, %d heterogeneous, %d optima use a non-keep policy, %d optima bound by "
-      "the process restriction, %d folded\n",
-      feasible, infeasible, withHost, heterogeneous, nonKeep, processBound, folded);
+      "the process restriction, %d folded, %d decoupled\n",
+      feasible, infeasible, withHost, heterogeneous, nonKeep, processBound, folded, decoupled);
   // (137 since the cost model charges the messages that can wait on a device, Note
   // [Waiting messages]; 140 before.)
   EXPECT_GE(feasible, 130);
@@ -147,6 +151,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   EXPECT_GE(nonKeep, 20);
   EXPECT_GE(processBound, 5);
   EXPECT_GE(folded, 1);  // 2 before folded devices were charged their waiting messages
+  EXPECT_GE(decoupled, 1);
 }
 
 // Note [Replicated pipelines]: with replicas the DP still equals the exhaustive search, on
@@ -350,4 +355,54 @@ TEST(SolverOptimality, ZeroBubbleFamiliesEqualExhaustiveSearch) {
               feasible, zeroBubble);
   EXPECT_GE(feasible, 50);
   EXPECT_GE(zeroBubble, 20);
+}
+
+// Note [Decoupled search]: with PipeFB's forward and backward partitions chosen apart
+// (every layer a segment, Df forward and Db backward devices), the DP still equals the
+// exhaustive search, for the fastest plan under a budget and for the smallest budget, with
+// the optimizer's place chosen too on a third of the instances.
+TEST(SolverOptimality, DecoupledPartitionsEqualExhaustiveSearch) {
+  std::mt19937 rng(1616);
+  int feasible = 0, decoupled = 0, memoryChecked = 0, memoryDecoupled = 0;
+  for (int id = 0; id < 150; ++id) {
+    Instance in = randomInstance(rng, id);
+    in.options.schedules = parseScheduleFamilies(
+        {"1f1b", "pipefb-sync", "pipefb-async", "pipefb-sync-checkpoint-offload"});
+    if (id % 3 == 0) in.options.optimizerOffload = OptimizerOffload::PerStage;
+    // Decoupled shapes run in one process; a quarter of the instances keep the drawn
+    // processes (where a chain across processes is not decoupled).
+    if (id % 4 != 0)
+      for (auto& d : in.cluster.devices) d.process = 0;
+    CostModel m(in.profile, in.cluster);
+    SolveResult dp = solve(m, in.options);
+    BruteForceResult bf = bruteForce(m, in.options);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << id;
+    if (bf.feasible) {
+      ++feasible;
+      ASSERT_TRUE(sameValue(dp.best.iterationTime, bf.objective))
+          << "instance " << id << ": dp " << dp.best.iterationTime << " (" << dp.best.family
+          << (dp.best.shape.decoupled() ? " decoupled" : "") << ") vs brute force " << bf.objective
+          << " (" << bf.plan.family << (bf.plan.shape.decoupled() ? " decoupled" : "") << ")";
+      decoupled += bf.plan.shape.decoupled();
+    }
+    SolverOptions mo = in.options;
+    mo.objective = Objective::Memory;
+    SolveResult dm = minimalBudget(m, mo);
+    BruteForceResult bm = bruteForce(m, mo);
+    ASSERT_EQ(dm.minimalBudget >= 0, bm.feasible) << "instance " << id;
+    if (!bm.feasible) continue;
+    ++memoryChecked;
+    ASSERT_EQ(double(dm.minimalBudget), bm.objective) << "instance " << id;
+    // The plan the DP returns costs what it says (planLoad of its own ranges).
+    ASSERT_EQ(dm.minimalPlan->peakMemory, dm.minimalBudget) << "instance " << id;
+    memoryDecoupled += bm.plan.shape.decoupled();
+  }
+  std::printf(
+      "decoupled optimality: 150 instances, %d feasible (%d optima decoupled), %d smallest "
+      "budgets (%d decoupled)\n",
+      feasible, decoupled, memoryChecked, memoryDecoupled);
+  EXPECT_GE(feasible, 50);
+  EXPECT_GE(decoupled, 5);
+  EXPECT_GE(memoryChecked, 50);
+  EXPECT_GE(memoryDecoupled, 10);
 }

@@ -333,7 +333,7 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
         " --set data.synthetic_test=32";
     const std::string plan =
         "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet" +
-        (isSplit(family) ? " --no-folded" : "");  // the 2S form (folded: below)
+        (isSplit(family) ? " --no-folded --no-decoupled" : "");  // the 2S form (folded: below)
     auto lo = test::runProgram(plan + " --budget 1KiB");
     const std::int64_t budget = smallestBudget(lo.out);
     ASSERT_GT(budget, 0) << family << "\n" << lo.out;
@@ -381,7 +381,7 @@ TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
         " --set data.name=synthetic --set data.synthetic_train=64 --set data.synthetic_test=32";
     const std::string planFile = dir_ + "/" + family + ".yaml";
     auto p = test::runProgram("pipefb_plan " + sets + " --schedules " + family +
-                              " --microbatches 4 --quiet -o " + planFile);
+                              " --microbatches 4 --no-decoupled --quiet -o " + planFile);
     ASSERT_EQ(p.code, 0) << family << "\n" << p.out;
     const YAML::Node plan = YAML::LoadFile(planFile);
     bool folded = false;

@@ -962,3 +962,71 @@ TEST(SolverLiteral, FoldedMiddleStageIsNotSplit) {
   EXPECT_EQ(p->stages[1].estimate.inFlight, 2);
   EXPECT_EQ(p->stages[1].estimate.backwardMemory[index(pipefb::MemoryCategory::Stash)], 20);
 }
+
+namespace pipefb::planner {
+namespace {
+
+// Note [Decoupled devices]: a decoupled plan (every layer a segment, here one forward device
+// feeding one backward device) holds on its backward device the states of its range, the
+// prefetched stashes (lookahead + 1 of the largest) and ONE segment's recomputed graph, not
+// the range's: 3 layers of W = G = 10, saved 100, input and output 5 per sample, one sample
+// per microbatch, M = 4, checkpoint-offload. Per segment B holds its graph 100, its output's
+// gradient 5, its weight gradients 10 and (after the first) its input's gradient 5: 120; the
+// range's states 3 x 20 = 60; 2 input stashes of 5; and the model's outputs that can wait
+// (Note [Waiting messages], 3 of 5 at M = 4): 60 + 10 + 120 + 15 = 205. The same layers as
+// one split stage recompute all three layers' graphs at once (300 of them).
+TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
+  Profile p = testing::timesProfile({1, 1, 1});
+  p.inputBytes = 5;
+  for (auto& l : p.layers) {
+    l.backward = 2;
+    l.recompute = 1;
+    l.paramBytes = l.gradBytes = 10;
+    l.savedBytes = 100;
+    l.outputBytes = 5;
+    l.noGradForwardBytes = 10;
+  }
+  CostModel m(p, testing::freeCluster(2));
+  Plan plan;
+  plan.shape = shapeOf(ScheduleKind::PipeFbSync, 3, 4, {0, 1});
+  plan.shape.forwardDevices = plan.shape.backwardDevices = 1;
+  plan.shape.forwardRange = plan.shape.backwardRange = {0, 0, 0};
+  for (int l = 0; l < 3; ++l) {
+    StagePlan st;
+    st.first = l;
+    st.last = l + 1;
+    st.policy = StashPolicy::CheckpointOffload;
+    plan.stages.push_back(st);
+  }
+  evaluatePlan(m, plan);
+  EXPECT_EQ(plan.stages[2].forwardDevice, 0);
+  EXPECT_EQ(plan.stages[0].backwardDevice, 1);
+  EXPECT_EQ(plan.deviceMemory[1], 205);
+  PipelineShape whole = shapeOf(ScheduleKind::PipeFbSync, 1, 4, {0, 1});
+  const StageEstimate one = m.stage(whole, 0, 0, 3, StashPolicy::CheckpointOffload);
+  EXPECT_GE(total(one.backwardMemory), 300);
+  // Compute adds up over the range's segments: B with its recompute, 3 x (2 + 1).
+  EXPECT_DOUBLE_EQ(plan.tau, 9);
+}
+
+// Note [Decoupled search]: given the devices, the solver puts the light forward passes of
+// all layers on one device and splits the backward passes over the others; "0/1 0/2 0/3"
+// for equal layers whose B is three times F.
+TEST(SolverLiteral, OneForwardDeviceFeedsThreeBackwardDevices) {
+  Profile p = testing::timesProfile({1, 1, 1});
+  for (auto& l : p.layers) l.backward = 3;
+  CostModel m(p, testing::freeCluster(4));
+  SolverOptions o = testing::only("pipefb-sync-offload", 8);
+  o.microbatches = 8;
+  o.foldedPlacements = false;
+  SolveResult r = solve(m, o);
+  ASSERT_TRUE(r.feasible);
+  ASSERT_TRUE(r.best.shape.decoupled());
+  std::vector<schedules::StagePlacement> got;
+  for (const StagePlan& s : r.best.stages) got.push_back({s.forwardDevice, s.backwardDevice});
+  EXPECT_EQ(schedules::Placement(got).toString(), "0/3 0/2 0/1");
+  EXPECT_DOUBLE_EQ(r.best.tau, 3);
+}
+
+}  // namespace
+}  // namespace pipefb::planner

@@ -31,12 +31,14 @@ std::string errorOf(const std::function<void()>& f) {
 
 // A plan from the solver, written and read back, sets the config's pipeline.
 Plan solvedPlan(const config::Config& cfg, const std::string& family, std::string* yaml,
-                bool folded = false, OptimizerOffload opt = OptimizerOffload::None) {
+                bool folded = false, OptimizerOffload opt = OptimizerOffload::None,
+                bool decoupled = false) {
   Planning pl = setupPlanning(cfg, SetupOptions{});
   SolverOptions o = pl.solver;
   o.schedules = parseScheduleFamilies({family});
   o.simulateTop = 0;
   o.foldedPlacements = folded;
+  o.decoupledPlacements = decoupled;
   o.optimizerOffload = opt;
   SolveResult r = solve(*pl.model, o);
   EXPECT_TRUE(r.feasible);

@@ -245,6 +245,20 @@ struct PipelineShape {
   int replicas = 1;
   /// PipeFB only: B(k) on chain[S-1-k] instead of chain[2S-1-k] (S devices, not 2S).
   bool folded = false;
+  /// PipeFB only, Note [Decoupled search]: forwardDevices = Df > 0 makes a decoupled
+  /// shape. Every layer is a segment (stage k = layer k, stages = L); chain[0 .. Df) run the
+  /// forward ranges in layer order, chain[Df + Db - 1 - r] the backward range r (so the
+  /// device after the last forward device runs the last layers' backward).
+  /// forwardRange[k] / backwardRange[k]: the range segment k belongs to (non-decreasing;
+  /// the solver fills them in).
+  int forwardDevices = 0, backwardDevices = 0;
+  std::vector<int> forwardRange, backwardRange;
+  bool decoupled() const { return forwardDevices > 0; }
+  /// Device of forward range a / backward range r of a decoupled shape.
+  int forwardRangeDevice(int a) const { return chain.at(a); }
+  int backwardRangeDevice(int r) const {
+    return chain.at(forwardDevices + backwardDevices - 1 - r);
+  }
   std::vector<int> chain;
   /// When set (one per stage), stage k may use only stagePolicies[k]: a config's
   /// per-stage pipeline.stash list that pipefb_train partitions for (plannerPartition).
@@ -266,12 +280,18 @@ struct PipelineShape {
     return sh;
   }
 
-  int forwardDevice(int k) const { return chain.at(k); }
+  int forwardDevice(int k) const {
+    return decoupled() ? forwardRangeDevice(forwardRange.at(k)) : chain.at(k);
+  }
   int backwardDevice(int k) const {
+    if (decoupled()) return backwardRangeDevice(backwardRange.at(k));
     if (!isSplit(kind)) return chain.at(k);
     return chain.at(folded ? stages - 1 - k : 2 * stages - 1 - k);
   }
-  int chainLength() const { return isSplit(kind) && !folded ? 2 * stages : stages; }
+  int chainLength() const {
+    if (decoupled()) return forwardDevices + backwardDevices;
+    return isSplit(kind) && !folded ? 2 * stages : stages;
+  }
   /// Stage k runs F and B on two devices (folded: every stage but the middle one of odd S).
   bool splits(int k) const { return isSplit(kind) && !(folded && 2 * k + 1 == stages); }
   /// The least pace the shared cores allow (Note [Shared cores]); CostModel::corePace()
@@ -363,6 +383,58 @@ double foldedDeviceTime(const StageEstimate& forwardPart, const StageEstimate& b
 std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
                                 const StageEstimate& backwardPart);
 
+/// Note [Decoupled devices]
+/// A decoupled shape (Note [Decoupled search] in Solver.h) runs every layer as its own
+/// segment; a device runs the F of every segment of its forward range, or the B of every
+/// segment of its backward range, one segment at a time. Every segment boundary is stashed
+/// through the host pool (the segment's input under a checkpoint kind, its saved graph
+/// under offload), so what a device holds at once is:
+///   forward device: the weights (and async's old copies) and comm buffers of all its
+///     segments, plus the largest (stash being built + F's working set) of one segment,
+///     plus the largest of the copies still going out (Note [Offloads in flight]: the
+///     copy engine's bound, whichever segment they came from);
+///   backward device: weights, gradients, optimizer state and comm buffers of all its
+///     segments, plus the largest resident prefetched stashes (lookahead + 1 of them) and
+///     the largest working set of one segment: one segment's recomputed graph under a
+///     checkpoint kind, never a whole range's;
+/// and per range boundary (CostModel::forwardRangeInput / backwardRangeOutput): the link
+/// message's time and the messages that can wait there (Note [Waiting messages]). Consecutive
+/// segments on one device hand their activations and gradients over locally: no message.
+/// Compute and copy times add up over the device's segments (each a resource of its own).
+struct DecoupledDevice {
+  double compute = 0, copy = 0;
+  std::int64_t resident = 0;  // summed over the segments
+  std::int64_t largestA = 0;  // forward: stash built + working set; backward: resident stashes
+  std::int64_t largestB = 0;  // forward: copies going out; backward: working set
+  void addForward(const StageEstimate& e);
+  void addBackward(const StageEstimate& e);
+  double time() const { return compute > copy ? compute : copy; }
+  std::int64_t memory() const { return resident + largestA + largestB; }
+};
+/// A range boundary's charge: the message's link time and the bytes that can wait.
+struct RangeBoundary {
+  double time = 0;
+  std::int64_t bytes = 0;
+};
+
+/// One range of a decoupled plan on its device: segments [first, last) = layers
+/// [firstLayer, lastLayer), the device's load and its boundary's message (Note [Decoupled
+/// devices]).
+struct DecoupledRange {
+  bool backward = false;
+  int index = 0;  // range number within its pass, in layer order
+  int first = 0, last = 0;
+  int firstLayer = 0, lastLayer = 0;
+  int device = 0;
+  DecoupledDevice load;
+  RangeBoundary boundary;
+};
+/// The forward ranges, then the backward ranges, of a decoupled `shape` whose segment k
+/// = layers [cuts[k], cuts[k+1]) has the estimate stages[k]; planLoad charges exactly these.
+std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const PipelineShape& shape,
+                                            const std::vector<StageEstimate>& stages,
+                                            const std::vector<int>& cuts);
+
 /// Pace, memory per cluster device and host bytes of a partition (stage k = [cuts[k],
 /// cuts[k+1]) with estimate stages[k]): evaluatePlan and the brute force both read it.
 struct PlanLoad {
@@ -396,6 +468,13 @@ class CostModel {
   /// activations of the boundary at layer `actLayer` and the gradients of the one at
   /// `gradLayer` (boundary a+1 and boundary S-1-a); the sum of both messages' times.
   double foldedLinkTime(const PipelineShape& shape, int a, int actLayer, int gradLayer) const;
+  /// Note [Decoupled devices]: what forward range a >= 1 of a decoupled shape, starting at
+  /// layer `first`, pays for its input (from forward range a - 1's device).
+  RangeBoundary forwardRangeInput(const PipelineShape& shape, int a, int first) const;
+  /// What backward range r, ending at layer `last`, pays for the gradient of its output
+  /// (from range r + 1's device), or, the last range, for the model's output (from the last
+  /// forward device).
+  RangeBoundary backwardRangeOutput(const PipelineShape& shape, int r, int last) const;
   /// A lower bound of stage(...).time that never decreases as the stage grows.
   double computeLowerBound(const PipelineShape& shape, int k, int first, int last) const;
   /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.

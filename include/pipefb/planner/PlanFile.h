@@ -54,6 +54,9 @@ struct PlanSpec {
   schedules::Placement placement() const;
   /// PipeFB folded onto S devices (Note [Folded placements]): B(k) runs where F(S-1-k) does.
   bool folded() const;
+  /// PipeFB with decoupled partitions (Note [Decoupled search], Solver.h): some device
+  /// runs the forwards, or the backwards, of more than one stage.
+  bool decoupled() const;
   /// pipeline.optimizer_offload per stage ("host" | "none"), one value when all agree.
   std::vector<std::string> optimizerOffload() const;
 };

@@ -53,6 +53,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipefb/planner/CostModel.h"
@@ -73,6 +74,36 @@ std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>
 /// Folded PipeFB shapes (Note [Folded search] in Solver.cpp) are searched up to this many
 /// layers (their DP is O(S L^4) at worst).
 inline constexpr int kFoldedExactLayers = 64;
+
+/// Note [Decoupled search]
+/// PipeFB's forward chain and backward chain each get their own cut points and their own
+/// devices: Df forward devices run the forward ranges, Db other devices the backward
+/// ranges (Df + Db <= D; "0/1 0/2 0/3": one forward device feeds three backward devices).
+/// The solver cuts the chain at every layer (each layer is a segment, a PipelineStage
+/// with its own forward and backward device) and stashes every segment boundary through
+/// the host pool, so a backward device recomputes (checkpoint kinds) or prefetches
+/// (offload) one layer's stash at a time, whatever its range (Note [Decoupled devices] in
+/// CostModel.h). Of all segmentations that refine the range cuts, the finest holds the
+/// least on every device (each device's stash and working-set terms are maxima over its
+/// segments, which only shrink when a segment is cut), at the price of more copies: their
+/// time and host bytes are charged, and under a host budget a coarser segmentation that
+/// would fit is not tried. With every layer a segment, a device's cost depends only on its
+/// own range (and, at its ends, the boundary's message), so the forward partition and the
+/// backward partition are two independent prefix DPs (Solver.cpp, solveDecoupledShape),
+/// one stash policy and one optimizer placement for the whole shape (both enumerated), and
+/// the DP is exact for that space; BruteForce.h enumerates it too. Shapes are (M, Df, Db,
+/// chain of Df + Db devices), searched up to kDecoupledExactLayers layers (a plan of more
+/// segments than that would be dominated by per-action overheads the profile does not
+/// see), with one pipeline (replicas = 1) and all chain devices in one process (across
+/// processes a segment's forward device would send its stash rather than offload it,
+/// Note [Devices and processes], which couples the two passes' costs). Pruning: each pass's
+/// scan over a range's start stops once the range's compute (or bytes) reaches the cap, a
+/// monotone floor; segment estimates are shared by devices of the same speed and host link;
+/// and each shape has a lower bound (the work of each pass spread over its devices; the
+/// states of the backward devices and the weights of the forward devices spread over them)
+/// by which the search skips it. 64 layers x 64 devices then plan in about the time of the
+/// other shapes (bench_planner --layers 64; experiments/README.md says how long).
+inline constexpr int kDecoupledExactLayers = 64;
 
 /// Note [Optimizer placement search]
 /// Where each stage's optimizer state and master weights may live (pipeline.
@@ -111,6 +142,8 @@ struct SolverOptions {
   int maxReplicas = 1;
   /// Note [Folded search]: PipeFB families are also searched folded onto S devices.
   bool foldedPlacements = true;
+  /// Note [Decoupled search]: PipeFB families are also searched decoupled.
+  bool decoupledPlacements = true;
   /// Note [Optimizer placement search]
   OptimizerOffload optimizerOffload = OptimizerOffload::None;
   int keepTop = 4;      // candidates kept (distinct shapes) for re-scoring
@@ -164,6 +197,9 @@ struct SolveResult {
   /// Note [Folded search] (Solver.cpp): the model has more than kFoldedExactLayers layers,
   /// so PipeFB was searched only in its 2S-device form.
   bool foldedSkipped = false;
+  /// Note [Decoupled search]: more than kDecoupledExactLayers layers, not searched
+  /// decoupled.
+  bool decoupledSkipped = false;
   double seconds = 0;
 };
 
@@ -176,6 +212,21 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
                                const std::vector<std::int64_t>& limits, std::int64_t hostLimit,
                                Objective objective,
                                double bound = std::numeric_limits<double>::infinity());
+
+/// Note [Decoupled search]: the best decoupled plan of `shape` (forwardDevices,
+/// backwardDevices and chain set; its ranges are chosen), or nullopt.
+std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineShape& shape,
+                                        const std::vector<StashPolicy>& policies,
+                                        const std::vector<std::int64_t>& limits,
+                                        std::int64_t hostLimit, Objective objective,
+                                        double bound = std::numeric_limits<double>::infinity());
+
+/// The stash policies and optimizer placements a decoupled shape may take (each for all of
+/// its segments): the family's policies as a split stage runs them; none when the chain
+/// spans processes or the shape is replicated. The DP and the brute force both enumerate
+/// these.
+std::vector<std::pair<StashPolicy, bool>> decoupledChoices(
+    const CostModel& model, const PipelineShape& shape, const std::vector<StashPolicy>& policies);
 
 /// The whole search. With objective Time and nothing feasible, also searches for the
 /// smallest feasible budget (objective Memory).

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   int maxStages = 0, maxReplicas = 1;
   SearchFlags search;
   search.simulateTop = 4;
-  bool quiet = false, noFolded = false;
+  bool quiet = false, noFolded = false, noDecoupled = false;
   addConfigOptions(app, configPath, overrides);
   app.add_option("--budget,-b", budgetText,
                  "memory budget per device (e.g. 2GiB; default: capacity)");
@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-folded", noFolded,
                "search PipeFB only on 2S devices, not folded onto S (device d runs F of stage d "
                "and B of stage S-1-d); pipefb_train runs only the 2S-device form today");
+  app.add_flag("--no-decoupled", noDecoupled,
+               "do not search PipeFB with forward and backward partitions of their own (Df "
+               "forward devices feeding Db backward devices, every layer a segment)");
   app.add_option("--out,-o", out, "plan file to write (plan.yaml)");
   app.add_flag("--quiet,-q", quiet, "print only the summary line");
   return runProgram("pipefb_plan", app, argc, argv, [&] {
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
     o.maxStages = maxStages;
     o.maxReplicas = maxReplicas;
     o.foldedPlacements = !noFolded;
+    o.decoupledPlacements = !noDecoupled;
     const CostModel& model = *pl.model;
     std::cout << "model " << model.profile().model << ": " << model.numLayers() << " layers, "
               << pl.profileText << " profile; cluster " << model.cluster().name << " ("
@@ -88,6 +92,9 @@ int main(int argc, char** argv) {
               << (r.foldedSkipped ? "; PipeFB not searched folded (over " +
                                         std::to_string(kFoldedExactLayers) + " layers)"
                                   : std::string())
+              << (r.decoupledSkipped ? "; PipeFB not searched decoupled (over " +
+                                           std::to_string(kDecoupledExactLayers) + " layers)"
+                                     : std::string())
               << "\n\n";
     PlanContext ctx{configPath, model.profile().model, pl.profileText, model.cluster().name,
                     o.budget,   o.hostBudget};
@@ -133,7 +140,8 @@ int main(int argc, char** argv) {
                 << explainPlan(model, r.best, o.budget, free) << "\n";
     writePlanFile(out, model, r.best, ctx);
     std::cout << "plan written to " << out << ": " << toString(r.best.shape.kind)
-              << (r.best.shape.folded ? " folded" : "") << ", " << r.best.shape.stages
+              << (r.best.shape.folded ? " folded" : "")
+              << (r.best.shape.decoupled() ? " decoupled" : "") << ", " << r.best.shape.stages
               << " stages, "
               << (r.best.shape.replicas > 1 ? std::to_string(r.best.shape.replicas) + " replicas, "
                                             : std::string())
