@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "Channels.h"
 #include "SplitBackward.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
@@ -38,9 +39,6 @@ using schedules::Action;
 using schedules::ActionType;
 using schedules::StashKind;
 using Tensor = torch::Tensor;
-
-// Thrown inside a worker whose receive was woken because the pipeline is stopping.
-struct Cancelled {};
 
 // Note [Weights, versions and replicas]
 // A *replica* is one set of modules for the layers of a stage, with its tensors in one
@@ -240,88 +238,7 @@ struct StashEntry {
 };
 using StashPtr = std::shared_ptr<StashEntry>;
 
-enum class Chan : std::uint8_t { Act, Grad, Weights, Input, Target, Stash };
-
-struct ChanKey {
-  Chan kind;
-  int stage;
-  int index;
-  int device;  // receiver (-1 for the host stash registry)
-  bool operator<(const ChanKey& o) const {
-    return std::tie(kind, stage, index, device) < std::tie(o.kind, o.stage, o.index, o.device);
-  }
-};
-
-struct Message {
-  std::vector<Tensor> tensors;
-  StashPtr stash;
-};
-
-// In-process mailboxes. A receive blocks until its message is there, or throws
-// Cancelled once the pipeline stops.
-class Channels {
- public:
-  void put(const ChanKey& k, Message m) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      PIPEFB_ASSERT(!box_.count(k), "duplicate message on a channel");
-      box_.emplace(k, std::move(m));
-    }
-    cv_.notify_all();
-  }
-  Message take(const ChanKey& k) {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      if (closed_) throw Cancelled{};
-      auto it = box_.find(k);
-      if (it != box_.end()) {
-        Message m = std::move(it->second);
-        box_.erase(it);
-        return m;
-      }
-      cv_.wait(lock);
-    }
-  }
-  std::optional<Message> tryTake(const ChanKey& k) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = box_.find(k);
-    if (it == box_.end()) return std::nullopt;
-    Message m = std::move(it->second);
-    box_.erase(it);
-    return m;
-  }
-  void close() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-  }
-  // Drops every message (their tensors are freed on the calling thread).
-  void clear() {
-    std::map<ChanKey, Message> old;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      old.swap(box_);
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<ChanKey, Message> box_;
-  bool closed_ = false;
-};
-
 using Key = std::pair<int, int>;  // (stage, microbatch)
-
-// Note [Message tags] in ProcessGroup.cpp: c10d tags stay below 2^29. The microbatch
-// index (run-wide, so it carries the iteration) wraps at 2^17, far more than are ever in
-// flight between two ranks; stages < 256.
-inline int64_t tagOf(const ChanKey& k) {
-  return ((static_cast<int64_t>(k.index) & ((1 << 17) - 1)) * 256 + (k.stage & 255)) * 8 +
-         static_cast<int>(k.kind);
-}
 
 template <class V>
 V takeFrom(std::map<Key, V>& m, Key k, const char* what) {
@@ -462,17 +379,7 @@ struct PipelineEngine::Impl {
   double secondsSinceOrigin(int64_t ns) const { return static_cast<double>(ns - t0) * 1e-9; }
   int64_t originNs(double seconds) const { return t0 + std::llround(seconds * 1e9); }
 
-  // Note [Channels across processes]
-  // With EngineOptions::group (one process per device, issue 8) this process runs the
-  // worker of device group->rank() mod D only. A message to or from a device of another
-  // process is a c10d send/recv (pipefb/dist/ProcessGroup.h) under tagOf(its ChanKey);
-  // between devices of this process it stays a mailbox. Sends never block (the group
-  // holds the buffer until delivered), receives block until the peer sent, died, or
-  // distributed.timeout passed (PeerError: the failure names the action and the rank).
-  // The stash of a stage whose F and B run in different processes can only be its stage
-  // input (checkpoint kinds, checked in build()): OFF sends it from host memory, PRE posts
-  // its receive on a helper thread, and B waits for it. The loss is all-reduced in
-  // step(), so every rank returns it.
+  // Note [Channels across processes] (Channels.h): a device of this process?
   bool isLocal(int d) const;
   // Hybrid data + pipeline parallelism (pipeline.replicas = R): rank = replica x D + device;
   // AR(s) all-reduces stage s's gradients over replicaGroup, the ranks of this device.

@@ -740,52 +740,6 @@ void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
   releaseVersion(st, mb);
 }
 
-namespace {
-Tensor copyInto(const Tensor& t, memory::MemoryDomain& domain, MemoryCategory category) {
-  memory::MemoryScope scope(domain, category);
-  return t.detach().clone();
-}
-}  // namespace
-
-bool PipelineEngine::Impl::isLocal(int d) const { return !options.group || d == myDevice; }
-
-// Note [Channels across processes]
-void PipelineEngine::Impl::post(int peer, const ChanKey& k, std::vector<Tensor> tensors) {
-  if (isLocal(peer)) {
-    Message m;
-    for (const auto& t : tensors)
-      m.tensors.push_back(copyInto(t, *devices[peer].domain, MemoryCategory::CommBuffers));
-    channels.put(k, std::move(m));
-    return;
-  }
-  memory::MemoryScope scope(MemoryCategory::CommBuffers);  // the send buffer until delivered
-  options.group->send(std::move(tensors), rankOf(peer), tagOf(k));
-}
-
-std::vector<Tensor> PipelineEngine::Impl::receive(int peer, const ChanKey& k) {
-  if (isLocal(peer)) return channels.take(k).tensors;
-  memory::MemoryScope scope(MemoryCategory::CommBuffers);
-  return options.group->recv(rankOf(peer), tagOf(k));
-}
-
-void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
-  Tensor t = takeFrom(dev.acts, {a.stage, a.index}, "activation");
-  post(a.peer, {Chan::Act, a.stage, a.index, a.peer}, {t});
-}
-
-void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
-  dev.acts[{a.stage, a.index}] = receive(a.peer, {Chan::Act, a.stage, a.index, dev.id}).at(0);
-}
-
-void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
-  Tensor t = takeFrom(dev.grads, {a.stage, a.index}, "gradient");
-  post(a.peer, {Chan::Grad, a.stage, a.index, a.peer}, {t});
-}
-
-void PipelineEngine::Impl::execRecvGrad(DeviceState& dev, const Action& a) {
-  dev.grads[{a.stage, a.index}] = receive(a.peer, {Chan::Grad, a.stage, a.index, dev.id}).at(0);
-}
-
 // Note [Weight-version offload in the runtime]
 // OFFW/PREW/DROPW (Note [Weight-version offload] in Lowering.h) move a stashed version's
 // replica (Note [Weights, versions and replicas]) under TransferKey {1, stage, version},
