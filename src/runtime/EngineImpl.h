@@ -21,6 +21,7 @@
 
 #include "Channels.h"
 #include "SplitBackward.h"
+#include "Stash.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
 #include "pipefb/dist/ProcessGroup.h"
@@ -224,19 +225,6 @@ inline ReplicaPtr makeReplica(const std::shared_ptr<ShellPool>& pool, int stage,
     delete p;
   });
 }
-
-// What B(s,m) needs from F(s,m) (DESIGN.md, "stash").
-struct StashEntry {
-  bool graph = false;  // keep: the autograd graph of F; else a checkpoint of the input
-  Tensor input;        // graph: the leaf F ran on; checkpoint: the saved stage input
-  Tensor output;       // graph: the root of the graph
-  ReplicaPtr replica;  // graph: the weights it ran on; checkpoint: a snapshot, or null
-  // graph under the offload policy: what autograd saved (Note [Saved-tensor hooks]).
-  std::shared_ptr<offload::SavedTensorGroup> saved;
-  bool onHost = false;       // its tensors are with the transfer manager
-  int stage = 0, index = 0;  // (stage, microbatch): its transfer key
-};
-using StashPtr = std::shared_ptr<StashEntry>;
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
 
@@ -468,12 +456,16 @@ struct PipelineEngine::Impl {
   // stage, checkpoint).
   void releaseVersion(StageState& st, int mb);
 
+  // The stash registry (Stash.h).
   StashPtr takeStash(DeviceState& dev, int stage, int mb);
   void bringToDevice(DeviceState& dev, StashEntry& e);
   ReplicaPtr forwardReplica(StageState& st, int mb);
   ReplicaPtr backwardReplica(StageState& st, int mb, const StashEntry& e);
-  void bringVersionBack(StageState& st,
-                        int version);  // Note [Weight-version offload in the runtime]
+  // Note [Weight-version offload in the runtime]: OFFW, PREW, DROPW and B's acquire.
+  void bringVersionBack(StageState& st, int version);
+  void offloadVersion(DeviceState& dev, const Action& a);
+  void prefetchVersion(DeviceState& dev, const Action& a);
+  void dropVersion(DeviceState& dev, const Action& a);
   void stepOnHost(DeviceState& dev, StageState& st, int index);  // Note [Optimizer offload]
   void waitCopy(DeviceState& dev, const std::shared_future<void>& copy);
 

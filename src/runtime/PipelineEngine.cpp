@@ -462,60 +462,6 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
   dev.acts[{a.stage, a.index}] = out;
 }
 
-StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
-  auto it = dev.stashes.find({stage, mb});
-  if (it != dev.stashes.end()) {
-    StashPtr e = it->second;
-    dev.stashes.erase(it);
-    return e;
-  }
-  if (!isLocal(stages[stage].fDev)) {  // Note [Channels across processes]
-    std::vector<Tensor> t;
-    auto f = dev.remoteStash.find({stage, mb});
-    if (f != dev.remoteStash.end()) {
-      t = f->second.get();
-      dev.remoteStash.erase(f);
-    } else {
-      memory::MemoryScope scope(MemoryCategory::Stash);
-      t = options.group->recv(rankOf(stages[stage].fDev), tagOf({Chan::Stash, stage, mb, dev.id}));
-    }
-    auto e = std::make_shared<StashEntry>();
-    e->input = t.at(0);
-    e->stage = stage;
-    e->index = mb;
-    return e;
-  }
-  // Offloaded and not prefetched yet (its OFF ran after our PRE): fetch it now.
-  StashPtr e = channels.take({Chan::Stash, stage, mb, -1}).stash;
-  bringToDevice(dev, *e);
-  return e;
-}
-
-// Note [Asynchronous host copies]
-// (It replaces Note [Synchronous host copies].) OFF and PRE go through the data-transfer
-// manager (pipefb/offload/TransferManager.h), one copy engine per device:
-//  * OFF s.m hands the stash's tensors to the forward device's copy engine (D2H into the
-//    host pool); the device copy goes when the copy is done, not at the end of OFF
-//    (Note [Resident offloaded stashes]). What is offloaded: the stage input for the
-//    checkpoint kinds; everything autograd saved (Note [Saved-tensor hooks]) for the
-//    offload policy, and for keep on a split PipeFB stage (effectivePolicy()).
-//    The rest of the entry (graph root, replica) travels through the host registry
-//    (Chan::Stash) and holds no device memory.
-//  * PRE s.m queues the H2D copy into the backward device's domain on its copy engine. It
-//    never blocks the compute thread: when the OFF has not run yet (another device's), the
-//    copy engine waits for it.
-//  * B acquires the stash: it waits for the copy (counted as stall) or, with no PRE
-//    before it, issues the copy itself.
-void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
-  if (!e.onHost) return;
-  auto tensors = transfers->acquire(dev.id, {0, e.stage, e.index}, *dev.domain);
-  if (e.saved)
-    e.saved->restore(std::move(tensors));
-  else
-    e.input = std::move(tensors.at(0));
-  e.onHost = false;
-}
-
 PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceState& dev,
                                                                         const Action& a) {
   StageState& st = stages[a.stage];
@@ -798,79 +744,28 @@ void PipelineEngine::Impl::bringVersionBack(StageState& st, int v) {
   st.away.erase(v);
 }
 
-void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
-  if (a.stash == StashKind::Weights) {  // Note [Weight-version offload in the runtime]
-    StageState& st = stages[a.stage];
-    auto it = st.versions.find(a.index);
-    if (it == st.versions.end() || st.away.count(a.index))
-      throw InternalError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
-                          ": that weight version is not on device " + std::to_string(dev.id));
-    std::vector<Tensor> bytes;
-    for (const auto& p : it->second->params) bytes.push_back(takeStorage(p));
-    st.away.insert(a.index);
-    transfers->offload(dev.id, versionKey(a.stage, a.index), std::move(bytes),
-                       MemoryCategory::WeightVersions);
-    return;
-  }
-  if (!isLocal(stages[a.stage].bDev)) {  // Note [Channels across processes]
-    StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
-    PIPEFB_ASSERT(!e->graph, "a graph stash cannot cross processes");
-    memory::MemoryScope scope(*host, MemoryCategory::CommBuffers);  // held until delivered
-    const int to = stages[a.stage].bDev;
-    options.group->send({e->input}, rankOf(to), tagOf({Chan::Stash, a.stage, a.index, to}));
-    return;
-  }
-  // Note [Asynchronous host copies]
-  StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
-  e->stage = a.stage;
-  e->index = a.index;
-  if (!e->graph) {
-    std::vector<Tensor> t{std::move(e->input)};
-    e->input = Tensor();
-    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t));
-    e->onHost = true;
-  } else if (e->saved) {
-    transfers->offload(dev.id, {0, a.stage, a.index}, e->saved->take());
-    e->onHost = true;
-  }
-  channels.put({Chan::Stash, a.stage, a.index, -1}, {{}, e});
+void PipelineEngine::Impl::offloadVersion(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  auto it = st.versions.find(a.index);
+  if (it == st.versions.end() || st.away.count(a.index))
+    throw InternalError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
+                        ": that weight version is not on device " + std::to_string(dev.id));
+  std::vector<Tensor> bytes;
+  for (const auto& p : it->second->params) bytes.push_back(takeStorage(p));
+  st.away.insert(a.index);
+  transfers->offload(dev.id, versionKey(a.stage, a.index), std::move(bytes),
+                     MemoryCategory::WeightVersions);
 }
 
-void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
-  if (a.stash == StashKind::Weights) {  // Note [Weight-version offload in the runtime]
-    transfers->prefetch(dev.id, versionKey(a.stage, a.index), *dev.domain,
-                        MemoryCategory::WeightVersions);
-    return;
-  }
-  if (!isLocal(stages[a.stage].fDev)) {  // Note [Channels across processes]
-    auto group = options.group;
-    memory::MemoryDomain* domain = dev.domain;
-    const int from = rankOf(stages[a.stage].fDev);
-    const int64_t tag = tagOf({Chan::Stash, a.stage, a.index, dev.id});
-    dev.remoteStash[{a.stage, a.index}] =
-        std::async(std::launch::async, [group, domain, from, tag] {
-          memory::MemoryScope scope(*domain, MemoryCategory::Stash);
-          return group->recv(from, tag);
-        });
-    return;
-  }
-  // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
-  // offloaded (keep handed over on a split stage without saved tensors) has no copy.
-  if (stages[a.stage].recompute || stages[a.stage].offloadSaved)
-    transfers->prefetch(dev.id, {0, a.stage, a.index}, *dev.domain);
+void PipelineEngine::Impl::prefetchVersion(DeviceState& dev, const Action& a) {
+  transfers->prefetch(dev.id, versionKey(a.stage, a.index), *dev.domain,
+                      MemoryCategory::WeightVersions);
 }
 
-void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
-  if (a.stash == StashKind::Weights) {  // Note [Weight-version offload in the runtime]
-    StageState& st = stages[a.stage];
-    if (st.away.erase(a.index)) transfers->drop(versionKey(a.stage, a.index));
-    st.versions.erase(a.index);
-    return;
-  }
-  if (!dev.stashes.erase({a.stage, a.index})) {
-    channels.tryTake({Chan::Stash, a.stage, a.index, -1});
-    transfers->drop({0, a.stage, a.index});
-  }
+void PipelineEngine::Impl::dropVersion(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  if (st.away.erase(a.index)) transfers->drop(versionKey(a.stage, a.index));
+  st.versions.erase(a.index);
 }
 
 void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {

@@ -1,0 +1,105 @@
+// The stash registry: OFF, PRE and DROP of stashes, and B's take (Stash.h, Note
+// [Asynchronous host copies]). Weight versions go through WeightVersions.
+#include "Stash.h"
+
+#include <future>
+
+#include "EngineImpl.h"
+#include "pipefb/memory/MemoryScope.h"
+
+namespace pipefb::runtime {
+
+StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
+  auto it = dev.stashes.find({stage, mb});
+  if (it != dev.stashes.end()) {
+    StashPtr e = it->second;
+    dev.stashes.erase(it);
+    return e;
+  }
+  if (!isLocal(stages[stage].fDev)) {  // Note [Channels across processes]
+    std::vector<Tensor> t;
+    auto f = dev.remoteStash.find({stage, mb});
+    if (f != dev.remoteStash.end()) {
+      t = f->second.get();
+      dev.remoteStash.erase(f);
+    } else {
+      memory::MemoryScope scope(MemoryCategory::Stash);
+      t = options.group->recv(rankOf(stages[stage].fDev), tagOf({Chan::Stash, stage, mb, dev.id}));
+    }
+    auto e = std::make_shared<StashEntry>();
+    e->input = t.at(0);
+    e->stage = stage;
+    e->index = mb;
+    return e;
+  }
+  // Offloaded and not prefetched yet (its OFF ran after our PRE): fetch it now.
+  StashPtr e = channels.take({Chan::Stash, stage, mb, -1}).stash;
+  bringToDevice(dev, *e);
+  return e;
+}
+
+void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
+  if (!e.onHost) return;
+  auto tensors = transfers->acquire(dev.id, {0, e.stage, e.index}, *dev.domain);
+  if (e.saved)
+    e.saved->restore(std::move(tensors));
+  else
+    e.input = std::move(tensors.at(0));
+  e.onHost = false;
+}
+
+void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
+  if (a.stash == StashKind::Weights) return offloadVersion(dev, a);
+  if (!isLocal(stages[a.stage].bDev)) {  // Note [Channels across processes]
+    StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
+    PIPEFB_ASSERT(!e->graph, "a graph stash cannot cross processes");
+    memory::MemoryScope scope(*host, MemoryCategory::CommBuffers);  // held until delivered
+    const int to = stages[a.stage].bDev;
+    options.group->send({e->input}, rankOf(to), tagOf({Chan::Stash, a.stage, a.index, to}));
+    return;
+  }
+  // Note [Asynchronous host copies]
+  StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
+  e->stage = a.stage;
+  e->index = a.index;
+  if (!e->graph) {
+    std::vector<Tensor> t{std::move(e->input)};
+    e->input = Tensor();
+    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t));
+    e->onHost = true;
+  } else if (e->saved) {
+    transfers->offload(dev.id, {0, a.stage, a.index}, e->saved->take());
+    e->onHost = true;
+  }
+  channels.put({Chan::Stash, a.stage, a.index, -1}, {{}, e});
+}
+
+void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
+  if (a.stash == StashKind::Weights) return prefetchVersion(dev, a);
+  if (!isLocal(stages[a.stage].fDev)) {  // Note [Channels across processes]
+    auto group = options.group;
+    memory::MemoryDomain* domain = dev.domain;
+    const int from = rankOf(stages[a.stage].fDev);
+    const int64_t tag = tagOf({Chan::Stash, a.stage, a.index, dev.id});
+    dev.remoteStash[{a.stage, a.index}] =
+        std::async(std::launch::async, [group, domain, from, tag] {
+          memory::MemoryScope scope(*domain, MemoryCategory::Stash);
+          return group->recv(from, tag);
+        });
+    return;
+  }
+  // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
+  // offloaded (keep handed over on a split stage without saved tensors) has no copy.
+  if (stages[a.stage].recompute || stages[a.stage].offloadSaved)
+    transfers->prefetch(dev.id, {0, a.stage, a.index}, *dev.domain);
+}
+
+void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {
+  if (a.stash == StashKind::Weights) return dropVersion(dev, a);
+  if (!dev.stashes.erase({a.stage, a.index})) {
+    channels.tryTake({Chan::Stash, a.stage, a.index, -1});
+    transfers->drop({0, a.stage, a.index});
+  }
+}
+
+}  // namespace pipefb::runtime
