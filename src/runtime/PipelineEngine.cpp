@@ -69,27 +69,6 @@ int PipelineEngine::Impl::iterationOf(const Action& a) const {
   return a.index / M;
 }
 
-void PipelineEngine::Impl::precomputeVersions(StageState& st) {
-  const int N = static_cast<int>(K) * M;
-  st.fVersion.assign(N, 0);
-  st.bVersion.assign(N, 0);
-  int v = 0;
-  for (const Action& a : plan.schedule.devices[st.fDev]) {
-    if (a.stage != st.index) continue;
-    if (a.type == ActionType::RecvWeights) v = a.index + 1;
-    if (a.type == ActionType::Step && !st.split) v = a.index + 1;
-    if (a.type == ActionType::Forward) st.fVersion[a.index] = v;
-  }
-  v = 0;
-  for (const Action& a : plan.schedule.devices[st.bDev]) {
-    if (a.stage != st.index) continue;
-    if (a.type == ActionType::Step) v = a.index + 1;
-    if (a.isInputBackward()) st.bVersion[a.index] = v;
-  }
-  for (int m = 0; m < N; ++m)
-    if (st.fVersion[m] != st.bVersion[m]) st.lastUse[st.fVersion[m]] = m;
-}
-
 void PipelineEngine::Impl::build() {
   // Note [The plan is the program]: everything below comes from `pipeline` (checked and
   // lowered by schedules::lowerPlan) and `options`; nothing is re-derived here.
@@ -361,47 +340,6 @@ void PipelineEngine::Impl::execute(DeviceState& dev, const Action& a) {
   PIPEFB_ASSERT(false, "unknown action type " << static_cast<int>(a.type));
 }
 
-// The weights F(s,m) runs on (Note [Weights, versions and replicas]).
-ReplicaPtr PipelineEngine::Impl::forwardReplica(StageState& st, int mb) {
-  if (st.split) return st.fwd;
-  if (st.fVersion[mb] == st.bVersion[mb]) return st.master;
-  // A STEP comes between F and B on this device: run on (and stash) a snapshot.
-  // Note [Snapshots share buffers]: a snapshot versions the weights only. Its buffers are
-  // the master's, so that the forwards it runs update the stage's BatchNorm statistics
-  // (with copies, pipedream lost every update made on a snapshot).
-  ReplicaPtr snap = st.snapshot.lock();
-  // The validator refuses an OFFW before the version's last F; its storage is gone.
-  PIPEFB_ASSERT(!(snap && snap->version == st.masterVersion && st.away.count(st.masterVersion)),
-                "F" << st.index << "." << mb << " runs on weight version " << st.masterVersion
-                    << ", which is in the host pool");
-  if (!snap || snap->version != st.masterVersion) {
-    snap = makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
-                       *devices[st.fDev].domain, MemoryCategory::WeightVersions,
-                       /*shareBuffers=*/true);
-    st.snapshot = snap;
-    // Note [Weight-version offload in the runtime]: OFFW/DROPW find it here.
-    if (st.offloadWeights) st.versions[st.masterVersion] = snap;
-  }
-  return snap;
-}
-
-ReplicaPtr PipelineEngine::Impl::backwardReplica(StageState& st, int mb, const StashEntry& e) {
-  const int v = st.fVersion[mb];
-  // Before B or its recompute reads it; a B on the live weights (fVersion == bVersion)
-  // does not need the stashed copy of the same version number.
-  if (st.fVersion[mb] != st.bVersion[mb] && st.away.count(v)) bringVersionBack(st, v);
-  if (e.replica) return e.replica;
-  if (st.predict && v > 0) {  // Note [Weight prediction]: F ran on the prediction
-    if (v == st.masterVersion) return st.predicted;
-  } else if (v == st.masterVersion) {
-    return st.master;
-  }
-  auto it = st.versions.find(v);
-  PIPEFB_ASSERT(it != st.versions.end(),
-                "weight version " << v << " of stage " << st.index << " was not kept");
-  return it->second;
-}
-
 void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
   const Key in{a.stage - 1, a.index};
@@ -528,11 +466,6 @@ void PipelineEngine::Impl::zeroStaleGrads(StageState& st) {
   torch::NoGradGuard noGrad;
   for (auto& p : st.master->params) p.mutable_grad().zero_();
   st.gradsStale = false;
-}
-
-void PipelineEngine::Impl::releaseVersion(StageState& st, int mb) {
-  auto lu = st.lastUse.find(st.fVersion[mb]);
-  if (lu != st.lastUse.end() && lu->second == mb) st.versions.erase(st.fVersion[mb]);
 }
 
 void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
@@ -686,114 +619,9 @@ void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
   releaseVersion(st, mb);
 }
 
-// Note [Weight-version offload in the runtime]
-// OFFW/PREW/DROPW (Note [Weight-version offload] in Lowering.h) move a stashed version's
-// replica (Note [Weights, versions and replicas]) under TransferKey {1, stage, version},
-// category weight_versions on the device and in the host pool:
-//  * OFFW hands the parameters' bytes to the device's copy engine and leaves the replica's
-//    parameters without storage: the StorageImpl each parameter shares with every view of
-//    it (a pending autograd graph holds views, e.g. Linear's weight.t()) gives up its
-//    DataPtr, which the copy owns and frees when its D2H copy is done (Note [Release as
-//    copied]). Swapping storage like this is what FSDP does to free parameters that views
-//    and graphs still name. Buffers stay (snapshots share the master's).
-//  * PREW queues the H2D copy into the device's domain; B acquires it before it or its
-//    recompute reads the version (stall counted) and the prefetched DataPtrs go back into
-//    the same StorageImpls, so the graph, the snapshot and the stash see the weights again.
-//  * DROPW forgets the version: the replica goes (with its last stash) and so does any
-//    copy still in the host pool.
-// Same-device stages (pipedream) keep their snapshots in StageState::versions from their
-// first F to DROPW; split stages (pipefb-async, checkpoint kinds) keep the version made at
-// STEP there as before.
-namespace {
-// The bytes of `p` as a tensor of their own; `p` (and its views) keep a storage without data.
-Tensor takeStorage(const Tensor& p) {
-  c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
-  PIPEFB_ASSERT(p.is_contiguous() && p.storage_offset() == 0 &&
-                    impl->nbytes() == static_cast<size_t>(tensorBytes(p)),
-                "a weight version's parameter does not own its storage");
-  c10::Storage owned(c10::Storage::use_byte_size_t(), impl->nbytes(),
-                     impl->set_data_ptr(c10::DataPtr(nullptr, impl->device())),
-                     /*allocator=*/nullptr, /*resizable=*/false);
-  torch::NoGradGuard noGrad;
-  return torch::empty({0}, p.options()).set_(owned, 0, p.sizes(), p.strides());
-}
-// Gives `p`'s storage the bytes of `t` (same size, contiguous): the inverse of takeStorage.
-void giveStorage(const Tensor& p, const Tensor& t) {
-  c10::StorageImpl* dst = p.storage().unsafeGetStorageImpl();
-  c10::StorageImpl* src = t.storage().unsafeGetStorageImpl();
-  PIPEFB_ASSERT(!dst->data() && t.is_contiguous() && t.storage_offset() == 0 &&
-                    src->nbytes() == dst->nbytes(),
-                "weight version restored into a parameter of another size");
-  dst->set_data_ptr(src->set_data_ptr(c10::DataPtr(nullptr, src->device())));
-}
-offload::TransferKey versionKey(int stage, int version) { return {1, stage, version}; }
-}  // namespace
-
-void PipelineEngine::Impl::bringVersionBack(StageState& st, int v) {
-  DeviceState& dev = devices[st.bDev];
-  auto it = st.versions.find(v);
-  PIPEFB_ASSERT(it != st.versions.end(), "weight version " << v << " of stage " << st.index
-                                                           << " was offloaded and forgotten");
-  auto tensors = transfers->acquire(dev.id, versionKey(st.index, v), *dev.domain,
-                                    MemoryCategory::WeightVersions);
-  const auto& params = it->second->params;
-  PIPEFB_ASSERT(tensors.size() == params.size(), "weight version came back with "
-                                                     << tensors.size() << " of " << params.size()
-                                                     << " parameters");
-  for (size_t i = 0; i < params.size(); ++i) giveStorage(params[i], tensors[i]);
-  st.away.erase(v);
-}
-
-void PipelineEngine::Impl::offloadVersion(DeviceState& dev, const Action& a) {
-  StageState& st = stages[a.stage];
-  auto it = st.versions.find(a.index);
-  if (it == st.versions.end() || st.away.count(a.index))
-    throw InternalError("OFFW" + std::to_string(a.stage) + "." + std::to_string(a.index) +
-                        ": that weight version is not on device " + std::to_string(dev.id));
-  std::vector<Tensor> bytes;
-  for (const auto& p : it->second->params) bytes.push_back(takeStorage(p));
-  st.away.insert(a.index);
-  transfers->offload(dev.id, versionKey(a.stage, a.index), std::move(bytes),
-                     MemoryCategory::WeightVersions);
-}
-
-void PipelineEngine::Impl::prefetchVersion(DeviceState& dev, const Action& a) {
-  transfers->prefetch(dev.id, versionKey(a.stage, a.index), *dev.domain,
-                      MemoryCategory::WeightVersions);
-}
-
-void PipelineEngine::Impl::dropVersion(DeviceState& dev, const Action& a) {
-  StageState& st = stages[a.stage];
-  if (st.away.erase(a.index)) transfers->drop(versionKey(a.stage, a.index));
-  st.versions.erase(a.index);
-}
-
 void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
-  // Keep the version that later backwards still recompute with (split + checkpoint):
-  // the weights its forwards ran on.
-  if (st.split && st.recompute && st.lastUse.count(st.masterVersion)) {
-    if (st.predict && st.masterVersion > 0)
-      st.versions[st.masterVersion] = st.predicted;
-    else
-      st.versions[st.masterVersion] =
-          makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
-                      *dev.domain, MemoryCategory::WeightVersions);
-  }
-  // Note [Weight prediction]: W[v] is kept in `predicted` (reused when no backward still
-  // needs the previous prediction), and becomes W[v+1] + (W[v+1] - W[v]) after the step.
-  if (st.predict) {
-    if (!st.predicted || st.predicted.use_count() > 1) {
-      st.predicted = makeReplica(pool, st.index, st.masterVersion + 1, st.master->params,
-                                 st.master->buffers, *dev.domain, MemoryCategory::WeightVersions,
-                                 /*shareBuffers=*/true);
-    } else {
-      torch::NoGradGuard noGrad;
-      for (size_t i = 0; i < st.predicted->params.size(); ++i)
-        st.predicted->params[i].copy_(st.master->params[i]);
-      st.predicted->version = st.masterVersion + 1;
-    }
-  }
+  keepVersionsBeforeStep(dev, st);  // Note [Weights, versions and replicas]
   const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
   train::setLearningRate(
       *st.optimizer,
@@ -804,11 +632,7 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
     memory::MemoryScope scope(MemoryCategory::OptimizerState);
     st.optimizer->step();
   }
-  if (st.predict) {
-    torch::NoGradGuard noGrad;
-    for (size_t i = 0; i < st.predicted->params.size(); ++i)
-      st.predicted->params[i].mul_(-1).add_(st.master->params[i], 2);
-  }
+  predictAfterStep(st);  // Note [Weight prediction]
   st.masterVersion = a.index + 1;
   st.gradsStale = true;
 }
@@ -844,50 +668,6 @@ void PipelineEngine::Impl::waitCopy(DeviceState& dev, const std::shared_future<v
   const int64_t end = memory::nowNs();
   std::lock_guard<std::mutex> lock(mu);
   dev.waits.push_back({start, end});
-}
-
-// Note [Weight syncs]
-void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
-  StageState& st = stages[a.stage];
-  const bool fromHost = st.optimizerOnHost && !st.predict;
-  const std::vector<Tensor>& w = st.predict ? st.predicted->params
-                                 : fromHost ? st.hostParams
-                                            : st.master->params;
-  const ChanKey key{Chan::Weights, a.stage, a.index, a.peer};
-  if (!isLocal(a.peer)) return post(a.peer, key, w);
-  Message m;
-  if (!async) {
-    m.tensors = w;
-  } else {
-    memory::MemoryScope scope(fromHost ? *host : *dev.domain, MemoryCategory::CommBuffers);
-    torch::NoGradGuard noGrad;
-    for (const auto& t : w) m.tensors.push_back(t.detach().clone());
-  }
-  channels.put(key, std::move(m));
-}
-
-void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
-  StageState& st = stages[a.stage];
-  const ChanKey key{Chan::Weights, a.stage, a.index, dev.id};
-  const bool local = isLocal(a.peer);
-  std::vector<Tensor> w = local ? channels.take(key).tensors : receive(a.peer, key);
-  if (st.fwd.use_count() == 1) {  // into place, tensor by tensor
-    st.fwd->version = a.index + 1;
-    if (local && st.optimizerOnHost && !st.predict) {  // from the host master: H2D
-      waitCopy(dev, transfers->copyInPlace(dev.id, {2, a.stage, a.index}, st.fwd->params,
-                                           std::move(w), /*toHost=*/false));
-      return;
-    }
-    torch::NoGradGuard noGrad;
-    for (size_t i = 0; i < w.size(); ++i) {
-      st.fwd->params[i].copy_(w[i]);
-      w[i] = Tensor();  // a snapshot shrinks as it is copied
-    }
-  } else {
-    // A pending graph still uses the current copy: new weights go into a new copy.
-    st.fwd = makeReplica(pool, st.index, a.index + 1, w, st.fwd->buffers, *dev.domain,
-                         MemoryCategory::Weights);
-  }
 }
 
 // Note [Gradient buckets]
