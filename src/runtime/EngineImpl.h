@@ -43,23 +43,6 @@ using schedules::ActionType;
 using schedules::StashKind;
 using Tensor = torch::Tensor;
 
-// Note [Optimizer offload]
-// pipeline.optimizer_offload: host (per stage) moves a stage's optimizer off its backward
-// device, as ZeRO-Offload does: the backward device keeps the weights (the master the
-// forwards, versions and predictions read, updated in place) and their .grad, and
-// nothing else. The host pool's domain holds master copies of the weights (category
-// weights, the optimizer's parameters), a gradient buffer (grads) and the Adam/SGD state
-// (optimizer_state). STEP is pipelined tensor by tensor on the device's copy engine:
-// all gradients are queued D2H into the host buffer; for each tensor in turn the
-// compute thread waits for its gradient (stall), steps the optimizer on that one host
-// tensor (the optimizers skip parameters without a gradient; their state is per
-// tensor, so this is bit-identical to one step over all), and queues the H2D copy of
-// the new weights into the device parameter in place. STEP ends when every H2D copy is
-// done, so what runs after it sees the new weights. The time the compute thread waits
-// for these copies is stall, and is not counted as compute that hides copies
-// (transferStats()). The device's .grad is zeroed by the next backward, as without
-// offload. Checkpoints read and restore the host optimizer through
-// PipelineEngine::optimizerParameters() / optimizerDomain().
 using Key = std::pair<int, int>;  // (stage, microbatch)
 
 template <class V>

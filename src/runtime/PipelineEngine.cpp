@@ -545,57 +545,6 @@ void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
   releaseVersion(st, mb);
 }
 
-void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
-  StageState& st = stages[a.stage];
-  keepVersionsBeforeStep(dev, st);  // Note [Weights, versions and replicas]
-  const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
-  train::setLearningRate(
-      *st.optimizer,
-      train::learningRate(options.training, options.firstStep + iteration, options.totalSteps));
-  if (st.optimizerOnHost) {
-    stepOnHost(dev, st, a.index);
-  } else {
-    memory::MemoryScope scope(MemoryCategory::OptimizerState);
-    st.optimizer->step();
-  }
-  predictAfterStep(st);  // Note [Weight prediction]
-  st.masterVersion = a.index + 1;
-  st.gradsStale = true;
-}
-
-// Note [Optimizer offload]
-void PipelineEngine::Impl::stepOnHost(DeviceState& dev, StageState& st, int index) {
-  const size_t n = st.master->params.size();
-  const offload::TransferKey key{2, st.index, index};
-  std::vector<std::shared_future<void>> down(n), up(n);
-  for (size_t i = 0; i < n; ++i)
-    if (st.master->params[i].grad().defined())
-      down[i] = transfers->copyInPlace(dev.id, key, {st.hostGrads[i]},
-                                       {st.master->params[i].grad()}, /*toHost=*/true);
-  for (size_t i = 0; i < n; ++i) {
-    if (!down[i].valid()) continue;
-    waitCopy(dev, down[i]);
-    st.hostParams[i].mutable_grad() = st.hostGrads[i];
-    {
-      memory::MemoryScope scope(*host, MemoryCategory::OptimizerState);
-      st.optimizer->step();  // steps this tensor only: the others have no gradient
-    }
-    st.hostParams[i].mutable_grad() = Tensor();
-    up[i] = transfers->copyInPlace(dev.id, key, {st.master->params[i]}, {st.hostParams[i]},
-                                   /*toHost=*/false);
-  }
-  for (auto& u : up)
-    if (u.valid()) waitCopy(dev, u);
-}
-
-void PipelineEngine::Impl::waitCopy(DeviceState& dev, const std::shared_future<void>& copy) {
-  const int64_t start = memory::nowNs();
-  transfers->wait(dev.id, copy);
-  const int64_t end = memory::nowNs();
-  std::lock_guard<std::mutex> lock(mu);
-  dev.waits.push_back({start, end});
-}
-
 // ------------------------------------------------------------------------ control
 
 void PipelineEngine::Impl::stopWorkers() {

@@ -1,0 +1,79 @@
+// STEP(s,k): a stage's optimizer step on its backward device, or in the host pool under
+// pipeline.optimizer_offload: host (Note [Optimizer offload], below). The weight versions
+// kept around a step are WeightVersions.cpp's.
+//
+// Note [Optimizer offload]
+// pipeline.optimizer_offload: host (per stage) moves a stage's optimizer off its backward
+// device, as ZeRO-Offload does: the backward device keeps the weights (the master the
+// forwards, versions and predictions read, updated in place) and their .grad, and
+// nothing else. The host pool's domain holds master copies of the weights (category
+// weights, the optimizer's parameters), a gradient buffer (grads) and the Adam/SGD state
+// (optimizer_state). STEP is pipelined tensor by tensor on the device's copy engine:
+// all gradients are queued D2H into the host buffer; for each tensor in turn the
+// compute thread waits for its gradient (stall), steps the optimizer on that one host
+// tensor (the optimizers skip parameters without a gradient; their state is per
+// tensor, so this is bit-identical to one step over all), and queues the H2D copy of
+// the new weights into the device parameter in place. STEP ends when every H2D copy is
+// done, so what runs after it sees the new weights. The time the compute thread waits
+// for these copies is stall, and is not counted as compute that hides copies
+// (transferStats()). The device's .grad is zeroed by the next backward, as without
+// offload. Checkpoints read and restore the host optimizer through
+// PipelineEngine::optimizerParameters() / optimizerDomain().
+#include "EngineImpl.h"
+#include "pipefb/memory/MemoryScope.h"
+#include "pipefb/train/Optimizer.h"
+
+namespace pipefb::runtime {
+
+void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  keepVersionsBeforeStep(dev, st);  // Note [Weights, versions and replicas]
+  const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
+  train::setLearningRate(
+      *st.optimizer,
+      train::learningRate(options.training, options.firstStep + iteration, options.totalSteps));
+  if (st.optimizerOnHost) {
+    stepOnHost(dev, st, a.index);
+  } else {
+    memory::MemoryScope scope(MemoryCategory::OptimizerState);
+    st.optimizer->step();
+  }
+  predictAfterStep(st);  // Note [Weight prediction]
+  st.masterVersion = a.index + 1;
+  st.gradsStale = true;
+}
+
+// Note [Optimizer offload]: the step, pipelined tensor by tensor on the copy engine.
+void PipelineEngine::Impl::stepOnHost(DeviceState& dev, StageState& st, int index) {
+  const size_t n = st.master->params.size();
+  const offload::TransferKey key{2, st.index, index};
+  std::vector<std::shared_future<void>> down(n), up(n);
+  for (size_t i = 0; i < n; ++i)
+    if (st.master->params[i].grad().defined())
+      down[i] = transfers->copyInPlace(dev.id, key, {st.hostGrads[i]},
+                                       {st.master->params[i].grad()}, /*toHost=*/true);
+  for (size_t i = 0; i < n; ++i) {
+    if (!down[i].valid()) continue;
+    waitCopy(dev, down[i]);
+    st.hostParams[i].mutable_grad() = st.hostGrads[i];
+    {
+      memory::MemoryScope scope(*host, MemoryCategory::OptimizerState);
+      st.optimizer->step();  // steps this tensor only: the others have no gradient
+    }
+    st.hostParams[i].mutable_grad() = Tensor();
+    up[i] = transfers->copyInPlace(dev.id, key, {st.master->params[i]}, {st.hostParams[i]},
+                                   /*toHost=*/false);
+  }
+  for (auto& u : up)
+    if (u.valid()) waitCopy(dev, u);
+}
+
+void PipelineEngine::Impl::waitCopy(DeviceState& dev, const std::shared_future<void>& copy) {
+  const int64_t start = memory::nowNs();
+  transfers->wait(dev.id, copy);
+  const int64_t end = memory::nowNs();
+  std::lock_guard<std::mutex> lock(mu);
+  dev.waits.push_back({start, end});
+}
+
+}  // namespace pipefb::runtime
