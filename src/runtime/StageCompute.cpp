@@ -1,0 +1,228 @@
+// The compute actions of a stage: F(s,m), B(s,m), and the split backward's I(s,m) and
+// W(s,m) (Note [Split backward in the runtime], SplitBackward.h). What they take from and
+// leave for other actions goes through the stash registry (Stash.h), the weight versions
+// (WeightVersions.h) and, on the B that completes a stage's gradients, the gradient
+// buckets (GradBuckets.h).
+#include <cmath>
+
+#include "EngineImpl.h"
+#include "pipefb/memory/MemoryScope.h"
+
+namespace pipefb::runtime {
+
+void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const Key in{a.stage - 1, a.index};
+  Tensor x = a.stage == 0 ? takeFrom(dev.inputs, {0, a.index}, "input")
+                          : takeFrom(dev.acts, in, "activation");
+  ReplicaPtr rep = forwardReplica(st, a.index);
+  // Note [Dropout streams]: the recompute in B(s,m) draws the same masks.
+  model::DropoutStream masks(
+      model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
+  auto entry = std::make_shared<StashEntry>();
+  const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
+  Tensor out;
+  if (!st.recompute) {
+    // keep: the autograd graph is the stash; everything F leaves alive is charged to it.
+    memory::MemoryScope scope(MemoryCategory::Stash);
+    Tensor xin = (a.stage > 0 && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
+    if (st.offloadSaved) {
+      // offload: autograd's saved tensors are caught for OFF; the resident weights not.
+      entry->saved = std::make_shared<offload::SavedTensorGroup>();
+      for (const auto& t : rep->params) entry->saved->skip(t);
+      for (const auto& t : rep->buffers) entry->saved->skip(t);
+      offload::StashScope hooks(entry->saved);
+      out = rep->forward(xin);
+    } else {
+      out = rep->forward(xin);
+    }
+    entry->graph = true;
+    entry->input = xin;
+    entry->output = out;
+    entry->replica = rep;
+    out = out.detach();
+    if (st.offloadSaved) {
+      // The graph's input leaf and root are needed for their identity and shape only (the
+      // values autograd needs are in entry->saved): let their storage go. `out` (the
+      // activation sent on / the last stage's loss input) keeps its own reference.
+      torch::NoGradGuard noGrad;
+      auto hollow = [](const Tensor& t) { return torch::zeros({}, t.options()).expand(t.sizes()); };
+      if (xin.requires_grad())
+        xin.set_data(hollow(xin));
+      else
+        entry->input = Tensor();
+      entry->output.set_data(hollow(entry->output));
+    }
+  } else {
+    // checkpoint: only the stage input stays; B recomputes.
+    {
+      memory::MemoryScope scope(MemoryCategory::Stash);
+      entry->input = x.clone();
+    }
+    torch::NoGradGuard noGrad;
+    out = rep->forward(x);
+    if (rep != st.master && !st.split) entry->replica = rep;  // a snapshot (same device)
+  }
+  if (checkAll()) check(out, "activation", a.stage, a.index);
+  if (st.stashBytesPerMb < 0)
+    st.stashBytesPerMb = dev.domain->liveBytes(MemoryCategory::Stash) - stashBefore;
+  dev.stashes[{a.stage, a.index}] = entry;
+  dev.acts[{a.stage, a.index}] = out;
+}
+
+PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceState& dev,
+                                                                        const Action& a) {
+  StageState& st = stages[a.stage];
+  const int mb = a.index;
+  StashPtr e = takeStash(dev, a.stage, mb);
+  BackwardStart b;
+  b.rep = backwardReplica(st, mb, *e);
+  const ReplicaPtr& rep = b.rep;
+  Tensor &input = b.input, &output = b.output;
+  std::vector<Tensor>& savedBuffers = b.savedBuffers;
+  if (e->graph) {
+    input = e->input;
+    output = e->output;
+  } else {
+    // Recompute the forward with grad (its activations are this action's working set).
+    input = e->input.detach();
+    if (a.stage > 0 && input.is_floating_point()) input.requires_grad_(true);
+    {
+      torch::NoGradGuard noGrad;
+      for (const auto& b : rep->buffers) savedBuffers.push_back(b.clone());
+    }
+    model::DropoutStream masks(
+        model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
+    // I's recompute outlives the action (until W): it is the stash again.
+    memory::MemoryScope scope(a.type == ActionType::InputGrad ? MemoryCategory::Stash
+                                                              : MemoryCategory::WorkingSet);
+    output = rep->forward(input);
+  }
+  e.reset();
+
+  Tensor& gradOut = b.gradOut;
+  if (a.stage == S - 1) {
+    // The loss, scaled so that the summed gradients are those of the batch mean.
+    Tensor target = takeFrom(dev.targets, {S - 1, mb}, "target");
+    Tensor o;
+    auto it = dev.acts.find({S - 1, mb});
+    if (it != dev.acts.end()) {
+      o = it->second.detach();
+      dev.acts.erase(it);
+    } else {
+      o = output.detach();
+    }
+    o.requires_grad_(true);
+    const int64_t n = static_cast<int64_t>(M) * target.size(0);  // microbatches are equal
+    Tensor l = model.loss(o, target) * (static_cast<double>(target.size(0)) / n);
+    gradOut = torch::autograd::grad({l}, {o})[0];
+    double v = l.item<double>();
+    if (checkLoss() && !std::isfinite(v)) check(l, "loss", a.stage, mb);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const int k = mb / M;
+      loss[k] += v;
+      ++lossCount[k];
+    }
+    cv.notify_all();
+  } else {
+    gradOut = takeFrom(dev.grads, {a.stage + 1, mb}, "gradient");
+  }
+  return b;
+}
+
+void PipelineEngine::Impl::zeroStaleGrads(StageState& st) {
+  if (!st.gradsStale) return;
+  torch::NoGradGuard noGrad;
+  for (auto& p : st.master->params) p.mutable_grad().zero_();
+  st.gradsStale = false;
+}
+
+void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const int mb = a.index;
+  BackwardStart start = startBackward(dev, a);
+  const ReplicaPtr rep = std::move(start.rep);
+  Tensor input = std::move(start.input), output = std::move(start.output),
+         gradOut = std::move(start.gradOut);
+  const std::vector<Tensor> savedBuffers = std::move(start.savedBuffers);
+
+  std::vector<Tensor> wrt;
+  for (const auto& p : rep->params)
+    if (p.requires_grad()) wrt.push_back(p);
+  const bool wantInput = input.defined() && input.requires_grad();
+  if (wantInput) wrt.push_back(input);
+  if (wrt.empty() || !output.requires_grad()) {
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < savedBuffers.size(); ++i) rep->buffers[i].copy_(savedBuffers[i]);
+    return;
+  }
+  // Note [Gradient buckets]: the B that completes the stage's gradients starts their
+  // all-reduce from hooks while autograd still runs.
+  GradBuckets* gb = hookBuckets(dev, st, a, *rep, output);
+  auto g = torch::autograd::grad({output}, wrt, {gradOut}, /*retain_graph=*/false,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+  output = Tensor();
+  if (gb) {
+    gb->inAutograd = false;
+    gb->backwardDoneNs = memory::nowNs();
+  }
+  if (checkAll()) {
+    size_t gi = 0;
+    for (size_t i = 0; i < rep->params.size(); ++i)
+      if (rep->params[i].requires_grad()) check(g[gi++], "weight gradient", a.stage, mb);
+    if (wantInput) check(g.back(), "input gradient", a.stage, mb);
+  }
+  torch::NoGradGuard noGrad;
+  // The recompute must not count twice in BatchNorm statistics. Restored only now:
+  // batch_norm's backward reads the running statistics it saved (version check).
+  for (size_t i = 0; i < savedBuffers.size(); ++i) rep->buffers[i].copy_(savedBuffers[i]);
+  zeroStaleGrads(st);
+  size_t j = 0;
+  for (size_t i = 0; i < rep->params.size(); ++i) {
+    if (!rep->params[i].requires_grad()) continue;
+    // A hook already added it (Note [Gradient buckets]).
+    if (g[j].defined() && !(gb && gb->ready[i])) st.master->params[i].mutable_grad().add_(g[j]);
+    ++j;
+  }
+  if (gb) {  // what no hook saw is final now: the remaining buckets start
+    for (size_t i = 0; i < st.master->params.size(); ++i)
+      if (!gb->ready[i]) bucketReady(st, static_cast<int>(i));
+    startBuckets(st, iterationOf(a));
+  }
+  if (wantInput) dev.grads[{a.stage, mb}] = g.back();
+  releaseVersion(st, mb);
+}
+
+// Note [Split backward in the runtime] (SplitBackward.h).
+void PipelineEngine::Impl::execInputGrad(DeviceState& dev, const Action& a) {
+  const int mb = a.index;
+  BackwardStart start = startBackward(dev, a);
+  // IR's recompute advanced the BatchNorm statistics: back as they were, without the
+  // version bump W's unpack would refuse.
+  restoreBuffersUnversioned(start.rep->buffers, start.savedBuffers);
+  DeferredWeightGrad w{std::move(start.output), std::move(start.gradOut)};
+  Tensor gin = inputGradient(w, start.input);
+  if (gin.defined()) {
+    if (checkAll()) check(gin, "input gradient", a.stage, mb);
+    dev.grads[{a.stage, mb}] = std::move(gin);
+  }
+  dev.deferred[{a.stage, mb}] = {std::move(w), std::move(start.rep)};
+}
+
+void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
+  StageState& st = stages[a.stage];
+  const int mb = a.index;
+  auto w = takeFrom(dev.deferred, {a.stage, mb}, "the I");
+  const auto g = weightGradients(w.grad, w.rep->params);
+  if (checkAll())
+    for (const auto& t : g)
+      if (t.defined()) check(t, "weight gradient", a.stage, mb);
+  torch::NoGradGuard noGrad;
+  zeroStaleGrads(st);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (g[i].defined()) st.master->params[i].mutable_grad().add_(g[i]);
+  releaseVersion(st, mb);
+}
+
+}  // namespace pipefb::runtime
