@@ -199,6 +199,10 @@ struct PipelineEngine::Impl {
 
   // ---------------------------------------------------------------- set-up
   void build();
+  void joinProcesses();
+  void buildDevices();
+  void buildStage(int s);
+  void planProgress();
   void precomputeVersions(StageState& st);
   int iterationOf(const Action& a) const;
 

@@ -93,8 +93,29 @@ void PipelineEngine::Impl::build() {
   findFinalBackwards();  // Note [Gradient buckets]
   D = plan.schedule.numDevices();
   R = pipeline.replicas;
+  joinProcesses();
+  if (options.log)
+    spdlog::info(
+        "pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
+        "{} iterations, {} actions",
+        kind, S, M, D, placement.toString(), pipeline.stashText(), K, plan.schedule.numActions());
+
+  buildDevices();
+  // Stages: the master replica is the model's own layers, moved to the backward device.
+  pool = std::make_shared<ShellPool>(model.options(), partition, true);
+  stages.resize(S);
+  for (int s = 0; s < S; ++s) buildStage(s);
+  planProgress();
+  t0 = memory::nowNs();
+  for (int d = 0; d < D; ++d)
+    if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });
+}
+
+// Note [Channels across processes]: this process's device and replica, and the plans
+// that cannot run across processes.
+void PipelineEngine::Impl::joinProcesses() {
   checkProcesses(options.source, D, R, options.group ? options.group->size() : 0);
-  if (options.group) {  // Note [Channels across processes]
+  if (options.group) {
     myDevice = options.group->rank() % D;
     myReplica = options.group->rank() / D;
     if (R > 1) {
@@ -113,13 +134,9 @@ void PipelineEngine::Impl::build() {
                         "checkpoint, checkpoint-offload");
     }
   }
-  if (options.log)
-    spdlog::info(
-        "pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
-        "{} iterations, {} actions",
-        kind, S, M, D, placement.toString(), pipeline.stashText(), K, plan.schedule.numActions());
+}
 
-  // Devices.
+void PipelineEngine::Impl::buildDevices() {
   memory::installTrackingAllocator();
   devices.resize(D);
   for (int d = 0; d < D; ++d) {
@@ -132,59 +149,58 @@ void PipelineEngine::Impl::build() {
   host->resetPeak();
   transfers = std::make_unique<offload::TransferManager>(
       *host, offload::TransferOptions{D, true, schedules::kOffloadsInFlight});
+}
 
-  // Stages: the master replica is the model's own layers, moved to the backward device.
-  pool = std::make_shared<ShellPool>(model.options(), partition, true);
-  stages.resize(S);
-  for (int s = 0; s < S; ++s) {
-    StageState& st = stages[s];
-    st.index = s;
-    st.range = partition[s];
-    const schedules::PipelineStage& planned = pipeline.stages[s];
-    st.fDev = planned.forwardDevice;
-    st.bDev = planned.backwardDevice;
-    st.split = planned.split();
-    // Note [Plan policies in the runtime]: each stage runs its own policy.
-    st.recompute = schedules::isCheckpoint(planned.stash);
-    st.offloadSaved = planned.effectiveStash() == schedules::StashPolicy::Offload;
-    st.offloadWeights = pipeline.offloadWeights && schedules::isOffloaded(planned.effectiveStash());
-    auto master = std::make_shared<Replica>();
-    master->stage = s;
-    for (int64_t i = st.range.first; i < st.range.last; ++i)
-      master->layers.push_back(model.layer(static_cast<size_t>(i)));
-    collectTensors(master->layers, master->params, master->buffers);
-    memory::MemoryDomain& bDom = *devices[st.bDev].domain;
-    {
-      memory::MemoryScope scope(bDom, MemoryCategory::Weights);
-      torch::NoGradGuard noGrad;
-      for (auto& t : master->params) t.set_data(t.detach().clone());
-      for (auto& t : master->buffers) t.set_data(t.detach().clone());
-    }
-    {
-      memory::MemoryScope scope(bDom, MemoryCategory::Grads);
-      for (auto& t : master->params) t.mutable_grad() = torch::zeros_like(t);
-    }
-    st.master = master;
-    st.optimizerOnHost = planned.optimizer == schedules::OptimizerPlacement::Host;
-    if (st.optimizerOnHost) {  // Note [Optimizer offload]
-      {
-        memory::MemoryScope scope(*host, MemoryCategory::Weights);
-        torch::NoGradGuard noGrad;
-        for (auto& t : master->params) st.hostParams.push_back(t.detach().clone());
-      }
-      memory::MemoryScope scope(*host, MemoryCategory::Grads);
-      for (auto& t : master->params) st.hostGrads.push_back(torch::zeros_like(t));
-    }
-    st.optimizer =
-        train::makeOptimizer(options.training, st.optimizerOnHost ? st.hostParams : master->params);
-    if (st.split)
-      st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
-                           MemoryCategory::Weights);
-    st.predict = st.split && async && options.weightPrediction;
-    precomputeVersions(st);
+void PipelineEngine::Impl::buildStage(int s) {
+  StageState& st = stages[s];
+  st.index = s;
+  st.range = partition[s];
+  const schedules::PipelineStage& planned = pipeline.stages[s];
+  st.fDev = planned.forwardDevice;
+  st.bDev = planned.backwardDevice;
+  st.split = planned.split();
+  // Note [Plan policies in the runtime]: each stage runs its own policy.
+  st.recompute = schedules::isCheckpoint(planned.stash);
+  st.offloadSaved = planned.effectiveStash() == schedules::StashPolicy::Offload;
+  st.offloadWeights = pipeline.offloadWeights && schedules::isOffloaded(planned.effectiveStash());
+  auto master = std::make_shared<Replica>();
+  master->stage = s;
+  for (int64_t i = st.range.first; i < st.range.last; ++i)
+    master->layers.push_back(model.layer(static_cast<size_t>(i)));
+  collectTensors(master->layers, master->params, master->buffers);
+  memory::MemoryDomain& bDom = *devices[st.bDev].domain;
+  {
+    memory::MemoryScope scope(bDom, MemoryCategory::Weights);
+    torch::NoGradGuard noGrad;
+    for (auto& t : master->params) t.set_data(t.detach().clone());
+    for (auto& t : master->buffers) t.set_data(t.detach().clone());
   }
+  {
+    memory::MemoryScope scope(bDom, MemoryCategory::Grads);
+    for (auto& t : master->params) t.mutable_grad() = torch::zeros_like(t);
+  }
+  st.master = master;
+  st.optimizerOnHost = planned.optimizer == schedules::OptimizerPlacement::Host;
+  if (st.optimizerOnHost) {  // Note [Optimizer offload]
+    {
+      memory::MemoryScope scope(*host, MemoryCategory::Weights);
+      torch::NoGradGuard noGrad;
+      for (auto& t : master->params) st.hostParams.push_back(t.detach().clone());
+    }
+    memory::MemoryScope scope(*host, MemoryCategory::Grads);
+    for (auto& t : master->params) st.hostGrads.push_back(torch::zeros_like(t));
+  }
+  st.optimizer =
+      train::makeOptimizer(options.training, st.optimizerOnHost ? st.hostParams : master->params);
+  if (st.split)
+    st.fwd = makeReplica(pool, s, 0, master->params, master->buffers, *devices[st.fDev].domain,
+                         MemoryCategory::Weights);
+  st.predict = st.split && async && options.weightPrediction;
+  precomputeVersions(st);
+}
 
-  // When each iteration is over on each device (synchronous schedules wait for it).
+// When each iteration is over on each device (synchronous schedules wait for it).
+void PipelineEngine::Impl::planProgress() {
   done.assign(D, 0);
   need.assign(D, std::vector<int>(K, 0));
   for (int d = 0; d < D; ++d) {
@@ -207,10 +223,6 @@ void PipelineEngine::Impl::build() {
   lossCount.assign(K, 0);
   current = std::vector<std::atomic<int>>(D);
   for (auto& c : current) c = 0;
-
-  t0 = memory::nowNs();
-  for (int d = 0; d < D; ++d)
-    if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });
 }
 
 template <class Pred>
