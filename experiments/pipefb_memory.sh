@@ -77,10 +77,16 @@ for model in resnet50 gpt2-small vgg16; do
 import re, sys
 log, model, cluster, opt, fam, budget = sys.argv[1:]
 text = open(log).read()
-line = re.search(r"^(.* stages on .*?): predicted iteration ([0-9.]+) (ms|s|us), .*?simulated ([0-9.]+) (ms|s|us)", text, re.M)
+# (A plan the simulator does not run has no "simulated" figure: its columns stay empty.)
+line = re.search(r"^(.* stages on .*?): predicted iteration ([0-9.]+) (ms|s|us), [^;\n]*(?:; simulated ([0-9.]+) (ms|s|us))?", text, re.M)
 sec = lambda v, u: float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6}[u]
-p, s = sec(line.group(2), line.group(3)), sec(line.group(4), line.group(5))
-print('%s,%s,%s,%s,%s,%.6f,%.6f,%.2f,%.2f,"%s"' % (model, cluster, opt, fam, budget, p, s, 64 / p, 64 / s, line.group(1)))
+p = sec(line.group(2), line.group(3))
+if line.group(4):
+    s = sec(line.group(4), line.group(5))
+    sim = "%.6f" % s, "%.2f" % (64 / s)
+else:
+    sim = "", ""
+print('%s,%s,%s,%s,%s,%.6f,%s,%.2f,%s,"%s"' % (model, cluster, opt, fam, budget, p, sim[0], 64 / p, sim[1], line.group(1)))
 PYEOF
         rm -f "$log"  # its numbers and plan are in the CSV row
       done
