@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
@@ -25,8 +26,8 @@ void checkSameDevice(const std::string& kind, const Placement& p) {
   }
 }
 
-// PipeFB: Placement::checkFor's rule (at least one stage split; at most one stage's forward
-// and one stage's backward per device, Note [Folded placements]).
+// PipeFB: Placement::checkFor's rule (at least one stage split; at most one forward range
+// and one backward range per device, Note [Decoupled partitions]).
 void checkSplit(const std::string& kind, const Placement& p) {
   p.checkFor(kind, p.numDevices(), kind);
 }
@@ -137,20 +138,24 @@ namespace {
 // (forwards never wait for the previous iteration's backward; one version stale).
 //
 // Note [PipeFB device order]
-// Per iteration, a device runs the forwards of its forward stage and the backwards of its
-// backward stage, then that stage's STEP and SyncWeights. A device with one pass (the
-// 2S-device form) runs its list in microbatch order. A device with both (folded, Note
-// [Folded placements]) merges them by slot: F(s,j) has slot s + j and B(s,j) slot
-// 2S - 1 - s + j, the step at which each would run in a perfectly pipelined chain
-// F0 .. F(S-1), B(S-1) .. B0 (ties: F first). A folded device d thus runs S forwards, then
-// alternates B(S-1-d, j) and F(d, j + S), like 1F1B with a longer warm-up; its copies
-// (OFFs of one stage, PREs of the other) spread over the iteration instead of piling up
-// in a forward phase. Every dependency (the previous stage's F, the stash, the next
-// stage's B) has a smaller slot, so no placement with at most one forward and one
-// backward stage per device can deadlock within an iteration; across iterations each
-// device finishes iteration k (and RW waits for SW of k-1 only). A stage that is not
-// split (folded, odd S: the middle one) runs the same merge on one device; its STEP makes
-// the version its next forwards use, so it needs no SW/RW and keeps one version.
+// Per iteration, a device runs the forwards of its forward range and the backwards of its
+// backward range (Note [Decoupled partitions]), then each backward stage's STEP and
+// SyncWeights after that stage's last backward. It merges them by slot (PipefbSlots): F(s,j)
+// has slot r(s) + j and B(s,j) slot R + q(s) + j, the step at which each would run in a
+// perfectly pipelined chain of ranges F(range 0) .. F(range R-1), B(last range) .. B(range
+// 0); ties: forwards first, forwards by ascending and backwards by descending stage. With
+// one stage per range (the 2S form, folded()) the slots are s + j and 2S - 1 - s + j: a
+// device with one pass runs its list in microbatch order; a folded device d (Note [Folded
+// placements]) runs S forwards, then alternates B(S-1-d, j) and F(d, j + S), like 1F1B
+// with a longer warm-up, so its copies (OFFs of one stage, PREs of the other) spread over
+// the iteration. A forward range of several segments runs F(first..last, j) back to back,
+// microbatch by microbatch, as one stage would. Every dependency (the previous stage's F,
+// the stash, the next stage's B) has a smaller key, so no placement with at most one
+// forward range and one backward range per device can deadlock within an iteration;
+// across iterations each device finishes iteration k (and RW waits for SW of k-1 only). A
+// stage that is not split (folded, odd S: the middle one) runs the same merge on one
+// device; its STEP makes the version its next forwards use, so it needs no SW/RW and
+// keeps one version.
 SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, int K, int lag) {
   checkShape(kind, S, M, K, p);
   checkSplit(kind, p);
@@ -163,32 +168,54 @@ SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, i
   for (int s = 0; s < S; ++s)
     if (!p.split(s)) {
       plan.contract.inFlight[s] = plan.contract.residentForward[s] =
-          plan.contract.residentBackward[s] = unsplitPipefbInFlight(S, M);
+          plan.contract.residentBackward[s] = unsplitPipefbInFlight(p, s, M);
       plan.contract.weightVersions[s] = plan.contract.residentWeightVersions[s] = 1;
     }
+  const PipefbSlots slots(p);
   const int D = p.numDevices();
-  std::vector<int> forwardOf(D, -1), backwardOf(D, -1);
-  for (int s = 0; s < S; ++s) forwardOf[p.forward(s)] = backwardOf[p.backward(s)] = s;
   for (int d = 0; d < D; ++d) {
     auto& out = plan.schedule.devices[d];
-    const int fs = forwardOf[d], bs = backwardOf[d];
+    // This device's forwards and backwards of one iteration, in slot order: (key, pass, s, j).
+    std::vector<std::tuple<long long, bool, int, int>> order;
+    std::vector<int> splitForwards;  // its split forward stages, ascending
+    for (int s = 0; s < S; ++s) {
+      for (int j = 0; j < M; ++j) {
+        if (p.forward(s) == d) order.emplace_back(slots.key(false, s, j), false, s, j);
+        if (p.backward(s) == d) order.emplace_back(slots.key(true, s, j), true, s, j);
+      }
+      if (p.forward(s) == d && p.split(s)) splitForwards.push_back(s);
+    }
+    std::sort(order.begin(), order.end());
+    // The RWs of iteration k-1 go together: before the range's first forward with j == lag,
+    // or (lag == M) after its last forward of iteration k. Per stage they could go before
+    // each stage's own F(s, kM + lag), but the runtime feeds iteration k only once every
+    // device ran its actions of iteration k-1 (RW s.(k-1) is one of them), so in sync an RW
+    // of stage s+1 behind F(s, kM) of the same device would wait for itself.
+    auto receiveWeights = [&](int k) {
+      for (int s : splitForwards) out.push_back(recvWeights(s, k - 1, p.backward(s)));
+    };
+    size_t lastForward = 0;
+    for (size_t i = 0; i < order.size(); ++i)
+      if (!std::get<1>(order[i])) lastForward = i;
     for (int k = 0; k < K; ++k) {
-      int j = 0, i = 0;  // next forward / backward of this iteration
-      const int nf = fs >= 0 ? M : 0, nb = bs >= 0 ? M : 0;
-      while (j < nf || i < nb) {
-        const bool forward = j < nf && (i >= nb || fs + j <= 2 * S - 1 - bs + i);
-        if (forward) {
-          if (p.split(fs) && k > 0 && j == lag)
-            out.push_back(recvWeights(fs, k - 1, p.backward(fs)));
-          out.push_back(F(fs, k * M + j));
-          if (p.split(fs) && k > 0 && lag == M && j + 1 == M)
-            out.push_back(recvWeights(fs, k - 1, p.backward(fs)));
-          ++j;
+      bool received = k == 0 || splitForwards.empty();
+      for (size_t i = 0; i < order.size(); ++i) {
+        const auto& [key, backward, s, j] = order[i];
+        if (!backward) {
+          if (!received && j == lag) {
+            receiveWeights(k);
+            received = true;
+          }
+          out.push_back(F(s, k * M + j));
+          if (!received && i == lastForward) {  // lag == M
+            receiveWeights(k);
+            received = true;
+          }
         } else {
-          out.push_back(B(bs, k * M + i));
-          if (++i == M) {
-            out.push_back(step(bs, k));
-            if (p.split(bs)) out.push_back(syncWeights(bs, k, p.forward(bs)));
+          out.push_back(B(s, k * M + j));
+          if (j + 1 == M) {
+            out.push_back(step(s, k));
+            if (p.split(s)) out.push_back(syncWeights(s, k, p.forward(s)));
           }
         }
       }
@@ -202,6 +229,28 @@ SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, i
 }
 
 }  // namespace
+
+PipefbSlots::PipefbSlots(const Placement& p)
+    : forwardRange_(p.numStages()), backwardRange_(p.numStages()) {
+  const auto forward = p.forwardRanges(), backward = p.backwardRanges();
+  numForwardRanges_ = static_cast<int>(forward.size());
+  for (size_t r = 0; r < forward.size(); ++r)
+    for (int s = forward[r].first; s < forward[r].last; ++s) forwardRange_[s] = static_cast<int>(r);
+  for (size_t r = 0; r < backward.size(); ++r)
+    for (int s = backward[r].first; s < backward[r].last; ++s)
+      backwardRange_[s] = static_cast<int>(backward.size() - 1 - r);
+}
+
+long long PipefbSlots::key(bool isBackward, int s, int j) const {
+  const long long slot = isBackward ? backward(s, j) : forward(s, j);
+  const long long n = static_cast<long long>(forwardRange_.size());
+  return (slot * 2 + (isBackward ? 1 : 0)) * n + (isBackward ? n - 1 - s : s);
+}
+
+int unsplitPipefbInFlight(const Placement& p, int s, int M) {
+  const PipefbSlots slots(p);
+  return std::min(M, slots.backward(s, 0) - slots.forward(s, 0) + 1);
+}
 
 int unsplitPipefbInFlight(int S, int M) { return std::min(M, S + 1); }
 

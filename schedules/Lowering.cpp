@@ -83,6 +83,8 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
   std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
   for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));
 
+  const PipefbSlots slots(in.placement);
+  const int M = in.numMicrobatches;
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
     std::set<Key> present;
@@ -142,17 +144,18 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
       // The copy engine is FIFO. A folded device (Note [Folded placements]) offloads one
       // stage and prefetches another; PRE s.m waits for OFF s.m on another device, which
       // waits (through F(s,m)'s inputs, OFF backpressure, or RW from an earlier iteration)
-      // for this device's OFFs of forwards with a smaller slot (Note [PipeFB device order]:
-      // F(s',m') before F(s,m) when s' + m' <= s + m) or of an earlier iteration. A PRE
+      // for this device's OFFs of forwards with a smaller key (Note [PipeFB device order],
+      // PipefbSlots) or of an earlier iteration. A PRE
       // queued ahead of one of those would wait for a copy that waits for it, so it goes
       // behind the last of them; later OFFs may queue behind it (the lookahead holds in
       // the steady state).
-      const int iteration = b.index / in.numMicrobatches;
+      const int iteration = b.index / M;
       for (int j = i - 1; foldedHere && j >= anchor; --j) {
         const Action& u = list[j];
         if (u.type == ActionType::Offload && u.stash == StashKind::Activation &&
             u.stage != b.stage &&
-            (u.index / in.numMicrobatches < iteration || u.stage + u.index <= b.stage + b.index)) {
+            (u.index / M < iteration ||
+             slots.key(false, u.stage, u.index % M) <= slots.key(false, b.stage, b.index % M))) {
           anchor = j + 1;
           break;
         }

@@ -1,6 +1,7 @@
 #include "pipefb/schedules/Placement.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -67,6 +68,61 @@ Placement Placement::folded(int numStages) {
   std::vector<StagePlacement> v;
   for (int s = 0; s < numStages; ++s) v.push_back({s, numStages - 1 - s});
   return Placement(std::move(v));
+}
+
+Placement Placement::decoupled(const std::vector<int>& forwardDevices,
+                               const std::vector<int>& backwardDevices) {
+  if (forwardDevices.size() != backwardDevices.size())
+    throw UserError("a decoupled placement needs one forward and one backward device per " +
+                    std::string("segment; got ") + std::to_string(forwardDevices.size()) +
+                    " forward and " + std::to_string(backwardDevices.size()) + " backward devices");
+  std::vector<StagePlacement> v;
+  for (size_t s = 0; s < forwardDevices.size(); ++s)
+    v.push_back({forwardDevices[s], backwardDevices[s]});
+  return Placement(std::move(v));
+}
+
+namespace {
+// Maximal runs of consecutive stages with the same device of one pass.
+template <typename DeviceOf>
+std::vector<Placement::StageRun> runsOf(int S, DeviceOf deviceOf) {
+  std::vector<Placement::StageRun> out;
+  for (int s = 0; s < S; ++s) {
+    if (out.empty() || out.back().device != deviceOf(s))
+      out.push_back({s, s + 1, deviceOf(s)});
+    else
+      out.back().last = s + 1;
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<Placement::StageRun> Placement::forwardRanges() const {
+  return runsOf(numStages(), [&](int s) { return forward(s); });
+}
+
+std::vector<Placement::StageRun> Placement::backwardRanges() const {
+  return runsOf(numStages(), [&](int s) { return backward(s); });
+}
+
+std::vector<Placement> Placement::everyPipefb(int numStages, int devices) {
+  std::vector<Placement> out;
+  if (numStages < 1 || devices < 1) return out;
+  const int n = devices * devices;
+  std::vector<int> code(numStages, 0);  // stage s: forward code / devices, backward code % devices
+  for (;;) {
+    std::vector<StagePlacement> v;
+    for (int c : code) v.push_back({c / devices, c % devices});
+    Placement p(std::move(v));
+    try {
+      p.checkFor("pipefb-sync", devices, "");
+      out.push_back(std::move(p));
+    } catch (const UserError&) {
+    }
+    int i = 0;
+    while (i < numStages && ++code[i] == n) code[i++] = 0;
+    if (i == numStages) return out;
+  }
 }
 
 bool Placement::sharesDevices() const {
@@ -180,7 +236,7 @@ void Placement::checkFor(const std::string& kind, int devices, const std::string
     if (!split && p.forward != p.backward)
       throw UserError(where + ": " + entry + " runs F and B on two devices; " + kind +
                       " runs both on one device (use pipefb-sync or pipefb-async to split)");
-    if (severalPerDevice) continue;
+    if (severalPerDevice || split) continue;
     for (auto [map, dev, pass] : {std::tuple{&forwardOf, p.forward, "forward"},
                                   std::tuple{&backwardOf, p.backward, "backward"}}) {
       auto [it, fresh] = map->emplace(dev, s);
@@ -190,12 +246,60 @@ void Placement::checkFor(const std::string& kind, int devices, const std::string
                         "; a device runs at most one stage's " + pass);
     }
   }
+  // Note [Decoupled partitions]: a pipefb device runs one forward range and one backward
+  // range at most.
+  if (split)
+    for (auto [ranges, pass] :
+         {std::pair{forwardRanges(), "forward"}, std::pair{backwardRanges(), "backward"}}) {
+      std::map<int, StageRun> rangeOf;  // device -> its first range
+      for (const StageRun& r : ranges) {
+        auto [it, fresh] = rangeOf.emplace(r.device, r);
+        if (!fresh)
+          throw UserError(where + ": device " + std::to_string(r.device) + " runs the " + pass +
+                          " of stages " + std::to_string(it->second.last - 1) + " and " +
+                          std::to_string(r.first) + " but not of the stages between; a device " +
+                          "runs the " + pass + "s of one run of consecutive stages (Note " +
+                          "[Decoupled partitions])");
+      }
+    }
   if (split && numStages() > 0 &&
       std::none_of(stages_.begin(), stages_.end(),
                    [](const StagePlacement& p) { return p.forward != p.backward; }))
     throw UserError(where + ": " + kind + " splits at least one stage, but every stage runs F " +
                     "and B on one device (e.g. " + Placement::pipefb(numStages()).toString() +
                     ", or folded " + Placement::folded(numStages()).toString() + ")");
+}
+
+DecoupledStages decouple(std::int64_t numLayers, const PassPartition& forward,
+                         const PassPartition& backward) {
+  for (auto [pass, name] : {std::pair{&forward, "forward"}, std::pair{&backward, "backward"}}) {
+    const std::string what = std::string("the ") + name + " partition";
+    if (pass->devices.size() != pass->cuts.size() + 1)
+      throw UserError(what + " has " + std::to_string(pass->cuts.size()) + " cuts and " +
+                      std::to_string(pass->devices.size()) + " devices; give one device per " +
+                      "range (cuts + 1)");
+    std::int64_t previous = 0;
+    for (std::int64_t c : pass->cuts) {
+      if (c <= previous || c >= numLayers)
+        throw UserError(what + " cuts at layer " + std::to_string(c) + "; cuts must increase " +
+                        "and lie in (0, " + std::to_string(numLayers) + ")");
+      previous = c;
+    }
+  }
+  DecoupledStages out;
+  std::set_union(forward.cuts.begin(), forward.cuts.end(), backward.cuts.begin(),
+                 backward.cuts.end(), std::back_inserter(out.cuts));
+  std::vector<int> fwd, bwd;
+  size_t f = 0, b = 0;  // the range of each pass that segment s lies in
+  for (size_t s = 0; s <= out.cuts.size(); ++s) {
+    const std::int64_t first = s == 0 ? 0 : out.cuts[s - 1];
+    while (f < forward.cuts.size() && forward.cuts[f] <= first) ++f;
+    while (b < backward.cuts.size() && backward.cuts[b] <= first) ++b;
+    fwd.push_back(forward.devices[f]);
+    bwd.push_back(backward.devices[b]);
+  }
+  out.placement = Placement::decoupled(fwd, bwd);
+  return out;
 }
 
 }  // namespace pipefb::schedules

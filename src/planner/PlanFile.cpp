@@ -117,12 +117,12 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
   o << "  - pipeline.microbatches=" << sh.microbatches << "\n";
   o << "  - pipeline.lookahead=" << sh.lookahead << "\n";
   o << "  - devices.count=" << sh.chainLength() << "\n";
-  if (sh.folded) {  // Note [Folded placements]
-    std::string placement;
-    for (const StagePlan& st : plan.stages)
-      placement += (placement.empty() ? "" : " ") + std::to_string(st.forwardDevice) + "/" +
-                   std::to_string(st.backwardDevice);
-    o << "  - pipeline.placement=" << placement << "\n";
+  {  // Note [Folded placements], Note [Decoupled partitions]: any placement but the default
+    std::vector<schedules::StagePlacement> v;
+    for (const StagePlan& st : plan.stages) v.push_back({st.forwardDevice, st.backwardDevice});
+    const schedules::Placement placement(std::move(v));
+    if (!(placement == schedules::Placement::defaultFor(sh.kind, sh.stages)))
+      o << "  - pipeline.placement=" << placement.toString() << "\n";
   }
   if (sh.replicas > 1) o << "  - pipeline.replicas=" << sh.replicas << "\n";
   {

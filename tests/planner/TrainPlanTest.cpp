@@ -95,6 +95,37 @@ TEST(TrainPlan, FoldedPlanReadsBackAndSetsThePlacement) {
   EXPECT_EQ(twoS.devices.count, 2 * twoS.pipeline.stages);
 }
 
+// Note [Decoupled partitions]: a plan file whose stages are the segments of decoupled
+// forward and backward cuts (one forward device feeding three backward devices) reads back
+// with its placement, and sets the config's placement, partition and devices.
+TEST(TrainPlan, DecoupledPlanFileSetsThePlacement) {
+  std::string yaml =
+      "version: 1\nschedule: pipefb-sync\nmicrobatches: 4\nmicrobatch_size: 8\n"
+      "batch: 32\nlayers: 16\nstages:\n";
+  const std::vector<std::pair<int, int>> layers = {{0, 5}, {5, 10}, {10, 16}};
+  for (int s = 0; s < 3; ++s)
+    yaml += "  - layers: [" + std::to_string(layers[s].first) + ", " +
+            std::to_string(layers[s].second) + "]\n    forward_device: 0\n" +
+            "    backward_device: " + std::to_string(s + 1) + "\n    policy: checkpoint\n";
+  const PlanSpec spec = parsePlan(yaml, "plan.yaml");
+  EXPECT_EQ(spec.placement().toString(), "0/1 0/2 0/3");
+  EXPECT_FALSE(spec.folded());
+  config::Config cfg = config::parseConfig(kVgg);
+  applyPlan(cfg, spec, "plan.yaml");
+  EXPECT_EQ(cfg.pipeline.placement, "0/1 0/2 0/3");
+  EXPECT_EQ(cfg.devices.count, 4);
+  EXPECT_EQ(cfg.pipeline.partition, (std::vector<std::int64_t>{5, 10}));
+  EXPECT_EQ(config::pipelineStages(cfg), 3);
+  // A device whose backwards are not one run of consecutive stages is refused, naming it.
+  std::string bad = yaml;
+  bad.replace(bad.rfind("backward_device: 3"), 18, "backward_device: 1");
+  EXPECT_NE(errorOf([&] {
+              parsePlan(bad, "plan.yaml");
+            }).find("plan.yaml: stages: device 1 runs the backward of stages 0 and 2"),
+            std::string::npos)
+      << errorOf([&] { parsePlan(bad, "plan.yaml"); });
+}
+
 // Note [Optimizer placement search]: a plan's optimizer placement per stage goes into the
 // plan file, reads back as the same plan, and becomes pipeline.optimizer_offload (one value,
 // or the per-stage list); a plan file without it leaves the config's.

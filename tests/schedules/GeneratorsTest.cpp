@@ -190,8 +190,10 @@ TEST(GeneratorsTest, RejectsBadShapesAndPlacements) {
   EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement::pipefb(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("pipefb-sync", 2, 2, Placement::sameDevice(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("1f1b", 2, 2, Placement({{0, 0}, {0, 0}})), pipefb::UserError);
-  // Device 1 would run the backwards of two stages.
-  EXPECT_THROW(makeSchedule("pipefb-async", 2, 2, Placement({{0, 1}, {2, 1}})), pipefb::UserError);
+  // Device 1 would run the backwards of stages 0 and 2 but not of stage 1 (Note [Decoupled
+  // partitions]: one backward range per device).
+  EXPECT_THROW(makeSchedule("pipefb-async", 3, 2, Placement({{0, 1}, {2, 3}, {4, 1}})),
+               pipefb::UserError);
   // No stage split: that is 1F1B's or GPipe's job.
   EXPECT_THROW(makeSchedule("pipefb-sync", 2, 2, Placement::sameDevice(2)), pipefb::UserError);
   EXPECT_THROW(makeSchedule("pipefb-sync", 1, 2, Placement::folded(1)), pipefb::UserError);
@@ -335,4 +337,118 @@ TEST(GeneratorsTest, VShapeSharesTheMirrorFold) {
       EXPECT_EQ(Placement::foldedDevice(i, n), Placement::foldedDevice(n - 1 - i, n));
       EXPECT_EQ(Placement::folded(n).forward(i), Placement::folded(n).backward(n - 1 - i));
     }
+}
+
+// Note [Decoupled partitions]: the segments of two cut lists, and their ranges.
+TEST(DecoupledPartitions, SegmentsAreTheUnionOfBothPassesCuts) {
+  // Forward: [0,4) on 0, [4,10) on 1. Backward: [0,2) on 1, [2,7) on 2, [7,10) on 3.
+  DecoupledStages d = decouple(10, {{4}, {0, 1}}, {{2, 7}, {1, 2, 3}});
+  EXPECT_EQ(d.cuts, (std::vector<std::int64_t>{2, 4, 7}));
+  EXPECT_EQ(d.placement.toString(), "0/1 0/2 1/2 1/3");
+  // The backward range [2,7) on device 2 spans two forward ranges; forward device 0's layers
+  // go to two backward devices.
+  EXPECT_EQ(d.placement.forwardRanges(), (std::vector<Placement::StageRun>{{0, 2, 0}, {2, 4, 1}}));
+  EXPECT_EQ(d.placement.backwardRanges(),
+            (std::vector<Placement::StageRun>{{0, 1, 1}, {1, 3, 2}, {3, 4, 3}}));
+  d.placement.checkFor("pipefb-sync", 4, "<t>");
+  // One forward device feeding three backward devices.
+  DecoupledStages one = decouple(9, {{}, {0}}, {{3, 6}, {1, 2, 3}});
+  EXPECT_EQ(one.placement, Placement::decoupled({0, 0, 0}, {1, 2, 3}));
+  EXPECT_EQ(one.placement.toString(), "0/1 0/2 0/3");
+  // A shared cut makes no empty segment.
+  EXPECT_EQ(decouple(6, {{3}, {0, 1}}, {{3}, {2, 3}}).cuts, (std::vector<std::int64_t>{3}));
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const pipefb::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] {
+              decouple(6, {{3}, {0}}, {{}, {1}});
+            }).find("the forward partition has 1 cuts and 1 devices"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              decouple(6, {{}, {0}}, {{4, 2}, {1, 2, 3}});
+            }).find("the backward partition cuts at layer 2"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              decouple(6, {{6}, {0, 1}}, {{}, {2}});
+            }).find("lie in (0, 6)"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              Placement::decoupled({0, 0}, {1});
+            }).find("one forward and one backward"),
+            std::string::npos);
+}
+
+// Note [Decoupled partitions], Note [PipeFB device order]: every placement the rule accepts
+// (all of them for 3 stages on 3 devices and 4 on 3) generates, lowers and validates against
+// its contract, and an unsplit stage holds exactly what unsplitPipefbInFlight says.
+TEST(DecoupledPartitions, EveryAcceptedPlacementValidatesUnderEveryPolicy) {
+  int checked = 0, placements = 0;
+  for (auto [S, D] : {std::pair{3, 3}, std::pair{4, 3}}) {
+    const std::vector<Placement> all = Placement::everyPipefb(S, D);
+    placements += static_cast<int>(all.size());
+    for (const Placement& p : all)
+      for (std::string kind : {"pipefb-sync", "pipefb-async"})
+        for (int M : {1, 3, 6})
+          for (StashPolicy policy : kPolicies) {
+            SCOPED_TRACE(kind + " " + p.toString() + " M=" + std::to_string(M) + " " +
+                         toString(policy));
+            SchedulePlan plan = lower(makeSchedule(kind, S, M, p, 2), {policy}, 1);
+            ValidationStats st;
+            ASSERT_NO_THROW(st = validate(plan.schedule, &plan.contract));
+            for (int s = 0; s < S; ++s)
+              if (!p.split(s)) {
+                EXPECT_EQ(st.peakInFlight[s], unsplitPipefbInFlight(p, s, M));
+              }
+            // The runtime feeds iteration k once every device ran its actions of k-1 (an
+            // RW, STEP or SW names its iteration, the rest their microbatch's): in sync no
+            // device may wait in an action of k before one of k-1 (copies never wait: a PRE
+            // of k may be issued ahead).
+            if (kind == "pipefb-sync")
+              for (int d = 0; d < plan.schedule.numDevices(); ++d) {
+                int previous = 0;
+                for (const Action& a : plan.schedule.devices[d]) {
+                  if (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
+                      a.type == ActionType::Drop)
+                    continue;
+                  const bool named = a.type == ActionType::Step ||
+                                     a.type == ActionType::SyncWeights ||
+                                     a.type == ActionType::RecvWeights;
+                  const int k = named ? a.index : a.index / M;
+                  EXPECT_GE(k, previous) << toString(a) << " on device " << d;
+                  previous = k;
+                }
+              }
+            ++checked;
+          }
+  }
+  // 3 on 3: 9^3 = 729 candidates; the rule keeps the ones with a split stage and one range
+  // per device and pass.
+  EXPECT_GT(placements, 200);
+  EXPECT_EQ(checked, placements * 2 * 3 * 4);
+}
+
+TEST(DecoupledPartitions, OneForwardDeviceRunsItsRangeMicrobatchByMicrobatch) {
+  const int M = 3;
+  SchedulePlan plan = makeSchedule("pipefb-sync", 3, M, Placement::parse("0/1 0/2 0/3", "<t>"));
+  std::vector<std::string> dev0;
+  for (const Action& a : plan.schedule.devices[0]) dev0.push_back(toString(a));
+  EXPECT_EQ(dev0, (std::vector<std::string>{"F0.0", "F1.0", "F2.0", "F0.1", "F1.1", "F2.1", "F0.2",
+                                            "F1.2", "F2.2", "RW0.0<1", "RW1.0<2", "RW2.0<3"}));
+  // Its messages to the next segment stay on the device.
+  const Schedule lowered = addCommunication(plan.schedule);
+  for (const Action& a : lowered.devices[0])
+    if (a.isSend()) EXPECT_EQ(a.stage, 2) << toString(a);  // only the last segment's output
+}
+
+// The slots of ranges reproduce the orders of one stage per range (the golden files hold
+// them too): folded's middle stage holds S + 1.
+TEST(DecoupledPartitions, FoldedInFlightIsThePlacementForm) {
+  for (int S = 1; S <= 9; S += 2)
+    for (int M : {1, 4, 20})
+      EXPECT_EQ(unsplitPipefbInFlight(Placement::folded(S), S / 2, M), unsplitPipefbInFlight(S, M));
 }

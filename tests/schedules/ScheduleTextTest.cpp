@@ -102,8 +102,14 @@ TEST(Placement, ParsesItsTextAndChecksItFitsTheKind) {
         "runs F and B on two devices");
   fails([] { Placement::parse("0/0 0/0", "<t>").checkFor("gpipe", 2, "<t>"); },
         "device 0 runs the forward of stages 0 and 1");
-  fails([] { Placement::parse("0/2 1/2", "<t>").checkFor("pipefb-sync", 4, "<t>"); },
-        "device 2 runs the backward of stages 0 and 1");
+  // Note [Decoupled partitions]: two forward devices may feed one backward device, but a
+  // device runs one run of consecutive stages per pass.
+  Placement::parse("0/2 1/2", "<t>").checkFor("pipefb-sync", 4, "<t>");
+  Placement::parse("0/1 0/2 0/3", "<t>").checkFor("pipefb-async", 4, "<t>");
+  fails([] { Placement::parse("0/2 1/3 3/2", "<t>").checkFor("pipefb-sync", 4, "<t>"); },
+        "device 2 runs the backward of stages 0 and 2 but not of the stages between");
+  fails([] { Placement::parse("0/1 2/1 0/1", "<t>").checkFor("pipefb-sync", 4, "<t>"); },
+        "device 0 runs the forward of stages 0 and 2 but not of the stages between");
 }
 
 TEST(Lowering, PerStageLookahead) {

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -126,8 +127,31 @@ TEST(PipefbSimCliTest, FoldedPlacementRunsOnSDevices) {
       "--schedule pipefb-async --stages 3 --microbatches 4 --policy offload "
       "--placement \"0/2 1/1 2/0\" --no-actions --json");
   ASSERT_EQ(odd.code, 0) << odd.out;
-  // Two backwards on one device is still refused, with exit code 2.
-  CliRun bad = pipefbSim("--schedule pipefb-sync --stages 2 --placement \"0/1 2/1\"");
+  // Backwards of two stages that are not consecutive on one device are refused, with exit
+  // code 2 and one line (Note [Decoupled partitions]).
+  CliRun bad = pipefbSim("--schedule pipefb-sync --stages 3 --placement \"0/1 2/3 4/1\"");
   EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("backward of stages 0 and 1"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("backward of stages 0 and 2 but not of the stages between"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
+}
+
+// Note [Decoupled partitions]: one forward device feeding three backward devices. With
+// uniform costs (F = 1 ms, B = 2 ms, the checkpoint's recompute 1 ms) the forward device
+// runs three 1 ms forwards per microbatch and each backward device one 3 ms backward: every
+// device is equally busy.
+TEST(PipefbSimCliTest, DecoupledPlacementRunsOneForwardDeviceFeedingThree) {
+  for (const std::string kind : {"pipefb-sync", "pipefb-async"}) {
+    CliRun r = pipefbSim("--schedule " + kind +
+                         " --stages 3 --microbatches 6 --iterations 2 --policy checkpoint "
+                         "--placement \"0/1 0/2 0/3\" --json --no-actions");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["devices"], 4);
+    ASSERT_EQ(j["per_device"].size(), 4u) << r.out;
+    const double f = j["per_device"][0]["busy_time"].get<double>();
+    for (int d = 1; d < 4; ++d)  // B with its recompute: 3 ms against three 1 ms forwards
+      EXPECT_NEAR(j["per_device"][d]["busy_time"].get<double>(), f, 1e-9) << kind << " " << d;
+  }
 }

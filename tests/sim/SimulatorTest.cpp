@@ -347,6 +347,39 @@ TEST(SimulatorTest, FoldedPipefbRunsEveryShapeWithinItsContract) {
   EXPECT_EQ(checked, 2 * 4 * 4 * 2 * 4 * 3);
 }
 
+// Note [Decoupled partitions]: every placement the pipefb rule accepts for 3 stages on 3
+// devices runs to the end in the simulator (FIFO copy engines, Note [Prefetch behind other
+// stages' offloads]) within its contract, computing each F and B once.
+TEST(SimulatorTest, DecoupledPipefbRunsEveryAcceptedPlacementWithinItsContract) {
+  int checked = 0;
+  const std::vector<Placement> all = Placement::everyPipefb(3, 3);
+  for (const Placement& placement : all)
+    for (const std::string kind : {"pipefb-sync", "pipefb-async"})
+      for (int M : {1, 4})
+        for (StashPolicy p : {StashPolicy::Keep, StashPolicy::Offload, StashPolicy::Checkpoint,
+                              StashPolicy::CheckpointOffload}) {
+          SCOPED_TRACE(kind + " " + placement.toString() + " M=" + std::to_string(M) + " " +
+                       toString(p));
+          const int S = 3, K = 2;
+          SchedulePlan pl = lower(makeSchedule(kind, S, M, placement, K), {p}, 1);
+          CostTable c = CostTable::uniform(S);
+          c.defaultLink = {1e9, 1e-5};
+          c.defaultHostLink = {5e8, 2e-5};
+          SimResult r;
+          ASSERT_NO_THROW(r = simulate(pl.schedule, c));
+          for (int s = 0; s < S; ++s) {
+            EXPECT_LE(r.peakInFlight[s], pl.contract.inFlight[s]);
+            EXPECT_LE(r.peakWeightVersions[s], pl.contract.weightVersions[s]);
+          }
+          double busy = 0;
+          for (double b : r.busy) busy += b;
+          EXPECT_NEAR(busy, K * S * M * (3e-3 + (isCheckpoint(p) ? 1e-3 : 0.0)), 1e-9);
+          ++checked;
+        }
+  EXPECT_GT(all.size(), 200u);
+  EXPECT_EQ(checked, static_cast<int>(all.size()) * 2 * 2 * 4);
+}
+
 // Note [Weight syncs in the simulator]: within one process a synchronous SW carries
 // references (no comm buffers on either side); pipefb-async's snapshot sits on the sender
 // until RW takes it. Note [Forward device memory]: a split stage's forward device holds

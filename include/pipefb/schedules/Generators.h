@@ -61,9 +61,33 @@ SchedulePlan pipefbSync(int S, int M, const Placement& placement, int iterations
 SchedulePlan pipefbAsync(int S, int M, const Placement& placement, int iterations = 1,
                          int lag = -1);
 
-/// Stashes in flight of a pipefb stage that is not split (folded, odd S: the middle one):
-/// its device runs B(s,i) before F(s,j) once j > S + i (Note [PipeFB device order]), so
-/// min(M, S + 1). The contract and the planner's cost model both take it from here.
+/// Note [PipeFB device order]: the slot of every forward and backward of a pipefb
+/// placement. Ranges (Note [Decoupled partitions]) count, not stages: F(s,j) has slot
+/// r + j where r is the index of s's forward range; B(s,j) has slot R + q + j where R is the
+/// number of forward ranges and q the index of s's backward range counted from the chain's
+/// end. Every device runs its actions of an iteration in the order of key(): slot, then
+/// forwards before backwards, forwards by ascending stage, backwards by descending stage.
+class PipefbSlots {
+ public:
+  explicit PipefbSlots(const Placement& placement);
+  int forward(int s, int j) const { return forwardRange_[s] + j; }
+  int backward(int s, int j) const { return numForwardRanges_ + backwardRange_[s] + j; }
+  /// The order a device runs F(s,j) (backward = false) or B(s,j) in (smaller first); every
+  /// dependency of an action has a smaller key, so no device waits in a cycle.
+  long long key(bool backward, int s, int j) const;
+
+ private:
+  std::vector<int> forwardRange_, backwardRange_;
+  int numForwardRanges_ = 0;
+};
+
+/// Stashes in flight of a pipefb stage s that is not split (folded, odd S: the middle one;
+/// a decoupled stage whose forward and backward range share a device): its device runs
+/// F(s,j) before B(s,i) while j <= i + backward(s,0) - forward(s,0) (Note [PipeFB device
+/// order]), so min(M, backward(s,0) - forward(s,0) + 1). The contract takes it from here.
+int unsplitPipefbInFlight(const Placement& placement, int s, int M);
+/// The folded() case: the middle stage of S (odd), min(M, S + 1); the planner's cost model
+/// takes it from here (GeneratorsTest checks it equals the placement form).
 int unsplitPipefbInFlight(int S, int M);
 
 /// By name. An unknown name, S < 1, M < 1, iterations < 1, or a placement the kind cannot

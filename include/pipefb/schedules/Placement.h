@@ -1,5 +1,6 @@
 #pragma once
 // Placement: stage -> (forward device, backward device).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,52 @@ class Placement {
   /// With odd S the middle stage runs F and B on device (S-1)/2 (a stage that is not split).
   /// ZB-V places its stages by the same mirror, foldedDevice() (vShape()).
   static Placement folded(int numStages);
+  /// Note [Decoupled partitions]
+  /// PipeFB's forward chain and backward chain may be cut at different layers and run on
+  /// different numbers of devices (issue 16): one forward device feeding three backward
+  /// devices, two feeding four, a backward range that spans two forward ranges, a forward
+  /// range whose layers go to two backward devices. The representation adds nothing new:
+  ///  * The chain is cut at the UNION of the forward cuts and the backward cuts (decouple()).
+  ///    Each segment is an ordinary stage with its own forward and backward device, so "one
+  ///    forward device feeds three backward devices" is the placement "0/1 0/2 0/3" on three
+  ///    segments, and plan files, pipeline.placement and --placement carry it as they carry
+  ///    any placement.
+  ///  * A forward range is a maximal run of consecutive stages with the same forward device
+  ///    (forwardRanges()); a backward range likewise with the same backward device.
+  ///    checkFor() allows a pipefb device the forwards of one range and the backwards of one
+  ///    range, nothing else: the 2S form, folded() and the odd-S middle stage are the special
+  ///    cases with one stage per range. Device numbers are free (forward ranges in chain
+  ///    order on ascending devices is the natural dataflow, not a rule).
+  ///  * Every segment boundary of a split stage is stashed by its forward device and goes
+  ///    through the host pool (Note [PipeFB hand-off]); checkpoint kinds recompute each
+  ///    segment from its own stashed input, the nearest stashed boundary, which never holds
+  ///    more recompute memory than recomputing a whole range would.
+  ///  * Consecutive segments on one device pass activations (and gradients) locally, as
+  ///    zbv's turn does: addCommunication makes no message between them and the runtime
+  ///    keeps the tensor in the device's own maps (no copy, no host round trip).
+  /// The generators order a device's actions by the slots of Note [PipeFB device order],
+  /// counted in ranges, not stages.
+  static Placement decoupled(const std::vector<int>& forwardDevices,
+                             const std::vector<int>& backwardDevices);
+  /// A maximal run of consecutive stages [first, last) whose forward (or backward) device is
+  /// `device` (Note [Decoupled partitions]).
+  struct StageRun {
+    int first = 0;
+    int last = 0;
+    int device = 0;
+    bool operator==(const StageRun& o) const {
+      return first == o.first && last == o.last && device == o.device;
+    }
+  };
+  /// Every placement of `numStages` stages on devices 0..devices-1 that checkFor() accepts
+  /// for the pipefb kinds, in a fixed order: (devices^2)^numStages candidates, so for tests
+  /// and brute force on small instances only.
+  static std::vector<Placement> everyPipefb(int numStages, int devices);
+  /// The forward ranges in chain order (first stage 0).
+  std::vector<StageRun> forwardRanges() const;
+  /// The backward ranges in chain order (first stage 0; the backward pass meets them last
+  /// to first).
+  std::vector<StageRun> backwardRanges() const;
   /// The mirror fold of position i in a chain of n onto n/2 (rounded up) devices:
   /// min(i, n-1-i). folded() puts B(s) on F(n-1-s)'s device; vShape() puts stage s there.
   static int foldedDevice(int i, int n) { return i < n - 1 - i ? i : n - 1 - i; }
@@ -93,10 +140,11 @@ class Placement {
   /// devices: every device id below `devices`; same-device kinds (gpipe, 1f1b, pipedream,
   /// interleaved-1f1b, zbv) run F and B of a stage on one device; pipefb-* splits at least
   /// one stage (a stage it does not split runs as in GPipe, e.g. folded()'s middle stage);
-  /// and, unless the kind's default placement hosts several stages per device (looped,
-  /// vShape: their generators check the exact shape), no device runs more than one stage's
-  /// forward, or more than one stage's backward. A pipefb device may
-  /// run one stage's forward and another's backward (Note [Folded placements]).
+  /// a pipefb device runs the forwards of at most one forward range and the backwards of
+  /// at most one backward range (Note [Decoupled partitions]; folded() and the 2S form are
+  /// the one-stage ranges); and the other kinds, unless their default placement hosts
+  /// several stages per device (looped, vShape: their generators check the exact shape),
+  /// run at most one stage per device.
   void checkFor(const std::string& kind, int devices, const std::string& where) const;
   bool operator==(const Placement& o) const { return stages_ == o.stages_; }
 
@@ -104,5 +152,27 @@ class Placement {
   std::vector<StagePlacement> stages_;
   int numDevices_ = 0;
 };
+
+/// One pass's partition of a chain of `numLayers` layers (Note [Decoupled partitions]):
+/// `cuts` are the layer indices where a range ends and the next begins (strictly increasing,
+/// each in (0, numLayers)), `devices` the device of each range (cuts.size() + 1 of them).
+struct PassPartition {
+  std::vector<std::int64_t> cuts;
+  std::vector<int> devices;
+};
+
+/// The segments of a decoupled partition: the chain cut at the union of both passes' cuts.
+struct DecoupledStages {
+  std::vector<std::int64_t>
+      cuts;             // segment s covers [cuts[s-1], cuts[s]) (0 and numLayers implied)
+  Placement placement;  // per segment: its forward and backward device
+};
+
+/// Note [Decoupled partitions]: the segments of `forward` and `backward` on `numLayers`
+/// layers. A bad cut list (not increasing, outside (0, numLayers), the wrong number of
+/// devices) is a UserError naming which pass. The result is not checked against a kind
+/// (Placement::checkFor does that).
+DecoupledStages decouple(std::int64_t numLayers, const PassPartition& forward,
+                         const PassPartition& backward);
 
 }  // namespace pipefb::schedules
