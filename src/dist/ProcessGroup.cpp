@@ -12,6 +12,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -337,6 +338,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
                         env_.worldSize, timeout_);
       coll_ = spec_.make(c10::make_intrusive<c10d::PrefixStore>(prefix + "coll", store_), env_.rank,
                          env_.worldSize, timeout_);
+      awaitConnected(prefix);
     } catch (const std::exception& e) {
       // Note [Gone ranks]: a rank that dies while the mesh connects resets it. That is the
       // job failing (exit 1, naming the rank), not a setting to change.
@@ -348,6 +350,30 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
                       ": " + firstLine(e.what()));
     }
     reaper_ = std::thread([this] { reap(); });
+  }
+
+  // Note [Mesh barrier]
+  // gloo connects the full mesh pair by pair, and each pair waits up to the timeout for its
+  // peer. A rank that starts its schedule as soon as its own pairs are up can fail (or be
+  // killed) while another rank is still connecting; that rank then waits out the timeout
+  // pair after pair (Dist.KilledRankZeroIsNamedByAllOthersOfFour: rank 0 killed at its 9th
+  // action, one rank still connecting 60 s later, in 2 of 8 runs on a loaded machine). So
+  // no rank leaves connect() before every rank of the group has connected both meshes: the
+  // store counts them, and the wait stops early when a rank of this host is gone (Note
+  // [Gone ranks]) or the store went with rank 0.
+  void awaitConnected(const std::string& prefix) {
+    const std::string key = prefix + "pipefb/connected";
+    store_->add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      const int64_t n = store_->add(key, 0);
+      if (n >= env_.worldSize) return;
+      if (!goneRanks().empty()) throw std::runtime_error("a rank left while the mesh connected");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("only " + std::to_string(n) + " of " +
+                                 std::to_string(env_.worldSize) + " ranks connected");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
 
   void rendezvous(const GroupOptions& options) {
