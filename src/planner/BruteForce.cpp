@@ -121,7 +121,10 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
             sh.chain = chain;
             sh.corePace = model.corePace(sh);
             sh.fill = model.fill(sh.kind);
-            for (const auto& [policy, host] : decoupledChoices(model, sh, fam.policies))
+            for (const auto& choice : decoupledChoices(model, sh, fam.policies)) {
+              // Named copies: C++17 lambdas cannot capture structured bindings (clang).
+              const auto policy = choice.first;
+              const bool host = choice.second;
               for (const auto& fc : fparts)
                 for (const auto& bc : bparts) {
                   PipelineShape s2 = stageShape(sh, host);
@@ -149,6 +152,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                     return p;
                   });
                 }
+            }
           }
         }
       }

@@ -953,7 +953,10 @@ std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineSh
   if (Df < 1 || Db < 1 || Df > L || Db > L || !isSplit(shapeIn.kind)) return std::nullopt;
   const bool time = objective == Objective::Time;
   std::optional<Plan> best;
-  for (const auto& [policy, host] : decoupledChoices(model, shapeIn, policies)) {
+  for (const auto& choice : decoupledChoices(model, shapeIn, policies)) {
+    // Named copies: C++17 lambdas cannot capture structured bindings (clang).
+    const StashPolicy policy = choice.first;
+    const bool host = choice.second;
     PipelineShape sh = stageShape(shapeIn, host);
     sh.stages = L;
     // Segment estimates per (range, layer): a segment's forward part depends only on its
