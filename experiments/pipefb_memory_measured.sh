@@ -11,9 +11,9 @@
 #    planned smallest budget, whether the run fits it, the capacity it needed),
 #    logs/ (every program's output), plans/ (the plan files).
 #
-#   experiments/pipefb_memory_measured.sh        (~1 minute loaded)
+#   experiments/pipefb_memory_measured.sh        (~1.5 minutes loaded)
 source "$(dirname "$0")/lib.sh"
-FAMILIES=${FAMILIES:-pipefb-sync pipefb-async 1f1b-keep 1f1b gpipe pipedream}
+FAMILIES=${FAMILIES:-pipefb-sync pipefb-async pipefb-sync-keep pipefb-sync-checkpoint pipefb-async-keep pipefb-async-checkpoint 1f1b-keep 1f1b gpipe pipedream}
 need pipefb_plan pipefb_profile pipefb_train
 start_results pipefb_memory_measured
 mkdir -p "$OUT/logs" "$OUT/plans" "$OUT/runs"
