@@ -16,6 +16,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/Placement.h"
 #include "pipefb/sim/Simulator.h"
 #include "pipefb/train/Optimizer.h"
@@ -664,6 +665,20 @@ TEST(PipelineMemory, DecoupledForwardDevicesHoldOnlyTheirRange) {
     EXPECT_EQ(stats[1].peakByCategory[weights], bytesOf(2, 4));
     EXPECT_EQ(stats[0].peakByCategory[grads], 0);
     EXPECT_EQ(stats[1].peakByCategory[grads], 0);
+    // Between actions a forward device holds the stash F just built and the copies still
+    // going out, at most kOffloadsInFlight of them (issue 16, item 3). One stash: what
+    // F's graph saved, or what one OFF copied (its input included, which a segment fed
+    // locally counts as stash: the previous segment's F made it).
+    const auto perMb = e.stashBytesPerMicrobatch();
+    const auto atEnds = stashAtActionEnds(e);
+    const auto t = e.transferStats();
+    for (int d : {0, 1}) {
+      ASSERT_GT(t[d].offloads, 0) << d;
+      int64_t unit = t[d].bytesD2H / t[d].offloads;
+      for (int s = 2 * d; s < 2 * d + 2; ++s) unit = std::max(unit, perMb[s]);
+      EXPECT_GT(atEnds[d], 0) << d;
+      EXPECT_LE(atEnds[d], (1 + schedules::kOffloadsInFlight) * unit * 11 / 10) << "device " << d;
+    }
     // Backward devices: the masters and their gradients.
     EXPECT_EQ(stats[2].peakByCategory[grads], bytesOf(0, 3));
     EXPECT_EQ(stats[3].peakByCategory[grads], bytesOf(3, 4));
@@ -674,7 +689,6 @@ TEST(PipelineMemory, DecoupledForwardDevicesHoldOnlyTheirRange) {
         if (a.isSend() || a.isRecv())
           EXPECT_NE(a.peer, d) << schedules::toString(a) << " on device " << d;
     // Stashes: out of the forward devices, into the backward devices, through the host.
-    const auto t = e.transferStats();
     for (int d : {0, 1}) {
       EXPECT_GT(t[d].bytesD2H, 0) << d;
       EXPECT_EQ(t[d].bytesH2D, 0) << d;
