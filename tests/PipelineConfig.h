@@ -50,6 +50,13 @@ inline void fold(config::Config& c) {
   c.devices.count = S;
 }
 
+/// A given pipeline.placement ("0/1 0/2 0/3", Note [Decoupled partitions]) on the devices
+/// it names.
+inline void place(config::Config& c, const std::string& placement) {
+  c.pipeline.placement = placement;
+  c.devices.count = schedules::Placement::parse(placement, "test").numDevices();
+}
+
 /// interleaved-1f1b with v stages per device: S/v devices.
 inline void interleave(config::Config& c, int v) {
   c.pipeline.virtual_stages = v;

@@ -76,6 +76,16 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   }
 }
 
+// Note [Planner partition of a placement] (TrainPlan.h).
+bool plannerPartitions(const config::Config& cfg, int stages) {
+  const ScheduleKind kind = parseScheduleKind(cfg.pipeline.schedule);
+  if (!plannerModels(kind)) return false;
+  if (cfg.pipeline.placement.empty()) return true;
+  const auto given = schedules::Placement::parse(cfg.pipeline.placement, cfg.source);
+  return given == schedules::Placement::defaultFor(kind, stages) ||
+         (isSplit(kind) && given == schedules::Placement::folded(stages));
+}
+
 PlannedPartition plannerPartition(const CostModel& model, const config::Config& cfg, int stages) {
   PipelineShape shape;
   shape.kind = parseScheduleKind(cfg.pipeline.schedule);
@@ -94,6 +104,8 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
                               ? cfg.pipeline.optimizer_offload == "host"
                               : std::all_of(perStage.begin(), perStage.end(),
                                             [](const std::string& v) { return v == "host"; });
+  PIPEFB_ASSERT(plannerPartitions(cfg, stages),
+                "plannerPartition plans default and folded placements only (plannerPartitions)");
   // Note [Folded placements]: a folded pipeline.placement plans the folded shape.
   shape.folded = isSplit(shape.kind) && !cfg.pipeline.placement.empty() &&
                  schedules::Placement::parse(cfg.pipeline.placement, cfg.source) ==

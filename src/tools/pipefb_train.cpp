@@ -249,14 +249,22 @@ int main(int argc, char** argv) {
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&
         config.pipeline.partition.empty() && config.pipeline.partition_by == "planner") {
-      if (pipefb::planner::plannerModels(
-              pipefb::schedules::parseScheduleKind(config.pipeline.schedule)))
+      const bool modelled = pipefb::planner::plannerModels(
+          pipefb::schedules::parseScheduleKind(config.pipeline.schedule));
+      // Note [Planner partition of a placement] (planner/TrainPlan.h)
+      if (pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
         planYaml = usePlannerPartition(config, configPath, group.get());
-      else  // interleaved-1f1b, zbv: the cost model has no closed form for them yet
+      else if (!modelled)  // interleaved-1f1b, zbv: the cost model has no closed form yet
         spdlog::info(
             "pipeline: the planner does not model {}; partition balanced by parameter "
             "bytes (set pipeline.partition to choose it)",
             config.pipeline.schedule);
+      else
+        spdlog::info(
+            "pipeline: the planner partitions placement {} only as a whole plan "
+            "(pipefb_plan, then --plan); partition balanced by parameter bytes (set "
+            "pipeline.partition to choose it)",
+            config.pipeline.placement);
     }
     std::optional<std::int64_t> keepPeak;
     try {  // informational: a config the planner cannot model still trains

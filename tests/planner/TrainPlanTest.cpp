@@ -126,6 +126,22 @@ TEST(TrainPlan, DecoupledPlanFileSetsThePlacement) {
       << errorOf([&] { parsePlan(bad, "plan.yaml"); });
 }
 
+// Note [Planner partition of a placement]: pipefb_train's planner partitions the default
+// and the folded placements; a decoupled one (and a kind the planner does not model) is
+// balanced by parameter bytes instead of refused for the devices of the 2S form.
+TEST(TrainPlan, PlannerPartitionsDefaultAndFoldedPlacementsOnly) {
+  config::Config cfg = config::parseConfig(kVgg, {"pipeline.schedule=pipefb-sync"});
+  EXPECT_TRUE(plannerPartitions(cfg, 2));
+  cfg.pipeline.placement = "0/3 1/2 2/1 3/0";  // folded
+  EXPECT_TRUE(plannerPartitions(cfg, 4));
+  cfg.pipeline.placement = "0/3 1/2";  // the default, given
+  EXPECT_TRUE(plannerPartitions(cfg, 2));
+  cfg.pipeline.placement = "0/1 0/2 0/3";  // one forward device feeds three backward ones
+  EXPECT_FALSE(plannerPartitions(cfg, 3));
+  config::Config zbv = config::parseConfig(kVgg, {"pipeline.schedule=zbv"});
+  EXPECT_FALSE(plannerPartitions(zbv, 8));
+}
+
 // Note [Optimizer placement search]: a plan's optimizer placement per stage goes into the
 // plan file, reads back as the same plan, and becomes pipeline.optimizer_offload (one value,
 // or the per-stage list); a plan file without it leaves the config's.

@@ -16,6 +16,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/runtime/PipelineEngine.h"
+#include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/Placement.h"
 #include "pipefb/sim/Simulator.h"
 #include "pipefb/train/Optimizer.h"
@@ -157,22 +158,32 @@ runtime::EngineOptions quietOptions(int64_t iterations) {
 struct Layout {
   Layout(const char* s) : schedule(s) {}  // the schedule's default placement
   Layout(std::string s, bool f, int v = 0) : schedule(std::move(s)), folded(f), virtualStages(v) {}
+  // A given pipeline.placement (Note [Decoupled partitions]), on the devices it names.
+  static Layout placed(std::string s, std::string placement) {
+    Layout l(std::move(s), false);
+    l.placement = std::move(placement);
+    return l;
+  }
   std::string schedule;
   bool folded = false;
   int virtualStages = 0;
+  std::string placement;
   std::string name() const {
     return schedule + (folded ? " folded" : "") +
-           (virtualStages ? " v=" + std::to_string(virtualStages) : "");
+           (virtualStages ? " v=" + std::to_string(virtualStages) : "") +
+           (placement.empty() ? "" : " [" + placement + "]");
   }
   // Whether S stages x M microbatches make this layout.
   bool takes(int S, int M) const {
     if (folded) return S >= 2;
     if (virtualStages) return S % virtualStages == 0 && M % (S / virtualStages) == 0;
+    if (!placement.empty()) return schedules::Placement::parse(placement, "test").numStages() == S;
     return true;
   }
   void apply(config::Config& c) const {
     if (folded) test::fold(c);
     if (virtualStages) test::interleave(c, virtualStages);
+    if (!placement.empty()) test::place(c, placement);
   }
 };
 const std::vector<Layout> kOneStagePerDevice = {"gpipe", "1f1b", "pipefb-sync"};
@@ -180,6 +191,15 @@ const std::vector<Layout> kOneStagePerDevice = {"gpipe", "1f1b", "pipefb-sync"};
 // several stages (interleaved).
 const std::vector<Layout> kFolded = {{"pipefb-sync", true}};
 const std::vector<Layout> kInterleaved = {{"interleaved-1f1b", false, 2}};
+// Note [Decoupled partitions]: one forward device feeding three backward devices (a
+// forward range whose layers go to three backward devices); two forward ranges whose
+// layers one backward range spans ([0,3) on device 2); a device running a forward range
+// and another range's backward (device 1: F of 2..3, B of 0); a forward range and a
+// backward range on one device that overlap (device 1: F and B of stage 2).
+const std::vector<Layout> kDecoupled = {
+    Layout::placed("pipefb-sync", "0/1 0/2 0/3"), Layout::placed("pipefb-sync", "0/2 0/2 1/2 1/3"),
+    Layout::placed("pipefb-sync", "0/1 0/2 1/2 1/3"), Layout::placed("pipefb-sync", "0/2 1/2 1/0"),
+    Layout::placed("pipefb-sync", "0/2 1/1 1/0")};
 const std::vector<std::string> kAllStashes = {"keep", "checkpoint", "offload",
                                               "checkpoint-offload"};
 
@@ -189,11 +209,13 @@ void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
                       const std::vector<std::string>& stashes = {"keep", "checkpoint"},
                       const std::vector<Layout>& layouts = kOneStagePerDevice) {
   constexpr int kIters = 3;
-  for (const Layout& layout : layouts)
+  for (const Layout& layout : layouts) {
+    int ran = 0;  // a layout that takes none of the shapes would pass without running
     for (const std::string& stash : stashes)
       for (int S : stageCounts)
         for (int M : microbatches) {
           if (!layout.takes(S, M)) continue;
+          ++ran;
           SCOPED_TRACE(c.name + " " + layout.name() + " " + stash + " S=" + std::to_string(S) +
                        " M=" + std::to_string(M));
           auto cfg = makeConfig(c.model, layout.schedule, S, M, stash, c.batch);
@@ -204,6 +226,8 @@ void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
           EXPECT_EQ(engine.numDevices(), cfg.devices.count);
           if (layout.folded)
             EXPECT_EQ(engine.schedule().placement, schedules::Placement::folded(S));
+          if (!layout.placement.empty())
+            EXPECT_EQ(engine.schedule().placement.toString(), layout.placement);
           std::vector<data::Batch> batches;
           for (int k = 0; k < kIters; ++k)
             batches.push_back(makeBatch(*model, c.batch, c.model.num_classes, 100 + k));
@@ -223,6 +247,8 @@ void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
           double e = maxRelErr(*model, *ref.model, /*grads=*/false, &worst);
           EXPECT_LE(e, 1e-5) << "weights after " << kIters << " steps: " << worst;
         }
+    EXPECT_GT(ran, 0) << layout.name() << " takes none of the stage counts";
+  }
 }
 
 }  // namespace
@@ -370,6 +396,26 @@ TEST(PipelineEquivalenceFolded, Resnet50) {
 TEST(PipelineEquivalenceFolded, Gpt2) {
   checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2}, kAllStashes, kFolded);
 }
+// Decoupled partitions (issue 16; Note [Decoupled partitions]): several segments a
+// device, every segment's stash through the host pool to its backward device; still
+// gradient-exact under every stash policy, and with a policy per segment.
+TEST(PipelineEquivalenceDecoupled, Mlp) {
+  checkEquivalence({"mlp", mlpOptions(), 12}, {3, 4}, {1, 3, 4}, kAllStashes, kDecoupled);
+  checkEquivalence({"mlp", mlpOptions()}, {4}, {2}, {"checkpoint,offload,keep,checkpoint-offload"},
+                   {kDecoupled[1], kDecoupled[2]});
+}
+TEST(PipelineEquivalenceDecoupled, Vgg16) {
+  checkEquivalence({"vgg16", visionOptions("vgg16"), 4}, {3, 4}, {2}, kAllStashes, kDecoupled);
+}
+TEST(PipelineEquivalenceDecoupled, Resnet50) {  // BatchNorm on the forward devices
+  checkEquivalence({"resnet50", visionOptions("resnet50"), 8}, {4}, {4}, kAllStashes,
+                   {kDecoupled[1]});
+}
+TEST(PipelineEquivalenceDecoupled, Gpt2) {
+  checkEquivalence({"gpt2", gpt2Options(), 4}, {3, 4}, {2}, kAllStashes,
+                   {kDecoupled[0], kDecoupled[1]});
+}
+
 TEST(PipelineEquivalenceInterleaved, Mlp) {
   checkEquivalence({"mlp", mlpOptions(), 12}, {2, 4}, {2, 4}, kAllStashes, kInterleaved);
   // Four stages on one device.
@@ -583,6 +629,77 @@ TEST(PipelineOverlap, ZbH2FillsTheDrainWithTheNextIterationAndStaysExact) {
   }
 }
 
+// Note [Decoupled partitions] in the runtime (issue 16, items 2 and 3): consecutive
+// segments on one device pass activations and gradients in the device's own maps (no
+// message to itself); every segment's stash leaves its forward device for the host pool
+// and comes back on its backward device; a forward device holds only the weights of its
+// range, and the weight gradients live on the backward devices.
+TEST(PipelineMemory, DecoupledForwardDevicesHoldOnlyTheirRange) {
+  for (const std::string stash : {"offload", "checkpoint"}) {
+    SCOPED_TRACE(stash);
+    auto cfg = makeConfig(wideMlp(), "pipefb-sync", 4, 2, stash, 16);
+    test::place(cfg, "0/2 0/2 1/2 1/3");  // F: [0,2) on 0, [2,4) on 1; B: [0,3) on 2
+    auto model = buildSeeded(cfg.model);
+    std::vector<int64_t> layerBytes;
+    for (size_t l = 0; l < model->numLayers(); ++l) {
+      int64_t b = 0;
+      for (const auto& p : model->layer(l)->parameters()) b += p.numel() * p.element_size();
+      layerBytes.push_back(b);
+    }
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    e.step(makeBatch(*model, 16, 5, 1));
+    e.step(makeBatch(*model, 16, 5, 2));
+    e.finish();
+    const auto& part = e.partition();
+    ASSERT_EQ(part.size(), 4u);
+    auto bytesOf = [&](int firstStage, int lastStage) {  // stages [first, last)
+      int64_t b = 0;
+      for (int64_t l = part[firstStage].first; l < part[lastStage - 1].last; ++l)
+        b += layerBytes[l];
+      return b;
+    };
+    const auto stats = e.deviceStats();
+    const auto weights = index(MemoryCategory::Weights), grads = index(MemoryCategory::Grads);
+    // Forward devices: the weights of their range, never more, and no gradients.
+    EXPECT_EQ(stats[0].peakByCategory[weights], bytesOf(0, 2));
+    EXPECT_EQ(stats[1].peakByCategory[weights], bytesOf(2, 4));
+    EXPECT_EQ(stats[0].peakByCategory[grads], 0);
+    EXPECT_EQ(stats[1].peakByCategory[grads], 0);
+    // Between actions a forward device holds the stash F just built and the copies still
+    // going out, at most kOffloadsInFlight of them (issue 16, item 3). One stash: what
+    // F's graph saved, or what one OFF copied (its input included, which a segment fed
+    // locally counts as stash: the previous segment's F made it).
+    const auto perMb = e.stashBytesPerMicrobatch();
+    const auto atEnds = stashAtActionEnds(e);
+    const auto t = e.transferStats();
+    for (int d : {0, 1}) {
+      ASSERT_GT(t[d].offloads, 0) << d;
+      int64_t unit = t[d].bytesD2H / t[d].offloads;
+      for (int s = 2 * d; s < 2 * d + 2; ++s) unit = std::max(unit, perMb[s]);
+      EXPECT_GT(atEnds[d], 0) << d;
+      EXPECT_LE(atEnds[d], (1 + schedules::kOffloadsInFlight) * unit * 11 / 10) << "device " << d;
+    }
+    // Backward devices: the masters and their gradients.
+    EXPECT_EQ(stats[2].peakByCategory[grads], bytesOf(0, 3));
+    EXPECT_EQ(stats[3].peakByCategory[grads], bytesOf(3, 4));
+    // No device sends to itself.
+    const auto& sched = e.schedule();
+    for (int d = 0; d < e.numDevices(); ++d)
+      for (const auto& a : sched.devices[d])
+        if (a.isSend() || a.isRecv())
+          EXPECT_NE(a.peer, d) << schedules::toString(a) << " on device " << d;
+    // Stashes: out of the forward devices, into the backward devices, through the host.
+    for (int d : {0, 1}) {
+      EXPECT_GT(t[d].bytesD2H, 0) << d;
+      EXPECT_EQ(t[d].bytesH2D, 0) << d;
+    }
+    for (int d : {2, 3}) {
+      EXPECT_EQ(t[d].bytesD2H, 0) << d;
+      EXPECT_GT(t[d].bytesH2D, 0) << d;
+    }
+  }
+}
+
 TEST(PipelineMemory, OutOfMemoryNamesDeviceStopsWorkersAndKeepsOomInfo) {
   // gpipe: device 0 runs F0.0..F0.3 before any gradient can come back into its memory,
   // so the refused allocation is always a stash of F0.1 (no race with comm buffers).
@@ -749,12 +866,13 @@ struct AsyncReference {
 
 void checkAsyncSemantics(const Case& c, const std::string& sched, int S, int M,
                          const std::string& stash, const std::string& optimizer, int kIters = 4,
-                         int lag = -1, const std::string& prediction = "none",
-                         bool folded = false) {
-  SCOPED_TRACE(c.name + " " + sched + (folded ? " folded " : " ") + stash + " " + optimizer +
-               " S=" + std::to_string(S) + " M=" + std::to_string(M));
+                         int lag = -1, const std::string& prediction = "none", bool folded = false,
+                         const std::string& placement = "") {
+  SCOPED_TRACE(c.name + " " + sched + (folded ? " folded " : " ") + placement + " " + stash + " " +
+               optimizer + " S=" + std::to_string(S) + " M=" + std::to_string(M));
   auto cfg = makeConfig(c.model, sched, S, M, stash, c.batch);
   if (folded) test::fold(cfg);
+  if (!placement.empty()) test::place(cfg, placement);
   cfg.pipeline.async_lag = lag;
   cfg.pipeline.weight_prediction = prediction;
   cfg.training.optimizer = optimizer;
@@ -826,6 +944,21 @@ TEST(PipelineAsync, FoldedPipefbAsyncFollowsTheAsynchronousSemantics) {
     }
 }
 
+// Decoupled pipefb-async (Note [Decoupled partitions]): every split segment's forwards
+// one SyncWeights behind, as in the 2S form; a segment whose F and B share a device is
+// synchronous.
+TEST(PipelineAsync, DecoupledPipefbAsyncFollowsTheAsynchronousSemantics) {
+  const Case mlp{"mlp", mlpOptions(), 12};
+  for (const std::string stash : {"keep", "checkpoint", "offload", "checkpoint-offload"})
+    for (const Layout& l : kDecoupled) {
+      const int S = schedules::Placement::parse(l.placement, "test").numStages();
+      checkAsyncSemantics(mlp, "pipefb-async", S, 3, stash, "adam", 4, -1, "none", false,
+                          l.placement);
+      checkAsyncSemantics(mlp, "pipefb-async", S, 3, stash, "adam", 5, 1, "linear", false,
+                          l.placement);
+    }
+}
+
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
   config::Config base = makeConfig(mlpOptions(), "1f1b", 2, 4, "keep", 32);
   base.model.input_size = 8;
@@ -837,11 +970,13 @@ TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
   auto train = data::makeDataset(base.data, base.model, data::Split::Train, 1);
   auto test = data::makeDataset(base.data, base.model, data::Split::Test, 1);
   const int64_t iters = 80;
-  auto accuracyOf = [&](const std::string& sched, const std::string& stash) {
+  auto accuracyOf = [&](const std::string& sched, const std::string& stash,
+                        const std::string& placement = "") {
     auto cfg = base;
     cfg.pipeline.schedule = sched;
     cfg.pipeline.stash = stash;
     cfg.devices.count = sched.rfind("pipefb", 0) == 0 ? 4 : 2;
+    if (!placement.empty()) test::place(cfg, placement);
     auto model = buildSeeded(cfg.model);
     runtime::PipelineEngine e(*model, cfg, quietOptions(iters));
     data::Loader loader(train, 32, true, 1);
@@ -859,8 +994,8 @@ TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
     auto b = test->get(idx);
     double acc =
         model->forward(b.input).argmax(-1).eq(b.target).to(torch::kFloat).mean().item<double>();
-    std::cout << sched << "/" << stash << ": loss " << first << " -> " << last << ", accuracy "
-              << acc << "\n";
+    std::cout << sched << "/" << stash << (placement.empty() ? "" : " [" + placement + "]")
+              << ": loss " << first << " -> " << last << ", accuracy " << acc << "\n";
     EXPECT_LT(last, first) << sched;
     return acc;
   };
@@ -869,6 +1004,8 @@ TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
   for (const std::string stash : {"keep", "checkpoint", "offload", "checkpoint-offload"}) {
     EXPECT_GT(accuracyOf("pipedream", stash), ref - 0.1) << stash;
     EXPECT_GT(accuracyOf("pipefb-async", stash), ref - 0.1) << stash;
+    // Decoupled (Note [Decoupled partitions]): one forward device feeds two backward ones.
+    EXPECT_GT(accuracyOf("pipefb-async", stash, "0/1 0/2"), ref - 0.1) << stash;
   }
 }
 
@@ -1165,7 +1302,8 @@ TEST(PipelineOffload, PlacementAndPerStageLookaheadFromTheConfig) {
     EXPECT_LE(atEnds[backward[s]], (la + 1) * unit * 11 / 10) << "stage " << s;
   }
   // A bad placement names the key. (Device 0 running the forwards of stages 0 and 1 is a
-  // decoupled forward range, Note [Decoupled partitions]; stages 0 and 2 without 1 is not.)
+  // decoupled placement now, Note [Decoupled partitions]; of stages 0 and 2 without 1 is
+  // not.)
   cfg.pipeline.placement = "0/4 1/5 0/3";
   auto again = buildSeeded(cfg.model);
   try {

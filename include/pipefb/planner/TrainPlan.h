@@ -30,6 +30,18 @@ std::vector<std::string> runtimeStashPolicies(const PlanSpec& spec, const std::s
 /// `source`) when the plan is for another model or layer count, or another batch.
 void applyPlan(config::Config& config, const PlanSpec& spec, const std::string& source);
 
+/// Note [Planner partition of a placement]
+/// plannerPartition() plans S stages on the devices of the schedule's default placement,
+/// or of the folded one (Note [Folded placements]): the shapes whose devices it can name
+/// stage by stage. A decoupled placement (Note [Decoupled partitions]: a range of several
+/// stages on one device, such as "0/1 0/2 0/3") or any other given placement is a shape
+/// the solver plans only as a whole (pipefb_plan, Note [Decoupled search]: every layer a
+/// segment), so pipefb_train balances such a placement's S stages by parameter bytes,
+/// as it does for the kinds the planner does not model. Whether the config's pipeline is
+/// one plannerPartition() plans: its kind is modelled and its placement is the default or
+/// the folded one.
+bool plannerPartitions(const config::Config& config, int stages);
+
 /// The planner's partition for the config's pipeline shape (schedule, `stages`,
 /// pipeline.microbatches, pipeline.stash, lookahead), devices 0..D-1 in order.
 struct PlannedPartition {

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_flag("--no-folded", noFolded,
                "search PipeFB only on 2S devices, not folded onto S (device d runs F of stage d "
-               "and B of stage S-1-d); pipefb_train runs only the 2S-device form today");
+               "and B of stage S-1-d)");
   app.add_flag("--no-decoupled", noDecoupled,
                "do not search PipeFB with forward and backward partitions of their own (Df "
                "forward devices feeding Db backward devices, every layer a segment)");
