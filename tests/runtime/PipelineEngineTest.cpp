@@ -370,6 +370,28 @@ TEST(PipelineEquivalenceFolded, Resnet50) {
 TEST(PipelineEquivalenceFolded, Gpt2) {
   checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 3, 4}, {2}, kAllStashes, kFolded);
 }
+// Note [Recomputed last output]: under a checkpoint kind the last stage's F sends its output
+// nowhere and keeps no copy of it (its B recomputes it on the other device); under offload
+// it is sent. Either way the forward device ends the iteration holding what it started with.
+TEST(PipelineEngine, RecomputingLastStageKeepsNoOutputOnItsForwardDevice) {
+  for (const std::string stash : {"checkpoint", "checkpoint-offload", "offload"}) {
+    SCOPED_TRACE(stash);
+    auto cfg = makeConfig(mlpOptions(), "pipefb-sync", 2, 4, stash, 8);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    const int S = e.numStages(), fd = e.forwardDevice(S - 1);
+    ASSERT_NE(fd, e.backwardDevice(S - 1));
+    int sends = 0;
+    for (const auto& a : e.schedule().devices[fd])
+      sends += a.type == schedules::ActionType::SendAct && a.stage == S - 1;
+    EXPECT_EQ(sends, stash == "offload" ? 2 * 4 : 0);
+    const int64_t before = e.deviceStats()[fd].live;
+    for (int k = 0; k < 2; ++k) e.step(makeBatch(*model, 8, 5, 10 + k));
+    EXPECT_EQ(e.deviceStats()[fd].live, before) << "device " << fd;
+    e.finish();
+  }
+}
+
 TEST(PipelineEquivalenceInterleaved, Mlp) {
   checkEquivalence({"mlp", mlpOptions(), 12}, {2, 4}, {2, 4}, kAllStashes, kInterleaved);
   // Four stages on one device.
