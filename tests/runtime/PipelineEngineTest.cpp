@@ -392,6 +392,26 @@ TEST(PipelineEngine, RecomputingLastStageKeepsNoOutputOnItsForwardDevice) {
   }
 }
 
+// Note [Forward device memory] (planner/CostModel.h) and Note [Old forward copies in the
+// simulator]: pipefb-async with a graph stash (offload) builds a new forward copy at RW while
+// stashes made on the old one wait for their B, so a forward device's weights peak at twice
+// its copy; under checkpoint-offload RW copies in place.
+TEST(PipelineEngine, AsyncForwardDeviceHoldsTheOldCopyBesideTheNew) {
+  for (const std::string stash : {"offload", "checkpoint-offload"}) {
+    SCOPED_TRACE(stash);
+    auto cfg = makeConfig(mlpOptions(), "pipefb-async", 2, 4, stash, 8);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(3));
+    const int fd = e.forwardDevice(1);
+    const int64_t copy = e.deviceStats()[fd].live;  // the forward copy of stage 1
+    ASSERT_GT(copy, 0);
+    for (int k = 0; k < 3; ++k) e.step(makeBatch(*model, 8, 5, 20 + k));
+    e.finish();
+    const int64_t weights = e.deviceStats()[fd].peakByCategory[index(MemoryCategory::Weights)];
+    EXPECT_EQ(weights, stash == "offload" ? 2 * copy : copy);
+  }
+}
+
 TEST(PipelineEquivalenceInterleaved, Mlp) {
   checkEquivalence({"mlp", mlpOptions(), 12}, {2, 4}, {2, 4}, kAllStashes, kInterleaved);
   // Four stages on one device.
