@@ -35,9 +35,28 @@ std::vector<int> lookaheadPerStage(const std::vector<int>& lookahead, int S) {
   return lookahead;
 }
 
+Schedule markRecompute(const Schedule& in, const std::vector<StashPolicy>& policiesIn) {
+  const int S = in.numStages;
+  std::vector<StashPolicy> policy = policiesPerStage(policiesIn, S);
+  Schedule out = in;
+  for (auto& list : out.devices)
+    for (Action& a : list)
+      if (a.isInputBackward())
+        a.recompute = isCheckpoint(effectivePolicy(policy[a.stage], in.placement.split(a.stage)));
+  return out;
+}
+
 Schedule addCommunication(const Schedule& in) {
   const Placement& p = in.placement;
   const int S = in.numStages;
+  // Note [Recomputed last output]: the microbatches whose last-stage B (or I) recomputes.
+  std::set<int> recomputesOutput;
+  for (const auto& list : in.devices)
+    for (const Action& a : list)
+      if (a.isInputBackward() && a.stage == S - 1 && a.recompute) recomputesOutput.insert(a.index);
+  auto outputTravels = [&](int m) {
+    return lastOutputTravels(p.split(S - 1), recomputesOutput.count(m) > 0);
+  };
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
     std::set<Key> present;
@@ -53,12 +72,15 @@ Schedule addCommunication(const Schedule& in) {
       if (a.type == ActionType::Forward) {
         if (s > 0 && p.forward(s - 1) != d) addIfMissing(list, recvAct(s - 1, m, p.forward(s - 1)));
         list.push_back(a);
-        int dst = s + 1 < S ? p.forward(s + 1) : p.backward(s);
-        if (dst != d) addIfMissing(list, sendAct(s, m, dst));
+        if (s + 1 < S) {
+          if (p.forward(s + 1) != d) addIfMissing(list, sendAct(s, m, p.forward(s + 1)));
+        } else if (outputTravels(m)) {
+          addIfMissing(list, sendAct(s, m, p.backward(s)));
+        }
       } else if (a.isInputBackward()) {  // W needs nothing from another device
         if (s + 1 < S) {
           if (p.backward(s + 1) != d) addIfMissing(list, recvGrad(s + 1, m, p.backward(s + 1)));
-        } else if (p.forward(s) != d) {
+        } else if (outputTravels(m)) {
           addIfMissing(list, recvAct(s, m, p.forward(s)));
         }
         list.push_back(a);
@@ -85,16 +107,16 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
 
   const PipefbSlots slots(in.placement);
   const int M = in.numMicrobatches;
+  const Schedule marked = markRecompute(in, policy);  // BR for checkpoint kinds
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
     std::set<Key> present;
     for (const Action& a : in.devices[d]) present.insert(keyOf(a));
 
-    // Pass 1: OFF right after the producing F; BR for checkpoint kinds.
+    // Pass 1: OFF right after the producing F.
     std::vector<Action> list;
     list.reserve(in.devices[d].size() * 2);
-    for (Action a : in.devices[d]) {
-      if (a.isInputBackward()) a.recompute = isCheckpoint(policy[a.stage]);
+    for (const Action& a : marked.devices[d]) {
       list.push_back(a);
       if (a.type == ActionType::Forward && isOffloaded(policy[a.stage])) {
         Action off = offload(a.stage, a.index);
@@ -293,7 +315,8 @@ SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& pol
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
                    const std::vector<int>& lookahead, bool offloadWeights) {
   SchedulePlan out;
-  out.schedule = addOffload(addCommunication(plan.schedule), policies, lookahead);
+  out.schedule =
+      addOffload(addCommunication(markRecompute(plan.schedule, policies)), policies, lookahead);
   if (offloadWeights) out.schedule = addWeightOffload(out.schedule, policies, lookahead);
   out.contract =
       offloadContract(plan.contract, plan.schedule.placement, policies, lookahead, offloadWeights);

@@ -6,6 +6,8 @@
 #include <map>
 #include <tuple>
 
+#include "pipefb/schedules/Lowering.h"
+
 namespace pipefb::schedules {
 
 namespace {
@@ -69,7 +71,10 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
         if (from >= 0 && b >= 0 && deviceOf[from] != deviceOf[b])
           messages.push_back({from, b, 1, s});
       }
-      if (s == S - 1 && f >= 0 && b >= 0 && deviceOf[f] != deviceOf[b])
+      // Note [Recomputed last output]
+      if (s == S - 1 && f >= 0 && b >= 0 &&
+          lastOutputTravels(deviceOf[f] != deviceOf[b],
+                            schedule.devices[deviceOf[b]][posOf[b]].recompute))
         messages.push_back({f, b, 2, s});
     }
     // An iteration's inputs are fed once the last stage's backwards of the one before ran.

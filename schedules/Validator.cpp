@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/WeightVersions.h"
 
 namespace pipefb::schedules {
@@ -443,7 +444,9 @@ class AbstractRun {
                        " microbatch " + std::to_string(i) +
                        " is neither computed on this device nor received before it (expected RG" +
                        std::to_string(st + 1) + "." + std::to_string(i) + "<...)");
-        if (st + 1 == S_ && !has(Have::Act, d, st, i))
+        // Note [Recomputed last output]: a recomputing B makes the output itself.
+        if (st + 1 == S_ && lastOutputTravels(f.device != d, a.recompute) &&
+            !has(Have::Act, d, st, i))
           failHere(d, "missing receive: the output of the last stage, microbatch " +
                           std::to_string(i) +
                           ", is neither computed on this device nor received "

@@ -420,11 +420,13 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // Note [Waiting messages]: activations sent to F ahead of it, gradients (and the last
   // stage's outputs) sent to B ahead of it. A folded device is charged both of its
   // stages' counts (each the most over the device's compute starts: an upper bound).
+  // Note [Recomputed last output]: a recomputing B(S-1) is sent no output.
+  const bool outputTravels = k == S - 1 && schedules::lastOutputTravels(split, ckpt);
   std::int64_t actsWaiting = 0, gradsWaiting = 0;
   if (!decoupled) {
     const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M, shape.folded);
     actsWaiting = wm.activations.at(k) * input;
-    gradsWaiting = wm.gradients.at(k) * output + (k == S - 1 ? wm.outputs * output : 0);
+    gradsWaiting = wm.gradients.at(k) * output + (outputTravels ? wm.outputs * output : 0);
   }
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out.
@@ -474,7 +476,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   if (shape.kind == ScheduleKind::PipeDream && copies > 0)
     e.snapshotTime = range(snapshot_, first, last) / fspeed;
   e.linkIn = decoupled ? 0.0 : linkTime(shape, k, first);
-  if (split && k == S - 1 && !decoupled)
+  if (outputTravels && !decoupled)
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
@@ -597,7 +599,8 @@ RangeBoundary CostModel::forwardRangeInput(const PipelineShape& shape, int a, in
   return out;
 }
 
-RangeBoundary CostModel::backwardRangeOutput(const PipelineShape& shape, int r, int last) const {
+RangeBoundary CostModel::backwardRangeOutput(const PipelineShape& shape, int r, int last,
+                                             StashPolicy lastPolicy) const {
   RangeBoundary out;
   const schedules::WaitingMessages& wm = decoupledWaiting(shape.kind, shape.microbatches);
   const std::int64_t bytes = scaled(profile_.layers[last - 1].outputBytes, scale(shape));
@@ -605,7 +608,8 @@ RangeBoundary CostModel::backwardRangeOutput(const PipelineShape& shape, int r, 
   if (r + 1 < shape.backwardDevices) {
     out.time = cluster_.link(shape.backwardRangeDevice(r + 1), to).time(bytes);
     out.bytes = wm.gradients.at(0) * bytes;
-  } else {
+  } else if (schedules::lastOutputTravels(true, schedules::isCheckpoint(lastPolicy))) {
+    // Note [Recomputed last output]: only a B that does not recompute is sent the output.
     out.time = cluster_.link(shape.forwardRangeDevice(shape.forwardDevices - 1), to).time(bytes);
     out.bytes = wm.outputs * bytes;
   }
@@ -681,7 +685,8 @@ std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const Pipeli
     }
   }
   for (DecoupledRange& r : out)
-    r.boundary = r.backward ? model.backwardRangeOutput(shape, r.index, r.lastLayer)
+    r.boundary = r.backward ? model.backwardRangeOutput(shape, r.index, r.lastLayer,
+                                                        stages[r.last - 1].policy)
                             : model.forwardRangeInput(shape, r.index, r.firstLayer);
   return out;
 }

@@ -1014,7 +1014,7 @@ std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineSh
         L, Db, cap, bwd, false,
         [&](int a, int i, int j, const DecoupledDevice& d) {
           if (a + 1 == Db && j != L) return kInf;  // the last range ends at the model's end
-          return score(sh.backwardRangeDevice(a), d, model.backwardRangeOutput(sh, a, j));
+          return score(sh.backwardRangeDevice(a), d, model.backwardRangeOutput(sh, a, j, policy));
         },
         [&](int a, const DecoupledDevice& d) { return floorAt(sh.backwardRangeDevice(a), d); });
     if (bp.cuts.empty()) continue;

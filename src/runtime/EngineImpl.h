@@ -83,8 +83,12 @@ struct StageState {
   bool split = false;
   bool recompute = false;     // checkpoint kinds
   bool offloadSaved = false;  // effective policy offload: saved tensors through the hooks
-  ReplicaPtr master;          // on bDev
-  ReplicaPtr fwd;             // split: the forward copy on fDev
+  // F leaves its output for a later action of its device: the next stage's F, its own B, or
+  // a send. Not for a last stage whose B recomputes on another device (Note [Recomputed
+  // last output]): the lowered schedule sends that output nowhere.
+  bool keepsOutput = true;
+  ReplicaPtr master;  // on bDev
+  ReplicaPtr fwd;     // split: the forward copy on fDev
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   bool gradsStale = false;  // a STEP ran since the last backward: zero before accumulating
   int masterVersion = 0;

@@ -163,6 +163,9 @@ void PipelineEngine::Impl::buildStage(int s) {
   st.recompute = schedules::isCheckpoint(planned.stash);
   st.offloadSaved = planned.effectiveStash() == schedules::StashPolicy::Offload;
   st.offloadWeights = pipeline.offloadWeights && schedules::isOffloaded(planned.effectiveStash());
+  st.keepsOutput = s + 1 < S || !st.split;
+  for (const Action& a : plan.schedule.devices.at(st.fDev))
+    st.keepsOutput = st.keepsOutput || (a.type == ActionType::SendAct && a.stage == s);
   auto master = std::make_shared<Replica>();
   master->stage = s;
   for (int64_t i = st.range.first; i < st.range.last; ++i)

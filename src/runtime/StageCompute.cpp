@@ -67,7 +67,7 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
   if (st.stashBytesPerMb < 0)
     st.stashBytesPerMb = dev.domain->liveBytes(MemoryCategory::Stash) - stashBefore;
   dev.stashes[{a.stage, a.index}] = entry;
-  dev.acts[{a.stage, a.index}] = out;
+  if (st.keepsOutput) dev.acts[{a.stage, a.index}] = out;
 }
 
 PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceState& dev,
@@ -105,6 +105,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
     // The loss, scaled so that the summed gradients are those of the batch mean.
     Tensor target = takeFrom(dev.targets, {S - 1, mb}, "target");
     Tensor o;
+    // Received (or made here), or else recomputed just now (Note [Recomputed last output]).
     auto it = dev.acts.find({S - 1, mb});
     if (it != dev.acts.end()) {
       o = it->second.detach();

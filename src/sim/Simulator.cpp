@@ -41,7 +41,9 @@
 //    off the device from the end of its OFFW copy, back from the start of its PREW copy
 //    (B waits for that copy to end), gone at DROPW (or its last B), and in the host pool
 //    from its OFFW's start to its PREW's end;
-//  * comm buffers: on the sender from issue to arrival, on the receiver during the transfer.
+//  * comm buffers: on the sender from issue to arrival, on the receiver during the transfer;
+//  * a split stage's old forward copy, from the RW that replaced it until the last B of a
+//    graph stash made on it (Note [Old forward copies in the simulator]), as weight versions.
 // Samples are taken after all changes at one instant (frees and allocations at the same time
 // net out), which is also how the stash counts are taken.
 
@@ -387,7 +389,9 @@ class Simulation {
         result_.spans[d][step] = {t, end};
         threadTime_[d] = end;
         if (a.type == ActionType::RecvWeights) {
-          curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
+          int& cur = curVersion_[static_cast<size_t>(d) * S_ + st];
+          if (s_.placement.split(st)) replaced_.push_back({st, d, cur, end});
+          cur = i + 1;
           updateVersions(end, st);
           if (s_.kind == "pipefb-async")  // the sender's snapshot goes
             mem(end, a.peer, MemoryCategory::CommBuffers, -cost(st).weightVersionBytes);
@@ -477,6 +481,10 @@ class Simulation {
 
   // The end of B(st,i) or W(st,i): its stash and its hold on a weight version go.
   void releaseStash(int d, int st, int i, double end) {
+    if (s_.placement.split(st) && !recompute_[at(st, i)]) {
+      double& last = lastGraphUse_[{st, version_[at(st, i)]}];
+      last = std::max(last, end);
+    }
     mem(end, d, MemoryCategory::Stash, -stashBytes_[at(st, i)]);
     stashAt_[at(st, i)] = kNowhere;
     count(end, d, st, -1);
@@ -587,6 +595,21 @@ class Simulation {
     if (r.iterationTime > 0 && r.computeDevices > 0)
       r.bubbleFraction = 1.0 - (busy / K) / (r.computeDevices * r.iterationTime);
 
+    // Note [Old forward copies in the simulator]
+    // The runtime's RecvWeights copies the new weights into a split stage's forward copy
+    // in place unless a graph stash made on that copy still waits for its B (pipefb-async
+    // with keep or offload): then it builds a new copy, and the old one stays on the
+    // forward device until the last such B is done (Note [Forward device memory] in
+    // planner/CostModel.h, which charges it as W of weight versions). Known only once
+    // every B has run, so charged here. (It was not charged: on VGG16 224 px, 4x-t4-pcie,
+    // pipefb-async's 2S plan, device 1 peaked at 593 MiB simulated, 1.25 GiB in the cost
+    // model.)
+    for (const Replaced& r : replaced_) {
+      auto it = lastGraphUse_.find({r.stage, r.version});
+      if (it == lastGraphUse_.end() || it->second <= r.time) continue;
+      mem(r.time, r.device, MemoryCategory::WeightVersions, cost(r.stage).weightVersionBytes);
+      mem(it->second, r.device, MemoryCategory::WeightVersions, -cost(r.stage).weightVersionBytes);
+    }
     // Memory: sort, then sample after each instant.
     std::stable_sort(mem_.begin(), mem_.end(),
                      [](const MemEvent& x, const MemEvent& y) { return x.time < y.time; });
@@ -682,6 +705,15 @@ class Simulation {
   std::vector<bool> explicitW_;
   std::map<std::pair<int, int>, Stashed> wv_;  // (stage, version)
   std::map<std::pair<int, int>, int> usesV_;   // (stage, mb) -> its stashed version
+  // Note [Old forward copies in the simulator]: per RW of a split stage, (stage, forward
+  // device, the version it replaced, its end); per (stage, forward version), the end of the
+  // last B (or W) that consumed a graph stash made on that version.
+  struct Replaced {
+    int stage, device, version;
+    double time;
+  };
+  std::vector<Replaced> replaced_;
+  std::map<std::pair<int, int>, double> lastGraphUse_;
   std::vector<int> pc_;
   std::vector<double> threadTime_;
   std::vector<std::vector<int>> copyQueue_;

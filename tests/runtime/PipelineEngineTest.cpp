@@ -416,6 +416,48 @@ TEST(PipelineEquivalenceDecoupled, Gpt2) {
                    {kDecoupled[0], kDecoupled[1]});
 }
 
+// Note [Recomputed last output]: under a checkpoint kind the last stage's F sends its output
+// nowhere and keeps no copy of it (its B recomputes it on the other device); under offload
+// it is sent. Either way the forward device ends the iteration holding what it started with.
+TEST(PipelineEngine, RecomputingLastStageKeepsNoOutputOnItsForwardDevice) {
+  for (const std::string stash : {"checkpoint", "checkpoint-offload", "offload"}) {
+    SCOPED_TRACE(stash);
+    auto cfg = makeConfig(mlpOptions(), "pipefb-sync", 2, 4, stash, 8);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(2));
+    const int S = e.numStages(), fd = e.forwardDevice(S - 1);
+    ASSERT_NE(fd, e.backwardDevice(S - 1));
+    int sends = 0;
+    for (const auto& a : e.schedule().devices[fd])
+      sends += a.type == schedules::ActionType::SendAct && a.stage == S - 1;
+    EXPECT_EQ(sends, stash == "offload" ? 2 * 4 : 0);
+    const int64_t before = e.deviceStats()[fd].live;
+    for (int k = 0; k < 2; ++k) e.step(makeBatch(*model, 8, 5, 10 + k));
+    EXPECT_EQ(e.deviceStats()[fd].live, before) << "device " << fd;
+    e.finish();
+  }
+}
+
+// Note [Forward device memory] (planner/CostModel.h) and Note [Old forward copies in the
+// simulator]: pipefb-async with a graph stash (offload) builds a new forward copy at RW while
+// stashes made on the old one wait for their B, so a forward device's weights peak at twice
+// its copy; under checkpoint-offload RW copies in place.
+TEST(PipelineEngine, AsyncForwardDeviceHoldsTheOldCopyBesideTheNew) {
+  for (const std::string stash : {"offload", "checkpoint-offload"}) {
+    SCOPED_TRACE(stash);
+    auto cfg = makeConfig(mlpOptions(), "pipefb-async", 2, 4, stash, 8);
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(3));
+    const int fd = e.forwardDevice(1);
+    const int64_t copy = e.deviceStats()[fd].live;  // the forward copy of stage 1
+    ASSERT_GT(copy, 0);
+    for (int k = 0; k < 3; ++k) e.step(makeBatch(*model, 8, 5, 20 + k));
+    e.finish();
+    const int64_t weights = e.deviceStats()[fd].peakByCategory[index(MemoryCategory::Weights)];
+    EXPECT_EQ(weights, stash == "offload" ? 2 * copy : copy);
+  }
+}
+
 TEST(PipelineEquivalenceInterleaved, Mlp) {
   checkEquivalence({"mlp", mlpOptions(), 12}, {2, 4}, {2, 4}, kAllStashes, kInterleaved);
   // Four stages on one device.

@@ -3,6 +3,8 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/ScheduleError.h"
+#include "pipefb/schedules/Validator.h"
 #include "pipefb/schedules/ZeroBubble.h"
 
 using namespace pipefb::schedules;
@@ -49,6 +51,62 @@ TEST(LoweringTest, PipefbHandsTheLastOutputToItsBackwardDevice) {
       if (a.isSend() && a.type != ActionType::SyncWeights) {
         EXPECT_GT(a.peer, d) << toString(a);
       }
+}
+
+// Note [Recomputed last output]: under a checkpoint kind B(S-1) recomputes the output from
+// its stashed input, so no SA/RA of the last stage's output is lowered; under keep and
+// offload the output still goes from F(S-1) to B(S-1). Default (2S), folded and decoupled
+// ("0/1 0/2 0/3": one forward device, three backward devices) placements.
+TEST(LoweringTest, RecomputingLastBackwardIsSentNoOutput) {
+  const int S = 3, M = 3;
+  const std::vector<Placement> placements = {Placement::pipefb(S), Placement::folded(S),
+                                             Placement::parse("0/1 0/2 0/3", "test")};
+  for (const std::string kind : {"pipefb-sync", "pipefb-async"})
+    for (const Placement& placement : placements)
+      for (StashPolicy policy : {StashPolicy::Keep, StashPolicy::Offload, StashPolicy::Checkpoint,
+                                 StashPolicy::CheckpointOffload}) {
+        SCOPED_TRACE(std::string(kind) + " " + placement.toString() + " " + toString(policy));
+        const SchedulePlan plan = lower(makeSchedule(kind, S, M, placement, 2), {policy}, 1);
+        const Schedule& s = plan.schedule;
+        const bool recomputes = isCheckpoint(policy);
+        const int fd = placement.forward(S - 1), bd = placement.backward(S - 1);
+        int sends = 0, recvs = 0, backwards = 0;
+        for (const Action& a : s.devices[fd])
+          sends += a.type == ActionType::SendAct && a.stage == S - 1;
+        for (const Action& a : s.devices[bd]) {
+          recvs += a.type == ActionType::RecvAct && a.stage == S - 1;
+          if (a.type == ActionType::Backward && a.stage == S - 1) {
+            ++backwards;
+            EXPECT_EQ(a.recompute, recomputes) << toString(a);
+          }
+        }
+        EXPECT_EQ(backwards, 2 * M);
+        EXPECT_EQ(sends, recomputes ? 0 : 2 * M);
+        EXPECT_EQ(recvs, recomputes ? 0 : 2 * M);
+        EXPECT_NO_THROW(validate(s, &plan.contract));
+      }
+}
+
+TEST(LoweringTest, ValidatorWantsTheLastOutputUnlessBRecomputes) {
+  // Without the output's receive, a plain B(S-1) on another device is refused, a BR is not.
+  Schedule s = addCommunication(makeSchedule("pipefb-sync", 2, 1).schedule);
+  const Placement& p = s.placement;
+  auto& b = s.devices[p.backward(1)];
+  b.erase(b.begin() + indexOf(b, "RA1.0<1"));
+  auto& f = s.devices[p.forward(1)];
+  f.erase(f.begin() + indexOf(f, "SA1.0>2"));
+  s = addOffload(s, {StashPolicy::Keep}, 1);  // keep acts as offload on a split stage
+  try {
+    validate(s);
+    FAIL() << "expected the missing output to be named";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("the output of the last stage"), std::string::npos)
+        << e.what();
+  }
+  for (auto& list : s.devices)
+    for (Action& a : list)
+      if (a.type == ActionType::Backward) a.recompute = true;
+  EXPECT_NO_THROW(validate(s));
 }
 
 TEST(LoweringTest, CommunicationIsIdempotent) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Messages.h"
 
 namespace pipefb::schedules {
@@ -40,6 +41,16 @@ TEST(WaitingMessages, PipefbLastStageOutputsWaitOnItsBackwardDevice) {
   EXPECT_EQ(one.outputs, 0);
   EXPECT_EQ(one.activations, (std::vector<int>{0, 0}));
   EXPECT_EQ(one.gradients, (std::vector<int>{0, 0}));
+}
+
+TEST(WaitingMessages, RecomputingLastBackwardHasNoOutputWaiting) {
+  // Note [Recomputed last output]: a B(S-1) marked recompute is sent no output.
+  const Schedule marked =
+      markRecompute(makeSchedule("pipefb-sync", 2, 4).schedule, {StashPolicy::Checkpoint});
+  EXPECT_EQ(waitingMessages(marked).outputs, 0);
+  const Schedule kept =
+      markRecompute(makeSchedule("pipefb-sync", 2, 4).schedule, {StashPolicy::Offload});
+  EXPECT_EQ(waitingMessages(kept).outputs, 3);
 }
 
 }  // namespace

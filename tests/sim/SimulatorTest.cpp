@@ -403,3 +403,23 @@ TEST(SimulatorTest, WeightSyncsAndForwardWorkingSetsAsTheRuntimeHoldsThem) {
     EXPECT_GE(async.memory[d].peakBytes, big) << d;  // the snapshot
   }
 }
+
+// Note [Old forward copies in the simulator]: pipefb-async's RecvWeights leaves the old
+// forward copy beside the new one while a graph stash made on it waits for its B (keep,
+// offload), as the runtime does; a checkpoint stash does not refer to the copy, and
+// pipefb-sync's RW comes after every B of the iteration.
+TEST(SimulatorTest, OldForwardCopyStaysWhileItsGraphStashesWait) {
+  CostTable c = CostTable::uniform(2);
+  for (auto& st : c.stages) st.weightVersionBytes = st.weightsBytes = 1 << 30;
+  auto versionsOnForward = [&](const std::string& kind, StashPolicy p) {
+    const SimResult r = simulate(plan(kind, 2, 4, 3, p).schedule, c);
+    std::int64_t most = 0;
+    for (int d : {0, 1})  // the forward devices
+      most = std::max(most, r.memory[d].peakByCategory[index(MemoryCategory::WeightVersions)]);
+    return most;
+  };
+  EXPECT_EQ(versionsOnForward("pipefb-async", StashPolicy::Offload), std::int64_t(1) << 30);
+  EXPECT_EQ(versionsOnForward("pipefb-async", StashPolicy::Keep), std::int64_t(1) << 30);
+  EXPECT_EQ(versionsOnForward("pipefb-async", StashPolicy::CheckpointOffload), 0);
+  EXPECT_EQ(versionsOnForward("pipefb-sync", StashPolicy::Offload), 0);
+}

@@ -398,7 +398,9 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 ///     the largest working set of one segment: one segment's recomputed graph under a
 ///     checkpoint kind, never a whole range's;
 /// and per range boundary (CostModel::forwardRangeInput / backwardRangeOutput): the link
-/// message's time and the messages that can wait there (Note [Waiting messages]). Consecutive
+/// message's time and the messages that can wait there (Note [Waiting messages]; the last
+/// backward range is sent no output when it recomputes, Note [Recomputed last output]).
+/// Consecutive
 /// segments on one device hand their activations and gradients over locally: no message.
 /// Compute and copy times add up over the device's segments (each a resource of its own).
 struct DecoupledDevice {
@@ -473,8 +475,10 @@ class CostModel {
   RangeBoundary forwardRangeInput(const PipelineShape& shape, int a, int first) const;
   /// What backward range r, ending at layer `last`, pays for the gradient of its output
   /// (from range r + 1's device), or, the last range, for the model's output (from the last
-  /// forward device).
-  RangeBoundary backwardRangeOutput(const PipelineShape& shape, int r, int last) const;
+  /// forward device) unless the last segment's policy `lastPolicy` recomputes it (Note
+  /// [Recomputed last output]: nothing then).
+  RangeBoundary backwardRangeOutput(const PipelineShape& shape, int r, int last,
+                                    StashPolicy lastPolicy) const;
   /// A lower bound of stage(...).time that never decreases as the stage grows.
   double computeLowerBound(const PipelineShape& shape, int k, int first, int last) const;
   /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.

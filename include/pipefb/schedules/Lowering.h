@@ -5,7 +5,8 @@
 // Note [PipeFB hand-off]
 // When F(s) != B(s) two things must reach the backward device:
 //  * for the last stage, the OUTPUT of F(S-1,m): an ordinary SA(S-1).m>B(S-1) /
-//    RA(S-1).m<F(S-1) pair (addCommunication); B(S-1) computes the loss from it;
+//    RA(S-1).m<F(S-1) pair (addCommunication); B(S-1) computes the loss from it, unless
+//    B(S-1) recomputes (Note [Recomputed last output]);
 //  * for every split stage, the stash of F(s,m): it always travels through the host pool,
 //    OFF s.m on F(s) right after F and PRE s.m on B(s) before B (addOffload). A stash
 //    cannot stay on a device that does not run the backward, so for split stages keep
@@ -18,10 +19,30 @@
 
 namespace pipefb::schedules {
 
+/// Note [Recomputed last output]
+/// A B(S-1,m) that recomputes (BR or IR: a checkpoint kind) makes the last stage's output
+/// again from its stashed input, and the runtime takes the loss from that recomputed
+/// output (startBackward, src/runtime/StageCompute.cpp), so the output of F(S-1,m) goes to
+/// the backward device only when that device is another one and B does not recompute.
+/// On GPT-2 small (1024 tokens, microbatch 8) the output is the logits, 1.53 GiB a
+/// microbatch, of which up to 7 could wait on a decoupled head's backward device (Note
+/// [Waiting messages]). The targets go to the last stage's backward device either way.
+/// The lowering (addCommunication), the validator, waitingMessages, the planner's cost
+/// model and the runtime's forward (which then keeps no copy of the output) all ask here.
+inline bool lastOutputTravels(bool splitStage, bool recomputes) {
+  return splitStage && !recomputes;
+}
+
+/// Marks every B and I of a stage whose effective policy (effectivePolicy) is a checkpoint
+/// kind as recomputing (BR, IR), and clears the mark elsewhere. `policies`: one, or one per
+/// stage. addOffload and lower() run it; addCommunication reads the marks.
+Schedule markRecompute(const Schedule& schedule, const std::vector<StashPolicy>& policies);
+
 /// Inserts a send right after the producer and the matching (blocking) receive right
 /// before the consumer, wherever producer and consumer devices differ:
 ///  * activations F(s) -> F(s+1):          SA s.m>F(s+1) / RA s.m<F(s)
-///  * last-stage output F(S-1) -> B(S-1):  SA (S-1).m>B(S-1) / RA (S-1).m<F(S-1)
+///  * last-stage output F(S-1) -> B(S-1):  SA (S-1).m>B(S-1) / RA (S-1).m<F(S-1), unless
+///    B(S-1,m) is marked recompute (Note [Recomputed last output])
 ///  * gradients B(s) -> B(s-1):            SG s.m>B(s-1) / RG s.m<B(s)
 /// I takes B's place (Note [Split backward]); W communicates nothing.
 /// Existing send/receive actions are kept; pairs already present are not duplicated.
@@ -72,8 +93,8 @@ MemoryContract offloadContract(const MemoryContract& contract, const Placement& 
                                const std::vector<StashPolicy>& policies, int lookahead,
                                bool offloadWeights = true);
 
-/// addCommunication, then addOffload, then (offloadWeights: pipeline.offload_weights auto)
-/// addWeightOffload, with the contract updated.
+/// markRecompute, addCommunication, then addOffload, then (offloadWeights: pipeline.offload_weights
+/// auto) addWeightOffload, with the contract updated.
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
                    const std::vector<int>& lookahead, bool offloadWeights = true);
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,

@@ -21,7 +21,9 @@ namespace pipefb::schedules {
 struct WaitingMessages {
   std::vector<int> activations;  // per stage s: inputs of F(s) waiting on its forward device
   std::vector<int> gradients;    // per stage s: output gradients waiting on its backward device
-  int outputs = 0;               // outputs of F(S-1) waiting on the last stage's backward device
+  // outputs of F(S-1) waiting on the last stage's backward device; none are sent to a B that
+  // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest
+  int outputs = 0;
 };
 
 WaitingMessages waitingMessages(const Schedule& schedule);
