@@ -66,13 +66,6 @@ torch::Tensor sampleInput(const model::Model& m, std::int64_t b) {
   return torch::randn(shape);
 }
 
-/// A microbatch's targets for Model::loss: token ids like the input for token models
-/// (gpt2), one class id per sample otherwise.
-torch::Tensor sampleTarget(const model::Model& m, std::int64_t b) {
-  if (m.inputDtype() == torch::kLong) return sampleInput(m, b);
-  return torch::randint(0, std::max<int64_t>(m.options().num_classes, 2), {b}, torch::kLong);
-}
-
 /// FNV-1a: a file-name hash that is the same on every build (std::hash need not be).
 std::uint64_t fnv1a(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;
@@ -181,8 +174,6 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     c.gradBytes = tensorBytes(grads);
 
     // Memory (Note [Measured saved bytes]).
-    const bool lastLayer = i + 1 == model->numLayers();
-    const torch::Tensor target = lastLayer ? sampleTarget(*model, b) : torch::Tensor();
     {
       memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
       zeroGrads(params);
@@ -197,26 +188,11 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       const std::int64_t live1 = dom.liveBytes();
       c.outputBytes = static_cast<std::int64_t>(y.nbytes());
       c.savedBytes = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
-      torch::Tensor g = lastLayer ? torch::Tensor() : gy.clone();
+      torch::Tensor g = gy.clone();
       const std::int64_t liveB = dom.liveBytes();
       dom.resetPeak();
-      std::int64_t outputGrad = 0;
-      if (lastLayer) {
-        // Note [Loss in the last layer's working set]: as startBackward does, the loss on
-        // the detached output and its gradient, then B from that gradient. The loss's
-        // temporaries (log-softmax and its gradient for cross-entropy: two output-sized
-        // tensors beside the output) are part of the last stage's B; the output gradient
-        // itself is not (the cost model adds it to every B's working set), so it is left
-        // out here as it is for the other layers, which get it from outside.
-        torch::Tensor o = y.detach().requires_grad_(true);
-        torch::Tensor l = model->loss(o, target);
-        g = torch::autograd::grad({l}, {o})[0];
-        l = torch::Tensor();
-        o = torch::Tensor();
-        outputGrad = static_cast<std::int64_t>(g.nbytes());
-      }
       torch::autograd::backward({y}, {g});
-      const std::int64_t peakB = dom.peakBytes() - outputGrad;
+      const std::int64_t peakB = dom.peakBytes();
       c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
       c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
     }

@@ -191,20 +191,6 @@ TEST(ProfilerTest, TinyVgg) {
   expectTimesPositive(p);
 }
 
-// Note [Loss in the last layer's working set]: the head's B is measured with the loss, as
-// the runtime runs it: cross-entropy's log-softmax and its gradient (two logits-sized
-// tensors) are in its working bytes; a block's B is not (its gradient comes from outside).
-TEST(ProfilerTest, LastLayerWorkingSetHoldsTheLoss) {
-  // 128 tokens of a 2048-word vocabulary, microbatch 2: 2 MiB of logits; the head's weight
-  // gradient (128 x 2048 floats, 1 MiB) is all its B would hold without the loss.
-  const auto cfg = loadCfg("gpt2-tiny.yaml",
-                           {"model.input_size=128", "model.num_classes=2048", "training.batch=2"});
-  const Profile p = measureProfile(cfg, quick());
-  const LayerCost& head = p.layers.back();
-  ASSERT_EQ(head.outputBytes, 2 * 128 * 2048 * 4);
-  EXPECT_GE(head.workingBytes, 2 * head.outputBytes);
-}
-
 TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
   const auto cfg = loadCfg("mlp-tiny.yaml", {});
   const fs::path dir =

@@ -8,19 +8,6 @@
 // per layer, built by train::makeOptimizer). The result is a planner::Profile, cached in
 // a profile file (ProfileFile.h) whose key names the model, shapes and device.
 //
-// Note [Loss in the last layer's working set]
-// The last stage's B computes the loss and its gradient beside the output (startBackward
-// in src/runtime/StageCompute.cpp): for cross-entropy a log-softmax and its gradient, each
-// output-sized. The profiler measures the last layer's B the same way, so its working
-// bytes hold them (the analytic profile charges them as the head's saved and working
-// bytes). On a GPT-2 tiny head (vocabulary 8192, 128 tokens, microbatch 4, 16 MiB of
-// logits) split under checkpoint-offload, the planner gave its backward device 37.27 MiB
-// without them and pipefb_train ran out of memory there asking for 40.52 MiB; with them
-// 65.02 MiB, and the run still needs more (72.77 MiB at its first B): the recomputed
-// output itself (16 MiB) is charged by no checkpoint term (the measured saved bytes leave
-// the output out). Before Note [Recomputed last output] (schedules/Lowering.h) the logits
-// charged as waiting on that device hid both.
-//
 // Note [Measured saved bytes]
 // A layer's saved bytes are what its autograd graph keeps alive after F and before B,
 // beyond the output it hands on. The profiler makes the layer's input a fresh tensor
