@@ -19,7 +19,8 @@
 // for devices we cannot run on.
 // Stash policies are one per plan (schedule families <kind>-<policy>) until the runtime
 // takes the planner's mixed per-stage policies.
-// PIPEFB_PLAN_RUNS_SEED and PIPEFB_PLAN_RUNS_INSTANCES change the draw (default 0, 50).
+// PIPEFB_PLAN_RUNS_SEED and PIPEFB_PLAN_RUNS_INSTANCES change the draw (default 0, 50);
+// PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of it.
 //
 // Status: the property does not hold yet, so the random test is DISABLED_ (run it with
 // --gtest_also_run_disabled_tests --gtest_filter='PlanRuns.DISABLED_Every*'; 1m46s to
@@ -270,7 +271,11 @@ TEST_F(PlanRuns, DISABLED_EveryPlanFitsAndPeaksWhereThePlanSays) {
   int ran = 0;
   double worst = 0;
   std::map<std::string, int> perSchedule;
+  // PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of the draw (to look at a miss).
+  const char* only = std::getenv("PIPEFB_PLAN_RUNS_ONLY");
+  const std::string ids = only ? "," + std::string(only) + "," : "";
   for (const Instance& x : drawInstances(seed, n)) {
+    if (!ids.empty() && ids.find("," + std::to_string(x.id) + ",") == std::string::npos) continue;
     const Outcome o = run(x);
     ran += o.ran;
     if (o.ran) ++perSchedule[x.schedule];
@@ -281,7 +286,9 @@ TEST_F(PlanRuns, DISABLED_EveryPlanFitsAndPeaksWhereThePlanSays) {
   std::printf("%d of %d instances planned and ran (%s); worst peak error %.1f%%\n", ran, n,
               s.str().c_str(), 100 * worst);
   // Most draws are plannable; a draw the planner refuses outright is not a run.
-  EXPECT_GE(ran, n * 3 / 4) << "too few instances ran";
+  if (ids.empty()) {
+    EXPECT_GE(ran, n * 3 / 4) << "too few instances ran";
+  }
 }
 
 // Issue 18: the split-backward families run as planned (Note [Split backward in the
