@@ -70,6 +70,24 @@
 //   and at the end  G(first .. last) + the input gradient (stages after the first).
 // (Measured: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set is 3.0.)
 //
+// Note [Backward layer by layer]
+// A fused B frees its stage's graph as it goes: autograd drops each node's saved tensors
+// once the node ran, so while B runs through layer l (last to first) only the saved
+// tensors of layers first .. l are live, beside l's working set and the gathered
+// gradients of the layers after it (Note [Gathered weight gradients]):
+//   max over l in [first, last) of  saved(first .. l+1) + ws(l) + G(l+1 .. last),
+//   and at the end  G(first .. last) + the input gradient,
+// plus the gradient of the stage's output, held throughout. Keep and offload have the
+// whole graph in the stash B takes (Stash), so their working set is that less the graph;
+// a checkpointed B recomputes F first (Note [Forward peak]), so its working set is the
+// larger of the two. Charged whole (graph + the largest working set), VGG16/8 and
+// AlexNet/8 stage 0 (checkpoint and offload, 1f1b, gpipe) peaked 15% to 18% below the
+// plan (PlanRunsTest). Not on the last stage: B starts there with the loss, whose
+// transient (log_softmax, the logits' gradient) meets the whole graph and which the
+// profile does not measure (charged layer by layer there, resnet50/8 and gpt2-tiny's last
+// stage went out of memory by 58-75 KiB). Not for split backward (I keeps the graph for
+// W, Note [Split backward]).
+//
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash
 // it builds (Note [Forward peak]), or without autograd under a checkpoint kind (Note
@@ -526,6 +544,9 @@ class CostModel {
   /// B's working set of stage k = [first, last) at the shape's microbatch, with the
   /// gathered weight gradients (Note [Gathered weight gradients]).
   std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last) const;
+  /// Note [Backward layer by layer]: the peak of a fused B of stage k = [first, last) with
+  /// its own graph (saved tensors, or the recomputed ones) freed as B passes each layer.
+  std::int64_t backwardLayered(const PipelineShape& shape, int k, int first, int last) const;
   double scale(const PipelineShape& shape) const;
 
  private:
@@ -551,12 +572,17 @@ class CostModel {
     return rangeMax(stepWorkingMax_, first, last);
   }
   // Note [Gathered weight gradients]: per microbatch size, the range maxima of
-  // scaled(ws(l)) - gradPrefix(l + 1), built on first use (the planner is single-threaded
-  // today; the mutex keeps a shared model safe anyway).
+  // scaled(ws(l)) - gradPrefix(l + 1) (gathered), and of that plus scaled(savedPrefix(l + 1))
+  // (layered, Note [Backward layer by layer]), built on first use (the planner is
+  // single-threaded today; the mutex keeps a shared model safe anyway).
+  struct GatherTables {
+    SparseMax gathered, layered;
+  };
   struct GatherCache {
     std::mutex mu;
-    std::map<std::int64_t, SparseMax> tables;
+    std::map<std::int64_t, GatherTables> tables;
   };
+  const GatherTables& gatherTables(const PipelineShape& shape) const;
   std::shared_ptr<GatherCache> gather_ = std::make_shared<GatherCache>();
 };
 
