@@ -557,7 +557,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier) + actsWaiting);
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
-    w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : deviceCopies * W);
+    // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
+    // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.
+    w(e.backwardMemory, MemoryCategory::WeightVersions, deviceCopies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,

@@ -98,7 +98,11 @@
 // referring to the old copy, so RecvWeights builds a new copy: the old copy stays until
 // its stashes are consumed, so F runs beside 2 W. pipefb-async's SyncWeights sends a
 // snapshot that the sender holds until RW took it: W of comm_buffers on the backward
-// device (charged beside its other terms).
+// device (charged beside its other terms). The backward device also keeps the version
+// B(s,m) runs on when a STEP came after F(s,m) (keepVersionsBeforeStep), old forward
+// copy or not: charged as its weight copies on both kinds of stash (charged only on the
+// forward device with a graph stash, resnet50/8 pipefb-async-keep's last backward device
+// went out of memory by 56-120 KiB holding that version and the snapshot; PlanRunsTest).
 //
 // Note [Forward peak]
 // F builds its stash layer by layer, so one microbatch's F peaks, over its layers l, at
