@@ -499,7 +499,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // (It is at least the largest layer working set, maxWorking, that the caller passes.)
   // Note [Backward layer by layer]: a fused B before the last stage is charged its graph
   // as it frees it (the own stash is in Stash: keep and offload charge the rest above it).
+  // The last stage is charged whole, and at least what its B starts with: the loss (a
+  // measured profile's lossWorkingBytes, the output's gradient included) beside the whole
+  // graph, and under a checkpoint kind F's output and the recomputed one too.
   const bool layered = !splitsBackward(shape.kind) && k < S - 1;
+  const std::int64_t loss = k == S - 1 ? scaled(profile_.lossWorkingBytes, f) : 0;
   auto backwardWs = [&] {
     if (layered) {
       const std::int64_t peak = backwardLayered(shape, k, first, last);
@@ -508,8 +512,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       return ckpt ? std::max(peak + output, scaled(forwardPeak(k, first, last, true), f)) + output
                   : peak - graph + output;
     }
-    return std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
-           (ckpt ? graph : 0) + output;
+    const std::int64_t whole =
+        std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
+        (ckpt ? graph : 0) + output;
+    // Checkpointed: F's output, which the loss reads (dev.acts), and the recomputed one.
+    return std::max(whole, ckpt ? graph + 2 * output + loss : loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);

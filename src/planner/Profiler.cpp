@@ -300,6 +300,24 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     }
     prof.layers.push_back(c);
   }
+  // The loss as the last stage's B runs it (startBackward): from the model's output and
+  // the targets to the gradient of the output, which B then holds.
+  {
+    memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+    torch::Tensor target =
+        model->inputDtype() == torch::kLong
+            ? sampleInput(*model, b)
+            : torch::randint(0, std::max<int64_t>(model->options().num_classes, 2), {b},
+                             torch::kLong);
+    torch::Tensor out = input.detach().clone().requires_grad_(true);
+    const std::int64_t live0 = dom.liveBytes();
+    dom.resetPeak();
+    {
+      torch::Tensor l = model->loss(out, target);
+      torch::Tensor g = torch::autograd::grad({l}, {out})[0];
+      prof.lossWorkingBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
+    }
+  }
   return prof;
 }
 

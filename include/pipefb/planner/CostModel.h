@@ -82,11 +82,14 @@
 // a checkpointed B recomputes F first (Note [Forward peak]), so its working set is the
 // larger of the two. Charged whole (graph + the largest working set), VGG16/8 and
 // AlexNet/8 stage 0 (checkpoint and offload, 1f1b, gpipe) peaked 15% to 18% below the
-// plan (PlanRunsTest). Not on the last stage: B starts there with the loss, whose
-// transient (log_softmax, the logits' gradient) meets the whole graph and which the
-// profile does not measure (charged layer by layer there, resnet50/8 and gpt2-tiny's last
-// stage went out of memory by 58-75 KiB). Not for split backward (I keeps the graph for
-// W, Note [Split backward]).
+// plan (PlanRunsTest). Not on the last stage: B starts there with the loss beside the
+// whole graph, so the last stage is charged whole, and at least that: the graph and the
+// loss's transient (log_softmax, its gradient and the logits' gradient; measured by the
+// profiler as Profile::lossWorkingBytes, 3 logits' worth on gpt2-tiny), plus F's and the
+// recomputed output under a checkpoint kind (gpt2-tiny gpipe-checkpoint's last stage
+// peaked 15% above the plan without the loss). Charged layer by layer there, gpt2-tiny's
+// last stage went out of memory (pipefb-sync-offload, both checkpoint-offload kinds).
+// Not for split backward (I keeps the graph for W, Note [Split backward]).
 //
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash
