@@ -14,6 +14,10 @@ struct TransferManager::Entry {
   bool offloadIssued = false, offloaded = false;
   bool prefetchIssued = false, ready = false;
   bool dropped = false;
+  // Note [Held offload copies]: the device tensors of a held offload, from the end of its
+  // copy until its release point (holding: not released yet).
+  bool holding = false;
+  std::vector<at::Tensor> heldDevice;
   std::vector<at::Tensor> host;       // after the offload, until the prefetch copied it
   std::vector<at::Tensor> device;     // after the prefetch
   std::shared_ptr<CopyFence> copied;  // after the prefetch's copies (Note [Copy backends])
@@ -25,6 +29,7 @@ TransferManager::TransferManager(memory::MemoryDomain& hostDomain, TransferOptio
       pool_(hostDomain, options.lockHostPages, backend_),
       counters_(std::max(1, options.numDevices)),
       offloadsInFlight_(std::max(1, options.numDevices), 0),
+      held_(std::max(1, options.numDevices)),
       maxOffloadsInFlight_(options.maxOffloadsInFlight) {
   for (int d = 0; d < std::max(1, options.numDevices); ++d) {
     engines_.push_back(backend_->makeEngine(d, "copy"));
@@ -38,12 +43,25 @@ TransferManager::~TransferManager() {
   for (auto& e : inPlaceEngines_) e->shutdown();
   std::lock_guard<std::mutex> lock(mu_);
   entries_.clear();
+  held_.clear();
+}
+
+void TransferManager::release(Entry& e, std::vector<at::Tensor>& out) {
+  if (!e.holding) return;
+  e.holding = false;
+  for (auto& t : e.heldDevice) out.push_back(std::move(t));
+  e.heldDevice.clear();
+  for (auto& q : held_) {
+    auto it = std::find_if(q.begin(), q.end(), [&](const auto& p) { return p.get() == &e; });
+    if (it != q.end()) q.erase(it);
+  }
 }
 
 void TransferManager::offload(int device, TransferKey key, std::vector<at::Tensor> tensors,
-                              MemoryCategory hostCategory) {
+                              MemoryCategory hostCategory, bool hold) {
   PIPEFB_ASSERT(device >= 0 && device < numDevices(), "offload on unknown device " << device);
   std::shared_ptr<Entry> e;
+  std::vector<at::Tensor> released;  // freed outside the lock, after it
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (maxOffloadsInFlight_ > 0 && offloadsInFlight_[device] >= maxOffloadsInFlight_) {
@@ -60,11 +78,21 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
                                                << ") offloaded twice");
     e->offloadIssued = true;
     ++queued_;
+    // Note [Held offload copies]: this OFF is the release point of the held copies more
+    // than maxOffloadsInFlight - 1 OFFs back (their copies are done: the wait above).
+    auto& q = held_[device];
+    const size_t keep = maxOffloadsInFlight_ > 0 ? maxOffloadsInFlight_ - 1 : 0;
+    while (q.size() > keep) release(*q.front(), released);
+    if (hold) {
+      e->holding = true;
+      q.push_back(e);
+    }
   }
+  released.clear();
   auto job = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
   // Compute before offload: the copy reads what this thread's stream queued so far.
   std::shared_ptr<CopyFence> produced = backend_->fence();
-  engines_[device]->submit([this, device, key, e, job, hostCategory, produced] {
+  engines_[device]->submit([this, device, key, e, job, hostCategory, produced, hold] {
     const int64_t start = memory::nowNs();
     std::vector<at::Tensor> host;
     int64_t bytes = 0;
@@ -81,16 +109,17 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
         backend_->finish();  // before t goes (Note [Release as copied])
         bytes += static_cast<int64_t>(t.numel()) * t.element_size();
         host.push_back(std::move(h));
-        t = at::Tensor();  // Note [Release as copied]
+        if (!hold) t = at::Tensor();  // Note [Release as copied]
       }
     } catch (...) {
       error = std::current_exception();
       host.clear();
     }
-    job->clear();  // what the loop did not reach (an error)
     const int64_t end = memory::nowNs();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      // Note [Held offload copies]: kept until the release point unless it came already.
+      if (hold && e->holding && !error) e->heldDevice = std::move(*job);
       --offloadsInFlight_[device];
       if (!e->dropped) e->host = std::move(host);
       e->error = error;
@@ -101,6 +130,7 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
       c.copySeconds += (end - start) * 1e-9;
       c.intervals.push_back({start, end, /*toHost=*/true, bytes, key});
     }
+    job->clear();  // not held, or what the loop did not reach (an error)
     host.clear();  // a dropped stash: freed before synchronize() can return
     finishJob();
   });
@@ -199,6 +229,8 @@ std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
   counters_[device].stallSeconds += (memory::nowNs() - start) * 1e-9;
   if (!e->ready) throw TransferCancelled();
   entries_.erase(key);
+  // Note [Held offload copies]: a held device copy stays until the device's next OFF,
+  // whenever B takes the stash (B's device and time are not the forward device's).
   if (e->error) std::rethrow_exception(e->error);
   lock.unlock();
   // Prefetch before compute: this thread's stream waits for the copies.
@@ -208,6 +240,7 @@ std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
 
 void TransferManager::drop(TransferKey key) {
   std::shared_ptr<Entry> e;
+  std::vector<at::Tensor> released;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(key);
@@ -215,7 +248,9 @@ void TransferManager::drop(TransferKey key) {
     e = it->second;
     e->dropped = true;
     entries_.erase(it);
+    release(*e, released);
   }
+  released.clear();
   cv_.notify_all();
   e->host.clear();  // NOLINT: nobody else reads a dropped entry's tensors
   e->device.clear();

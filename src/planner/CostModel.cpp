@@ -315,24 +315,39 @@ std::int64_t scaled(std::int64_t bytes, double f) {
 }
 }  // namespace
 
+const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shape) const {
+  const double f = scale(shape);
+  std::lock_guard<std::mutex> lock(gather_->mu);
+  auto it = gather_->tables.find(shape.microbatchSize);
+  if (it == gather_->tables.end()) {
+    // key(l) = scaled ws(l) - G(0 .. l+1): max over [first, last) plus G(0 .. last) is
+    // max over l of ws(l) + G(l+1 .. last); layered adds the saved prefix S(0 .. l+1),
+    // less S(0 .. first) after the range maximum.
+    const size_t L = profile_.layers.size();
+    std::vector<std::int64_t> key(L), layered(L);
+    for (size_t l = 0; l < L; ++l) {
+      key[l] = scaled(profile_.layers[l].workingBytes, f) - grad_[l + 1];
+      layered[l] = key[l] + scaled(saved_[l + 1], f);
+    }
+    GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered))};
+    it = gather_->tables.emplace(shape.microbatchSize, std::move(t)).first;
+  }
+  return it->second;  // std::map nodes are stable
+}
+
 std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int first,
                                         int last) const {
   const double f = scale(shape);
-  const SparseMax* table = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(gather_->mu);
-    auto it = gather_->tables.find(shape.microbatchSize);
-    if (it == gather_->tables.end()) {
-      // key(l) = scaled ws(l) - G(0 .. l+1): max over [first, last) plus G(0 .. last) is
-      // max over l of ws(l) + G(l+1 .. last).
-      std::vector<std::int64_t> key(profile_.layers.size());
-      for (size_t l = 0; l < key.size(); ++l)
-        key[l] = scaled(profile_.layers[l].workingBytes, f) - grad_[l + 1];
-      it = gather_->tables.emplace(shape.microbatchSize, buildMax(std::move(key))).first;
-    }
-    table = &it->second;  // std::map nodes are stable
-  }
-  const std::int64_t during = grad_[last] + rangeMax(*table, first, last);
+  const std::int64_t during = grad_[last] + rangeMax(gatherTables(shape).gathered, first, last);
+  const std::int64_t atEnd = range(grad_, first, last) + (k > 0 ? scaled(inputBytes(first), f) : 0);
+  return std::max(during, atEnd);
+}
+
+std::int64_t CostModel::backwardLayered(const PipelineShape& shape, int k, int first,
+                                        int last) const {
+  const double f = scale(shape);
+  const std::int64_t during =
+      grad_[last] + rangeMax(gatherTables(shape).layered, first, last) - scaled(saved_[first], f);
   const std::int64_t atEnd = range(grad_, first, last) + (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);
 }
@@ -484,9 +499,26 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // the gradient of the stage's output (received, or the loss's), which B holds throughout
   // and the profile's working set leaves out (measured beside, not inside, a layer's B).
   // (It is at least the largest layer working set, maxWorking, that the caller passes.)
+  // Note [Backward layer by layer]: a fused B before the last stage is charged its graph
+  // as it frees it (the own stash is in Stash: keep and offload charge the rest above it).
+  // The last stage is charged whole, and at least what its B starts with: the loss (a
+  // measured profile's lossWorkingBytes, the output's gradient included) beside the whole
+  // graph, and under a checkpoint kind F's output and the recomputed one too.
+  const bool layered = !splitsBackward(shape.kind) && k < S - 1;
+  const std::int64_t loss = k == S - 1 ? scaled(profile_.lossWorkingBytes, f) : 0;
   auto backwardWs = [&] {
-    return std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
-           (ckpt ? graph : 0) + output;
+    if (layered) {
+      const std::int64_t peak = backwardLayered(shape, k, first, last);
+      // A checkpointed B first recomputes F with autograd (Note [Forward peak]), and holds
+      // the recomputed output through the backward (a kept one is in the stash).
+      return ckpt ? std::max(peak + output, scaled(forwardPeak(k, first, last, true), f)) + output
+                  : peak - graph + output;
+    }
+    const std::int64_t whole =
+        std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
+        (ckpt ? graph : 0) + output;
+    // Checkpointed: F's output, which the loss reads (dev.acts), and the recomputed one.
+    return std::max(whole, ckpt ? graph + 2 * output + loss : loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
@@ -534,7 +566,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier) + actsWaiting);
     const int resident = std::min(e.inFlight, shape.lookahead + 1);
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
-    w(e.backwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? 0 : deviceCopies * W);
+    // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
+    // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.
+    w(e.backwardMemory, MemoryCategory::WeightVersions, deviceCopies * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,

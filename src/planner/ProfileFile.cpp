@@ -36,6 +36,7 @@ std::string profileToYaml(const Profile& p) {
   o << "microbatch: " << p.microbatch << "\n";
   o << "input_bytes: " << p.inputBytes << "\n";
   o << "target_bytes: " << p.targetBytes << "\n";
+  o << "loss_working_bytes: " << p.lossWorkingBytes << "\n";
   o << "layers:\n";
   for (const auto& l : p.layers) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
@@ -62,6 +63,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
     p.microbatch = n["microbatch"].as<std::int64_t>();
     p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;
     p.targetBytes = n["target_bytes"] ? n["target_bytes"].as<std::int64_t>() : 0;
+    p.lossWorkingBytes = n["loss_working_bytes"] ? n["loss_working_bytes"].as<std::int64_t>() : 0;
     for (const auto& l : n["layers"]) {
       LayerCost c;
       c.name = l["name"].as<std::string>();

@@ -191,7 +191,17 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       torch::Tensor g = gy.clone();
       const std::int64_t liveB = dom.liveBytes();
       dom.resetPeak();
-      torch::autograd::backward({y}, {g});
+      {
+        // As the runtime's B runs it (Note [Gathered weight gradients] in CostModel.h): the
+        // parameters' gradients come back as fresh tensors, held until B ends, not added
+        // into .grad one by one (Note [Measured saved bytes]).
+        std::vector<torch::Tensor> wrt;
+        for (const auto& p : params)
+          if (p.requires_grad()) wrt.push_back(p);
+        if (s.defined()) wrt.push_back(s);
+        auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
+                                          /*create_graph=*/false, /*allow_unused=*/true);
+      }
       const std::int64_t peakB = dom.peakBytes();
       c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
       c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
@@ -289,6 +299,24 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       input = layer.forward(input.detach()).detach();
     }
     prof.layers.push_back(c);
+  }
+  // The loss as the last stage's B runs it (startBackward): from the model's output and
+  // the targets to the gradient of the output, which B then holds.
+  {
+    memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+    torch::Tensor target =
+        model->inputDtype() == torch::kLong
+            ? sampleInput(*model, b)
+            : torch::randint(0, std::max<int64_t>(model->options().num_classes, 2), {b},
+                             torch::kLong);
+    torch::Tensor out = input.detach().clone().requires_grad_(true);
+    const std::int64_t live0 = dom.liveBytes();
+    dom.resetPeak();
+    {
+      torch::Tensor l = model->loss(out, target);
+      torch::Tensor g = torch::autograd::grad({l}, {out})[0];
+      prof.lossWorkingBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
+    }
   }
   return prof;
 }

@@ -609,12 +609,14 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   // its two devices' (one device unless split).
   auto memLb = [&](int k, int i, int j, std::int64_t ws) {
     const std::int64_t W = model.paramSum(i, j);
-    // The backward device's: states, weight versions, working set, one graph (keep and
-    // offload keep >= 1 resident stash of it, the checkpoint kinds recompute it in B).
+    // The backward device's: states, weight versions, and the larger of the working set
+    // and one graph (keep and offload keep >= 1 resident stash of it, the checkpoint kinds
+    // recompute it in B; a B charged layer by layer may free the graph's later layers
+    // before its largest working set, Note [Backward layer by layer] in CostModel.h).
     // (memoryLowerBound with no working set: the states, without the optimizer's when it is
     // on the host, Note [Optimizer offload in the cost model].)
-    return model.memoryLowerBound(leanest, k, i, j, 0) + copies[k] * W + ws +
-           scaledBytes(model.savedSum(i, j));
+    return model.memoryLowerBound(leanest, k, i, j, 0) + copies[k] * W +
+           std::max(ws, scaledBytes(model.savedSum(i, j)));
   };
   auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
     const std::int64_t mb = memLb(k, i, j, ws);

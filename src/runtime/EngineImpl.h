@@ -62,6 +62,7 @@ struct DeviceState {
   std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
+  std::set<Key> heldOffloads;  // Note [Held offloads] (Stash.cpp)
   // Note [Split backward in the runtime]: what W(s,m) needs from I(s,m).
   struct PendingW {
     DeferredWeightGrad grad;
@@ -207,6 +208,7 @@ struct PipelineEngine::Impl {
   void buildDevices();
   void buildStage(int s);
   void planProgress();
+  void planHeldOffloads();
   void precomputeVersions(StageState& st);
   int iterationOf(const Action& a) const;
 

@@ -48,6 +48,35 @@ void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
   e.onHost = false;
 }
 
+// Note [Held offloads]
+// A split stage's forward device keeps the device copy of its stash (s,m) after the copy
+// to the host is done when the device offloads stage s again before the flush (for an
+// asynchronous schedule, at all): until that next OFF, whether or not B(s,m) on its
+// backward device took the stash meanwhile (Note [Held offload copies], TransferManager.h).
+// So the next F of stage s runs beside it, every time, as the memory contract charges
+// (min(n, 1 + kOffloadsInFlight) stashes on the forward device, Note [Offloads in
+// flight] in planner/CostModel.h). The last OFF before a flush is not held: with one
+// microbatch in flight (n = 1) the device is charged the stash F builds and nothing else.
+void PipelineEngine::Impl::planHeldOffloads() {
+  for (DeviceState& dev : devices) {
+    if (!isLocal(dev.id)) continue;
+    const auto& list = plan.schedule.devices[dev.id];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (a.type != ActionType::Offload || a.stash == StashKind::Weights) continue;
+      if (!stages[a.stage].split || !isLocal(stages[a.stage].bDev)) continue;
+      for (size_t j = i + 1; j < list.size(); ++j) {
+        const Action& b = list[j];
+        if (b.type == ActionType::Offload && b.stash != StashKind::Weights && b.stage == a.stage) {
+          if (async || iterationOf(b) == iterationOf(a))
+            dev.heldOffloads.insert({a.stage, a.index});
+          break;
+        }
+      }
+    }
+  }
+}
+
 void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
   if (a.stash == StashKind::Weights) return offloadVersion(dev, a);
   if (!isLocal(stages[a.stage].bDev)) {  // Note [Channels across processes]
@@ -62,13 +91,15 @@ void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
   StashPtr e = takeFrom(dev.stashes, {a.stage, a.index}, "stash");
   e->stage = a.stage;
   e->index = a.index;
+  const bool hold = dev.heldOffloads.erase({a.stage, a.index}) > 0;  // Note [Held offloads]
   if (!e->graph) {
     std::vector<Tensor> t{std::move(e->input)};
     e->input = Tensor();
-    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t));
+    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t), MemoryCategory::Stash, hold);
     e->onHost = true;
   } else if (e->saved) {
-    transfers->offload(dev.id, {0, a.stage, a.index}, e->saved->take());
+    transfers->offload(dev.id, {0, a.stage, a.index}, e->saved->take(), MemoryCategory::Stash,
+                       hold);
     e->onHost = true;
   }
   channels.put({Chan::Stash, a.stage, a.index, -1}, {{}, e});

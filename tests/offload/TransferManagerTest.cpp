@@ -149,6 +149,34 @@ TEST(TransferManager, OffloadReleasesEachTensorAsSoonAsItIsCopied) {
   EXPECT_EQ(got[1].sum().item<double>(), 2.0 * (bBytes / 4));
 }
 
+// Note [Held offload copies]: a held offload keeps its device copy after its copy to the
+// host is done, and after B took the stash elsewhere, until the device's next OFF (with
+// maxOffloadsInFlight 1); an offload without hold releases as copied.
+TEST(TransferManager, HeldOffloadKeepsItsDeviceCopyUntilTheNextOffload) {
+  auto& dev0 = freshDomain("test-dev-held");
+  auto& dev1 = freshDomain("test-dev-held-b");
+  auto& host = freshDomain("test-host-held");
+  offload::TransferManager mgr(host, {2, false, /*maxOffloadsInFlight=*/1});
+  const int64_t bytes = 64 * 128 * 4;
+  auto stash = [&] {
+    memory::MemoryScope s(dev0, MemoryCategory::Stash);
+    return std::vector<torch::Tensor>{torch::randn({64, 128})};
+  };
+  mgr.offload(0, {0, 0, 0}, stash(), MemoryCategory::Stash, /*hold=*/true);
+  mgr.synchronize();
+  EXPECT_EQ(dev0.liveBytes(MemoryCategory::Stash), bytes);  // copied, still held
+  auto got = mgr.acquire(1, {0, 0, 0}, dev1);
+  EXPECT_EQ(got[0].numel(), 64 * 128);
+  EXPECT_EQ(dev0.liveBytes(MemoryCategory::Stash), bytes);  // B took it: still held
+  mgr.offload(0, {0, 0, 1}, stash(), MemoryCategory::Stash, /*hold=*/false);
+  mgr.synchronize();
+  EXPECT_EQ(dev0.liveBytes(MemoryCategory::Stash), 0);  // released by the next OFF
+  mgr.offload(0, {0, 0, 2}, stash(), MemoryCategory::Stash, /*hold=*/true);
+  mgr.drop({0, 0, 2});
+  mgr.synchronize();
+  EXPECT_EQ(dev0.liveBytes(MemoryCategory::Stash), 0);  // a drop releases it too
+}
+
 TEST(TransferManager, PrefetchIssuedBeforeTheOffloadWaitsOnTheCopyEngine) {
   auto& dev = freshDomain("test-dev2");
   auto& host = freshDomain("test-host2");

@@ -19,34 +19,33 @@
 // for devices we cannot run on.
 // Stash policies are one per plan (schedule families <kind>-<policy>) until the runtime
 // takes the planner's mixed per-stage policies.
-// PIPEFB_PLAN_RUNS_SEED and PIPEFB_PLAN_RUNS_INSTANCES change the draw (default 0, 50).
+// PIPEFB_PLAN_RUNS_SEED and PIPEFB_PLAN_RUNS_INSTANCES change the draw (default 0, 50);
+// PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of it.
 //
 // Status: the property does not hold yet, so the random test is DISABLED_ (run it with
-// --gtest_also_run_disabled_tests --gtest_filter='PlanRuns.DISABLED_Every*'; 1m46s to
-// 2m13s on the shared 2-core machine, heavily loaded by other builds). Seed 0, 50
-// instances: all 50 plan and run, and no device goes above its budget (before the cost
-// model charged buffers, fed inputs and targets, forward peaks, F without autograd and
-// waiting messages, Notes in CostModel.h and schedules/Messages.h: 41 ran and 9 went out
-// of memory). Not every time: in a second run of the same code two pipefb-async instances
-// at their smallest budget went out of memory on the last stage's backward device, by
-// 56 KiB (resnet50/8 keep, B1.1) and 64 KiB (gpt2-tiny checkpoint, BR1.2), with the
-// SyncWeights snapshot live; which transients meet there is timing. 18 instances have a
-// device below -10% of its prediction (none above):
-//   - offloaded stashes in flight: the copy engine usually empties a stash before the
-//     next F or B fills one, so a device holds about 1 stash where the model charges the
-//     copy-engine bound, min(n, 1 + kOffloadsInFlight) on a forward device and lookahead
-//     + 1 (+1 same device) near B (pipefb-sync/async keep and offload on gpt2-tiny and
-//     resnet50/8: -17% to -49.6%; gpipe-offload gpt2-tiny -17%; pipefb-sync-checkpoint
-//     with M >= 2 on gpt2-tiny's forward devices -22%). How many overlap is timing.
-//   - a same-device B frees its graph layer by layer, but B is charged the whole graph
-//     plus its largest layer working set and the gradients after it (vgg16/8 and
-//     alexnet/8 stage 0, 1f1b/gpipe/pipefb checkpoint and offload: -15% to -18%;
-//     resnet50/8 1f1b-checkpoint-offload -10.5%). Charging B layer by layer (saved prefix
-//     + working set + 2 outputs + the gradients after it) fixed those but went out of
-//     memory by 58-75 KiB on resnet50/8's last stage and by 63 KiB on gpt2-tiny's (the
-//     loss's transient), so it is not in.
-//   - pipefb-async-checkpoint's backward device holds 2 weight versions (the kept one
-//     and the prediction) and no SyncWeights snapshot at its peak (resnet50/8 -10.2%).
+// --gtest_also_run_disabled_tests --gtest_filter='PlanRuns.DISABLED_Every*'; 1m06s to
+// 1m48s on the shared 2-core machine, load average 3 to 8 from other builds). Seed 0, 50
+// instances: all 50 plan and run, none goes out of memory or above its budget, 9 have a
+// device more than 10% below its prediction. Seed 1: 49 run, 1 goes out of memory
+// (resnet50/8 pipefb-async-checkpoint, S=3 M=1, at the smallest budget: F0.1 on the
+// forward device, 128 KiB short), 5 are below -10%, all pipefb-async. Closed so far:
+// forward devices hold their offloaded stashes as charged (Note [Held offload copies]),
+// B is charged layer by layer before the last stage, the profiler measures B's fresh
+// gradients and the loss, and pipefb-async's backward device is charged the weight
+// version B runs on (Notes [Backward layer by layer], [Forward device memory] in
+// CostModel.h). Left, measured in the last runs:
+//   - pipefb-async (seed 0: 21, 24, 34; seed 1: 1, 5, 7, 13, 14): -11% to -49%. The
+//     forward device's old copy exists only after the first RecvWeights, which 2
+//     iterations reach after their forwards (the test runs 2); whether RecvWeights builds
+//     a new copy (st.fwd.use_count()) and how many stashes are prefetched at B are timing.
+//   - offloaded stashes near a split B (gpt2-tiny pipefb-sync-offload, last stage's
+//     backward device, -10% to -23% over runs of the same plan: how many of the lookahead
+//     + 1 prefetched stashes are there when B peaks is timing) and the same-device bound
+//     lookahead + 2 (gpt2-tiny gpipe-offload S=3 M=4: -10.4%, -11.9%; gpipe has no OFF in
+//     flight while its Bs run).
+//   - a split forward device under a checkpoint kind (gpt2-tiny pipefb-sync-checkpoint:
+//     -23% on the last stage's forward device, -22% on its backward device; -10.4% on
+//     stage 0's with M=2) and folded mlp pipefb-sync-checkpoint (-14.8%).
 //   - waiting messages are an upper bound (mlp gpipe-keep, last stage -16.6%).
 // The enabled test below is the issue's case, which the analytic step transient fixed.
 #include <gtest/gtest.h>
@@ -270,7 +269,11 @@ TEST_F(PlanRuns, DISABLED_EveryPlanFitsAndPeaksWhereThePlanSays) {
   int ran = 0;
   double worst = 0;
   std::map<std::string, int> perSchedule;
+  // PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of the draw (to look at a miss).
+  const char* only = std::getenv("PIPEFB_PLAN_RUNS_ONLY");
+  const std::string ids = only ? "," + std::string(only) + "," : "";
   for (const Instance& x : drawInstances(seed, n)) {
+    if (!ids.empty() && ids.find("," + std::to_string(x.id) + ",") == std::string::npos) continue;
     const Outcome o = run(x);
     ran += o.ran;
     if (o.ran) ++perSchedule[x.schedule];
@@ -281,7 +284,9 @@ TEST_F(PlanRuns, DISABLED_EveryPlanFitsAndPeaksWhereThePlanSays) {
   std::printf("%d of %d instances planned and ran (%s); worst peak error %.1f%%\n", ran, n,
               s.str().c_str(), 100 * worst);
   // Most draws are plannable; a draw the planner refuses outright is not a run.
-  EXPECT_GE(ran, n * 3 / 4) << "too few instances ran";
+  if (ids.empty()) {
+    EXPECT_GE(ran, n * 3 / 4) << "too few instances ran";
+  }
 }
 
 // Issue 18: the split-backward families run as planned (Note [Split backward in the

@@ -28,6 +28,23 @@
 // in experiments/offload_memory.sh; before/after in experiments/README.md). A tensor
 // that shares its storage with a later one is freed with the last of them.
 //
+// Note [Held offload copies]
+// An offload issued with `hold` keeps its device tensors after its copy is done, until
+// its release point: the device's OFF maxOffloadsInFlight offloads later (by then its
+// copy is done: that OFF waited for it), or a drop of its key. Not B's acquire: B runs
+// on another device, and when it takes the stash is timing. A split stage's forward
+// device holds an OFF when the same stage offloads again on it before the flush (any
+// later OFF of that stage for an asynchronous schedule; Note [Held offloads] in
+// src/runtime/Stash.cpp), so it holds exactly what the memory contract charges it
+// (Note [Offloads in flight], planner/CostModel.h): the stash F is building plus
+// min(n - 1, kOffloadsInFlight) earlier ones, whatever the copies' timing. Released as
+// copied instead, a forward device peaked at about one stash whenever the copy engine
+// emptied a stash before the next F filled one (PlanRunsTest, seed 0: gpt2-tiny and
+// resnet50/8 pipefb-sync/async keep and offload, forward devices 12% to 48% below the
+// plan), and at two when it did not. The plan is the program: what a device holds does
+// not depend on timing. It costs only memory the plan reserved anyway. Same-device
+// stages, whose prefetches share the copy engine with their offloads, release as copied.
+//
 // Counters per device: bytes each way, copy time, copy intervals (for overlap with
 // compute), stall time. All members are thread-safe.
 //
@@ -38,6 +55,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <future>
@@ -114,8 +132,10 @@ class TransferManager {
 
   /// Takes the tensors (undefined ones stay undefined). A key may be offloaded again
   /// only after it was acquired or dropped.
+  /// `hold`: keep the device tensors until the offload's release point instead of
+  /// releasing each as copied (Note [Held offload copies]).
   void offload(int device, TransferKey key, std::vector<at::Tensor> tensors,
-               MemoryCategory hostCategory = MemoryCategory::Stash);
+               MemoryCategory hostCategory = MemoryCategory::Stash, bool hold = false);
   /// Idempotent per key until acquire().
   void prefetch(int device, TransferKey key, memory::MemoryDomain& target,
                 MemoryCategory category = MemoryCategory::Stash);
@@ -173,6 +193,10 @@ class TransferManager {
   std::vector<TransferCounters> counters_;
   int64_t queued_ = 0;  // jobs submitted and not finished
   std::vector<int> offloadsInFlight_;
+  // Note [Held offload copies]: per device, the held offloads in OFF order.
+  std::vector<std::deque<std::shared_ptr<Entry>>> held_;
+  /// Moves `e`'s held device tensors (if any) to `out` and forgets the hold; under mu_.
+  void release(Entry& e, std::vector<at::Tensor>& out);
   int maxOffloadsInFlight_ = 0;
   bool closed_ = false;
 };

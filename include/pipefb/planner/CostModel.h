@@ -70,6 +70,27 @@
 //   and at the end  G(first .. last) + the input gradient (stages after the first).
 // (Measured: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set is 3.0.)
 //
+// Note [Backward layer by layer]
+// A fused B frees its stage's graph as it goes: autograd drops each node's saved tensors
+// once the node ran, so while B runs through layer l (last to first) only the saved
+// tensors of layers first .. l are live, beside l's working set and the gathered
+// gradients of the layers after it (Note [Gathered weight gradients]):
+//   max over l in [first, last) of  saved(first .. l+1) + ws(l) + G(l+1 .. last),
+//   and at the end  G(first .. last) + the input gradient,
+// plus the gradient of the stage's output, held throughout. Keep and offload have the
+// whole graph in the stash B takes (Stash), so their working set is that less the graph;
+// a checkpointed B recomputes F first (Note [Forward peak]), so its working set is the
+// larger of the two. Charged whole (graph + the largest working set), VGG16/8 and
+// AlexNet/8 stage 0 (checkpoint and offload, 1f1b, gpipe) peaked 15% to 18% below the
+// plan (PlanRunsTest). Not on the last stage: B starts there with the loss beside the
+// whole graph, so the last stage is charged whole, and at least that: the graph and the
+// loss's transient (log_softmax, its gradient and the logits' gradient; measured by the
+// profiler as Profile::lossWorkingBytes, 3 logits' worth on gpt2-tiny), plus F's and the
+// recomputed output under a checkpoint kind (gpt2-tiny gpipe-checkpoint's last stage
+// peaked 15% above the plan without the loss). Charged layer by layer there, gpt2-tiny's
+// last stage went out of memory (pipefb-sync-offload, both checkpoint-offload kinds).
+// Not for split backward (I keeps the graph for W, Note [Split backward]).
+//
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash
 // it builds (Note [Forward peak]), or without autograd under a checkpoint kind (Note
@@ -80,7 +101,11 @@
 // referring to the old copy, so RecvWeights builds a new copy: the old copy stays until
 // its stashes are consumed, so F runs beside 2 W. pipefb-async's SyncWeights sends a
 // snapshot that the sender holds until RW took it: W of comm_buffers on the backward
-// device (charged beside its other terms).
+// device (charged beside its other terms). The backward device also keeps the version
+// B(s,m) runs on when a STEP came after F(s,m) (keepVersionsBeforeStep), old forward
+// copy or not: charged as its weight copies on both kinds of stash (charged only on the
+// forward device with a graph stash, resnet50/8 pipefb-async-keep's last backward device
+// went out of memory by 56-120 KiB holding that version and the snapshot; PlanRunsTest).
 //
 // Note [Forward peak]
 // F builds its stash layer by layer, so one microbatch's F peaks, over its layers l, at
@@ -530,6 +555,9 @@ class CostModel {
   /// B's working set of stage k = [first, last) at the shape's microbatch, with the
   /// gathered weight gradients (Note [Gathered weight gradients]).
   std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last) const;
+  /// Note [Backward layer by layer]: the peak of a fused B of stage k = [first, last) with
+  /// its own graph (saved tensors, or the recomputed ones) freed as B passes each layer.
+  std::int64_t backwardLayered(const PipelineShape& shape, int k, int first, int last) const;
   double scale(const PipelineShape& shape) const;
 
  private:
@@ -555,12 +583,17 @@ class CostModel {
     return rangeMax(stepWorkingMax_, first, last);
   }
   // Note [Gathered weight gradients]: per microbatch size, the range maxima of
-  // scaled(ws(l)) - gradPrefix(l + 1), built on first use (the planner is single-threaded
-  // today; the mutex keeps a shared model safe anyway).
+  // scaled(ws(l)) - gradPrefix(l + 1) (gathered), and of that plus scaled(savedPrefix(l + 1))
+  // (layered, Note [Backward layer by layer]), built on first use (the planner is
+  // single-threaded today; the mutex keeps a shared model safe anyway).
+  struct GatherTables {
+    SparseMax gathered, layered;
+  };
   struct GatherCache {
     std::mutex mu;
-    std::map<std::int64_t, SparseMax> tables;
+    std::map<std::int64_t, GatherTables> tables;
   };
+  const GatherTables& gatherTables(const PipelineShape& shape) const;
   std::shared_ptr<GatherCache> gather_ = std::make_shared<GatherCache>();
 };
 

@@ -58,6 +58,10 @@ struct Profile {
   std::int64_t microbatch = 1;      // samples per microbatch the numbers are for
   std::int64_t inputBytes = 0;      // the model input per microbatch (stage 0's checkpoint)
   std::int64_t targetBytes = 0;     // the loss targets per microbatch (on the last stage)
+  /// The loss and the gradient of the model's output from it, as the last stage's B
+  /// starts (Note [Backward layer by layer] in CostModel.h): the peak above the output and
+  /// the targets, the gradient included. 0 = not measured (the analytic profile).
+  std::int64_t lossWorkingBytes = 0;
   std::vector<LayerCost> layers;
 
   int numLayers() const { return static_cast<int>(layers.size()); }
