@@ -503,7 +503,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // as it frees it (the own stash is in Stash: keep and offload charge the rest above it).
   // The last stage is charged whole, and at least what its B starts with: the loss (a
   // measured profile's lossWorkingBytes, the output's gradient included) beside the whole
-  // graph, and under a checkpoint kind F's output and the recomputed one too.
+  // graph, and under a checkpoint kind the recomputed output and F's (if it is there).
   const bool layered = !splitsBackward(shape.kind) && k < S - 1;
   const std::int64_t loss = k == S - 1 ? scaled(profile_.lossWorkingBytes, f) : 0;
   auto backwardWs = [&] {
@@ -517,8 +517,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const std::int64_t whole =
         std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
         (ckpt ? graph : 0) + output;
-    // Checkpointed: F's output, which the loss reads (dev.acts), and the recomputed one.
-    return std::max(whole, ckpt ? graph + 2 * output + loss : loss);
+    // Checkpointed: the recomputed output, and F's, which the loss reads (dev.acts), unless
+    // F ran on another device and sent it nowhere (Note [Recomputed last output]).
+    const int outputs = k == S - 1 && split && !outputTravels ? 1 : 2;
+    return std::max(whole, ckpt ? graph + outputs * output + loss : loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
