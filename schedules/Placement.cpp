@@ -46,9 +46,11 @@ Placement Placement::looped(int numStages, int v) {
     throw UserError("pipeline.virtual_stages: " + std::to_string(numStages) +
                     " stages do not split into " + std::to_string(v) +
                     " stages per device; give a divisor of the stage count (>= 1)");
-  const int D = numStages / v;
   std::vector<StagePlacement> out;
-  for (int s = 0; s < numStages; ++s) out.push_back({s % D, s % D});
+  for (int s = 0; s < numStages; ++s) {
+    const int d = loopedDevice(s, numStages, v);
+    out.push_back({d, d});
+  }
   return Placement(std::move(out));
 }
 

@@ -218,6 +218,38 @@ MemoryContract contractFromOrder(const Schedule& s) {
   return c;
 }
 
+std::vector<std::vector<std::vector<int>>> stashesHeldTogether(const Schedule& s) {
+  const int S = s.numStages;
+  std::vector<std::vector<std::vector<int>>> out(s.numDevices());
+  for (int d = 0; d < s.numDevices(); ++d) {
+    std::vector<int> alive(S, 0);
+    std::vector<std::vector<int>>& seen = out[d];
+    for (const Action& a : s.devices[d]) {
+      if (!a.isCompute()) continue;
+      const int st = a.stage;
+      // Note [Counting resident stashes]: F's stash is not alive yet at its start.
+      const bool dominated = std::any_of(seen.begin(), seen.end(), [&](const std::vector<int>& v) {
+        for (int k = 0; k < S; ++k)
+          if (v[k] < alive[k]) return false;
+        return true;
+      });
+      if (!dominated) {
+        seen.erase(std::remove_if(seen.begin(), seen.end(),
+                                  [&](const std::vector<int>& v) {
+                                    for (int k = 0; k < S; ++k)
+                                      if (v[k] > alive[k]) return false;
+                                    return true;
+                                  }),
+                   seen.end());
+        seen.push_back(alive);
+      }
+      if (a.type == ActionType::Forward) ++alive[st];
+      if (a.endsStash()) --alive[st];
+    }
+  }
+  return out;
+}
+
 SchedulePlan zbH1(int S, int M, const Placement& p, int K) {
   checkShape("zb-h1", S, M, K, p);
   checkOneStagePerDevice("zb-h1", p);
