@@ -8,6 +8,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/ScheduleKind.h"
+#include "pipefb/schedules/SharedDevices.h"
 
 namespace pipefb::schedules {
 
@@ -48,7 +49,7 @@ Placement Placement::looped(int numStages, int v) {
                     " stages per device; give a divisor of the stage count (>= 1)");
   std::vector<StagePlacement> out;
   for (int s = 0; s < numStages; ++s) {
-    const int d = loopedDevice(s, numStages, v);
+    const int d = schedules::loopedDevice(s, numStages, v);
     out.push_back({d, d});
   }
   return Placement(std::move(out));

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/SharedDevices.h"
 
 namespace pipefb::schedules {
 

@@ -12,6 +12,7 @@
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Messages.h"
+#include "pipefb/schedules/SharedDevices.h"
 #include "pipefb/schedules/ZeroBubble.h"
 #include "pipefb/sim/CostTable.h"
 #include "pipefb/sim/Simulator.h"
@@ -46,8 +47,10 @@ std::vector<ScheduleKind> allScheduleKinds() {
 
 std::vector<ScheduleKind> defaultScheduleKinds() {
   std::vector<ScheduleKind> out;
-  for (ScheduleKind k : allScheduleKinds())
-    if (!splitsBackward(k) && k != ScheduleKind::Interleaved1F1B) out.push_back(k);
+  for (ScheduleKind k : allScheduleKinds()) {
+    const bool onePerDevice = !PipelineShape::of(k, 2, 1, 1, 1).sharesDevices();
+    if (!(splitsBackward(k) && onePerDevice)) out.push_back(k);
+  }
   return out;
 }
 

@@ -41,6 +41,7 @@
 #include "pipefb/planner/TrainPlan.h"
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/Partition.h"
+#include "pipefb/schedules/Placement.h"
 #include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/train/Trainer.h"
 
@@ -249,14 +250,20 @@ int main(int argc, char** argv) {
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&
         config.pipeline.partition.empty() && config.pipeline.partition_by == "planner") {
-      if (pipefb::planner::plannerModels(
-              pipefb::schedules::parseScheduleKind(config.pipeline.schedule)))
+      const auto kind = pipefb::schedules::parseScheduleKind(config.pipeline.schedule);
+      // Note [Shared devices]: the planner plans interleaved-1f1b with v = 2 only.
+      const bool modelled =
+          pipefb::planner::plannerModels(kind) &&
+          (kind != pipefb::schedules::ScheduleKind::Interleaved1F1B ||
+           config.pipeline.virtual_stages == 0 ||
+           config.pipeline.virtual_stages == pipefb::schedules::Placement::kDefaultVirtualStages);
+      if (modelled)
         planYaml = usePlannerPartition(config, configPath, group.get());
-      else  // interleaved-1f1b, zbv: the cost model has no closed form for them yet
+      else
         spdlog::info(
-            "pipeline: the planner does not model {}; partition balanced by parameter "
-            "bytes (set pipeline.partition to choose it)",
-            config.pipeline.schedule);
+            "pipeline: the planner does not model {} with pipeline.virtual_stages={}; "
+            "partition balanced by parameter bytes (set pipeline.partition to choose it)",
+            config.pipeline.schedule, config.pipeline.virtual_stages);
     }
     std::optional<std::int64_t> keepPeak;
     try {  // informational: a config the planner cannot model still trains

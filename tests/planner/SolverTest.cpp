@@ -5,6 +5,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/BruteForce.h"
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/SharedDevices.h"
 #include "pipefb/schedules/ZeroBubble.h"
 
 using namespace pipefb::planner;

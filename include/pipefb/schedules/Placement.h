@@ -93,8 +93,6 @@ class Placement {
   /// The mirror fold of position i in a chain of n onto n/2 (rounded up) devices:
   /// min(i, n-1-i). folded() puts B(s) on F(n-1-s)'s device; vShape() puts stage s there.
   static int foldedDevice(int i, int n) { return i < n - 1 - i ? i : n - 1 - i; }
-  /// The device of stage s of looped(numStages, v): s mod (numStages / v).
-  static int loopedDevice(int s, int numStages, int v) { return s % (numStages / v); }
   /// Virtual stages per device of looped() when none is given (pipeline.virtual_stages: 0).
   static constexpr int kDefaultVirtualStages = 2;
   /// The default placement of a schedule kind (DefaultPlacement: sameDevice, pipefb, looped

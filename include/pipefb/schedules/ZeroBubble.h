@@ -74,15 +74,4 @@ bool takesShape(const std::string& kind, int S, int M);
 /// per iteration, as pipefb-sync; deferredW from the I-done-W-pending counts.
 MemoryContract contractFromOrder(const Schedule& schedule);
 
-/// Note [Stashes held together]
-/// A device that hosts several stages (looped, V) holds their stashes at once, but each
-/// stage's count in the contract is its own maximum, reached at different times (zbv's
-/// first chunk peaks during the warm-up, its second chunk after the turn). The planner
-/// charges a device the most of sum_s n_s x stash(s) over its compute starts, so it needs
-/// the counts together: per device, the per-stage counts of stashes alive (as
-/// contractFromOrder counts them, a B or W counting its own) at each compute start,
-/// indexed by stage (0 for the stages of other devices), without duplicates and without a
-/// vector that another one bounds from above in every stage.
-std::vector<std::vector<std::vector<int>>> stashesHeldTogether(const Schedule& schedule);
-
 }  // namespace pipefb::schedules
