@@ -219,30 +219,30 @@ MemoryContract contractFromOrder(const Schedule& s) {
   return c;
 }
 
-std::vector<std::vector<std::vector<int>>> stashesHeldTogether(const Schedule& s) {
+std::vector<std::vector<HeldAtStart>> stashesHeldTogether(const Schedule& s) {
   const int S = s.numStages;
-  std::vector<std::vector<std::vector<int>>> out(s.numDevices());
+  std::vector<std::vector<HeldAtStart>> out(s.numDevices());
   for (int d = 0; d < s.numDevices(); ++d) {
     std::vector<int> alive(S, 0);
-    std::vector<std::vector<int>>& seen = out[d];
+    std::vector<HeldAtStart>& seen = out[d];
+    // x bounds y: the same starting stage and at least y's count in every stage.
+    auto bounds = [&](const HeldAtStart& x, const HeldAtStart& y) {
+      if (x.starting != y.starting || x.forward != y.forward) return false;
+      for (int k = 0; k < S; ++k)
+        if (x.alive[k] < y.alive[k]) return false;
+      return true;
+    };
     for (const Action& a : s.devices[d]) {
       if (!a.isCompute()) continue;
       const int st = a.stage;
       // Note [Counting resident stashes]: F's stash is not alive yet at its start.
-      const bool dominated = std::any_of(seen.begin(), seen.end(), [&](const std::vector<int>& v) {
-        for (int k = 0; k < S; ++k)
-          if (v[k] < alive[k]) return false;
-        return true;
-      });
-      if (!dominated) {
+      const HeldAtStart now{st, a.type == ActionType::Forward, alive};
+      if (std::none_of(seen.begin(), seen.end(),
+                       [&](const HeldAtStart& h) { return bounds(h, now); })) {
         seen.erase(std::remove_if(seen.begin(), seen.end(),
-                                  [&](const std::vector<int>& v) {
-                                    for (int k = 0; k < S; ++k)
-                                      if (v[k] > alive[k]) return false;
-                                    return true;
-                                  }),
+                                  [&](const HeldAtStart& h) { return bounds(now, h); }),
                    seen.end());
-        seen.push_back(alive);
+        seen.push_back(now);
       }
       if (a.type == ActionType::Forward) ++alive[st];
       if (a.endsStash()) --alive[st];

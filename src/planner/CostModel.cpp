@@ -68,9 +68,10 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
 }
 
 // Note [Stashes held together]: per device of the generated schedule, per (kind, S, M).
-const std::vector<std::vector<std::vector<int>>>& heldTogether(ScheduleKind k, int S, int M) {
+const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKind k, int S, int M) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, std::vector<std::vector<std::vector<int>>>> cache;
+  static std::map<std::tuple<int, int, int>, std::vector<std::vector<schedules::HeldAtStart>>>
+      cache;
   std::lock_guard<std::mutex> lock(mu);
   auto key = std::make_tuple(static_cast<int>(k), S, M);
   auto it = cache.find(key);
@@ -544,6 +545,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
+  if (!timesOnly) {  // Note [Forward peak]; under a checkpoint kind the stash is the input
+    const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
+    e.forwardPeakBytes = ckpt ? fpeak + e.stashBytes : std::max(fpeak, e.stashBytes);
+  }
   // Note [Gathered weight gradients]: B's working set (plus the recomputed graph), and
   // the gradient of the stage's output (received, or the loss's), which B holds throughout
   // and the profile's working set leaves out (measured beside, not inside, a layer's B).
@@ -796,7 +801,8 @@ double sharedDeviceTime(const HostedStage* first, const HostedStage* last) {
   return std::max({compute, copy, static_cast<double>(last - first) * largest});
 }
 
-const std::vector<std::vector<int>>& stashesHeldTogether(const PipelineShape& shape, int position) {
+const std::vector<schedules::HeldAtStart>& stashesHeldTogether(const PipelineShape& shape,
+                                                               int position) {
   return heldTogether(shape.kind, shape.stages, shape.microbatches).at(position);
 }
 
@@ -806,27 +812,28 @@ std::int64_t sharedDeviceMemory(const PipelineShape& shape, int position,
                             stages.data() + stages.size());
 }
 
-std::int64_t sharedDeviceMemory(const std::vector<std::vector<int>>& held, const HostedStage* first,
-                                const HostedStage* last) {
+std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
+                                const HostedStage* first, const HostedStage* last) {
   const int st = index(MemoryCategory::Stash), ws = index(MemoryCategory::WorkingSet);
-  std::int64_t states = 0, working = 0;
+  std::int64_t states = 0;
   for (const HostedStage* h = first; h != last; ++h) {
     const CategoryBytes& m = h->estimate->backwardMemory;
     states += total(m) - m[st] - m[ws];
-    working = std::max(working, m[ws]);
   }
-  // Note [Stashes held together]
-  std::int64_t stash = 0;
-  for (const std::vector<int>& n : held) {
+  // Note [Stashes held together]: the stashes alive at a compute start, beside the working
+  // set of the stage that starts.
+  std::int64_t peak = 0;
+  for (const schedules::HeldAtStart& n : held) {
     std::int64_t together = 0;
     for (const HostedStage* h = first; h != last; ++h) {
       const StageEstimate& e = *h->estimate;
       const std::int64_t resident = e.stashBytes > 0 ? e.backwardMemory[st] / e.stashBytes : 0;
-      together += std::min<std::int64_t>(n[h->stage], resident) * e.stashBytes;
+      together += std::min<std::int64_t>(n.alive[h->stage], resident) * e.stashBytes;
+      if (h->stage == n.starting) together += n.forward ? e.forwardPeakBytes : e.backwardMemory[ws];
     }
-    stash = std::max(stash, together);
+    peak = std::max(peak, together);
   }
-  return states + stash + working;
+  return states + peak;
 }
 
 PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,

@@ -609,7 +609,7 @@ std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape
       const int rest = D - 1 - d;  // stages of each chain still to place after this step
       const bool lastDevice = rest == 0;
       const int dev = shape.chain[d];
-      const std::vector<std::vector<int>>& held = stashesHeldTogether(shape, d);
+      const std::vector<schedules::HeldAtStart>& held = stashesHeldTogether(shape, d);
       std::vector<const StageEstimate*> eLs(nC), eRs(nC);
       for (auto& v : next) v.clear();
       for (int i = 0; i <= L; ++i)

@@ -667,7 +667,7 @@ TEST(SolverShared, ZbvDeviceHoldsItsStashesTogether) {
   const SchedulePlan plan = makeSchedule("zbv", S, M);
   const auto held = stashesHeldTogether(plan.schedule);
   int together = 0;
-  for (const auto& v : held[0]) together = std::max(together, v[0] + v[S - 1]);
+  for (const auto& v : held[0]) together = std::max(together, v.alive[0] + v.alive[S - 1]);
   EXPECT_EQ(together, 2 * D);
   EXPECT_GT(plan.contract.inFlight[0] + plan.contract.inFlight[S - 1], together);
   Profile p = timesProfile(std::vector<double>(8, 1.0));

@@ -227,8 +227,8 @@ std::vector<ScheduleKind> defaultScheduleKinds();
 ///   memory = the sum of its stages' states (weights, grads, optimizer state, comm
 ///     buffers), plus the most, over the device's compute starts in the generated
 ///     schedule, of sum_s min(n_s, resident_s) x stash_s (Note [Stashes held together];
-///     resident_s = the stashes the stage alone is charged, fewer under offload), plus the
-///     largest of its stages' working sets;
+///     resident_s = the stashes the stage alone is charged, fewer under offload) plus the
+///     working set of the stage whose action starts there;
 /// and each link carries the messages of every boundary between its two devices (looped:
 /// the boundaries of stages d and D + d on d-1 -> d, and of stage D on the wrap D-1 -> 0;
 /// V: of stages d and S - d; the V's turn is local), its time their sum. The prefix DP
@@ -405,6 +405,10 @@ struct StageEstimate {
   double time = 0;     // the largest of the above (the stage's pace)
   Resource binding = Resource::Compute;
   std::int64_t stashBytes = 0;  // one stash
+  /// One F's peak above what was live before it, the stash it builds included (Note
+  /// [Forward peak]); a shared device charges it at the F starts (Note [Stashes held
+  /// together]).
+  std::int64_t forwardPeakBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -525,10 +529,11 @@ double sharedDeviceTime(const HostedStage* first, const HostedStage* last);
 std::int64_t sharedDeviceMemory(const PipelineShape& shape, int position,
                                 const std::vector<HostedStage>& stages);
 /// Note [Stashes held together]: the counts of that device in the generated schedule.
-const std::vector<std::vector<int>>& stashesHeldTogether(const PipelineShape& shape, int position);
+const std::vector<schedules::HeldAtStart>& stashesHeldTogether(const PipelineShape& shape,
+                                                               int position);
 /// sharedDeviceMemory with those counts given (the DP's inner loop).
-std::int64_t sharedDeviceMemory(const std::vector<std::vector<int>>& held, const HostedStage* first,
-                                const HostedStage* last);
+std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
+                                const HostedStage* first, const HostedStage* last);
 
 /// Prefix sums over a profile and the cluster, to cost stages in O(1) (except the
 /// working-set maximum, which the caller may pass in).
