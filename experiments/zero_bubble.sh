@@ -13,8 +13,8 @@
 # and simulated iteration time, and the speedup over the best 1f1b plan.
 #
 # Virtual devices (VIRTUAL=1, a few minutes): VGG16 width 1/4 at 32 px, batch 32, M = 8, on
-# 4 virtual CPU devices, profiled once (pipefb_profile); per family the plan without a budget
-# sets the budget B (its largest predicted peak x 1.1), pipefb_plan --budget B plans again
+# 4 virtual CPU devices, profiled once (pipefb_profile); per family the budget B is 1.05 x
+# the smallest that fits (pipefb_plan --budget 1KiB says it), pipefb_plan --budget B plans
 # and pipefb_train --plan runs it for 3 iterations under devices.memory=B -> virtual.csv:
 # per device the predicted and measured peak, and the measured samples/s.
 #
@@ -100,20 +100,22 @@ if [[ ${VIRTUAL:-0} == 1 ]]; then
     --set data.synthetic_train=64 --set data.synthetic_test=32"
   PROF=$OUT/vgg16-w025-mb4.profile.yaml
   # shellcheck disable=SC2086
-  $NICE "$BUILD/pipefb_profile" $SETS --set devices.count=4 --repeats 3 --warmup 1 --out "$PROF" \
+  [[ -f $PROF ]] || $NICE "$BUILD/pipefb_profile" $SETS --set devices.count=4 --repeats 3 --warmup 1 --out "$PROF" \
     >"$OUT/profile.log" 2>&1
   for fam in 1f1b-keep zb-h1-keep zb-h2-keep zbv-keep interleaved-1f1b-keep pipefb-zb-keep; do
     d=$OUT/virtual-$fam
     mkdir -p "$d"
     # shellcheck disable=SC2086
     "$BUILD/pipefb_plan" $SETS --set devices.count=4 --profile "$PROF" --schedules "$fam" \
-      --microbatches 8 -o "$d/free.yaml" >"$d/free.txt" 2>&1
-    B=$("$PY" -c "import yaml,sys; print(int(1.1*max(yaml.safe_load(open(sys.argv[1]))['predicted']['peak_memory'])))" "$d/free.yaml")
+      --microbatches 8 --budget 1KiB >"$d/smallest.txt" 2>&1 || true
+    B=$("$PY" -c "import re,sys; print(int(1.05*int(re.search(r'--budget ([0-9]+)\)', open(sys.argv[1]).read()).group(1))))" "$d/smallest.txt")
     # shellcheck disable=SC2086
     "$BUILD/pipefb_plan" $SETS --set devices.count=4 --profile "$PROF" --schedules "$fam" \
       --microbatches 8 --budget "$B" -o "$d/plan.yaml" >"$d/plan.txt" 2>&1
+    DEV=$("$PY" -c "import yaml,sys; print([o.split('=')[1] for o in yaml.safe_load(open(sys.argv[1]))['overrides'] if o.startswith('devices.count=')][0])" "$d/plan.yaml")
     # shellcheck disable=SC2086
-    $NICE "$BUILD/pipefb_train" $SETS --set devices.count=4 --plan "$d/plan.yaml" \
+    $NICE "$BUILD/pipefb_train" $SETS --set pipeline.schedule="${fam%-keep}" \
+      --set devices.count="$DEV" --plan "$d/plan.yaml" \
       --set devices.memory="$B" --set training.iterations=3 --set training.eval=false \
       --set training.checkpoint=false --set output.dir="$d/run" >"$d/train.log" 2>&1
     "$PY" - "$d" "$fam" "$B" "$VCSV" <<'PYEOF'
