@@ -1420,7 +1420,8 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
                                               : ((sumF + sumB) * f + step) / sf;
                 bound = sh.iterationTime(tau);
               } else {
-                bound = double(sumStatic) / S;
+                // (every device holds its stages' states: the fullest at least the mean)
+                bound = double(sumStatic) / sh.chainLength();
               }
               jobs.push_back({&fam, sh, bound});
             }
