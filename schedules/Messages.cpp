@@ -106,16 +106,22 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   }
   auto reaches = [&](int u, int v) { return (reach[u][v / 64] >> (v % 64)) & 1; };
 
+  // Only messages to c's own device, consumed after c, can wait at c: per device, by consumer.
+  std::vector<std::vector<const Message*>> toDevice(D);
+  for (const Message& msg : messages) toDevice[deviceOf[msg.consumer]].push_back(&msg);
   WaitingMessages out;
   out.activations.assign(S, 0);
   out.gradients.assign(S, 0);
+  std::vector<int> acts(S, 0), grads(S, 0);
   for (int c = 0; c < N; ++c) {
     const Action& a = schedule.devices[deviceOf[c]][posOf[c]];
     if (!a.isCompute()) continue;
-    std::vector<int> acts(S, 0), grads(S, 0);
+    std::fill(acts.begin(), acts.end(), 0);
+    std::fill(grads.begin(), grads.end(), 0);
     int outs = 0;
-    for (const Message& msg : messages) {
-      if (deviceOf[msg.consumer] != deviceOf[c] || posOf[msg.consumer] <= posOf[c]) continue;
+    for (const Message* m : toDevice[deviceOf[c]]) {
+      const Message& msg = *m;
+      if (posOf[msg.consumer] <= posOf[c]) continue;
       if (msg.producer == c || reaches(c, msg.producer)) continue;
       if (msg.kind == 0) ++acts[msg.stage];
       if (msg.kind == 1) ++grads[msg.stage];

@@ -8,6 +8,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/ScheduleKind.h"
+#include "pipefb/schedules/SharedDevices.h"
 
 namespace pipefb::schedules {
 
@@ -46,9 +47,11 @@ Placement Placement::looped(int numStages, int v) {
     throw UserError("pipeline.virtual_stages: " + std::to_string(numStages) +
                     " stages do not split into " + std::to_string(v) +
                     " stages per device; give a divisor of the stage count (>= 1)");
-  const int D = numStages / v;
   std::vector<StagePlacement> out;
-  for (int s = 0; s < numStages; ++s) out.push_back({s % D, s % D});
+  for (int s = 0; s < numStages; ++s) {
+    const int d = schedules::loopedDevice(s, numStages, v);
+    out.push_back({d, d});
+  }
   return Placement(std::move(out));
 }
 

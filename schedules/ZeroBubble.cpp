@@ -6,6 +6,7 @@
 #include <set>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/SharedDevices.h"
 
 namespace pipefb::schedules {
 
@@ -216,6 +217,38 @@ MemoryContract contractFromOrder(const Schedule& s) {
     c.inFlight[st] = c.residentBackward[st] = c.residentForward[st];
   }
   return c;
+}
+
+std::vector<std::vector<HeldAtStart>> stashesHeldTogether(const Schedule& s) {
+  const int S = s.numStages;
+  std::vector<std::vector<HeldAtStart>> out(s.numDevices());
+  for (int d = 0; d < s.numDevices(); ++d) {
+    std::vector<int> alive(S, 0);
+    std::vector<HeldAtStart>& seen = out[d];
+    // x bounds y: the same starting stage and at least y's count in every stage.
+    auto bounds = [&](const HeldAtStart& x, const HeldAtStart& y) {
+      if (x.starting != y.starting || x.forward != y.forward) return false;
+      for (int k = 0; k < S; ++k)
+        if (x.alive[k] < y.alive[k]) return false;
+      return true;
+    };
+    for (const Action& a : s.devices[d]) {
+      if (!a.isCompute()) continue;
+      const int st = a.stage;
+      // Note [Counting resident stashes]: F's stash is not alive yet at its start.
+      const HeldAtStart now{st, a.type == ActionType::Forward, alive};
+      if (std::none_of(seen.begin(), seen.end(),
+                       [&](const HeldAtStart& h) { return bounds(h, now); })) {
+        seen.erase(std::remove_if(seen.begin(), seen.end(),
+                                  [&](const HeldAtStart& h) { return bounds(now, h); }),
+                   seen.end());
+        seen.push_back(now);
+      }
+      if (a.type == ActionType::Forward) ++alive[st];
+      if (a.endsStash()) --alive[st];
+    }
+  }
+  return out;
 }
 
 SchedulePlan zbH1(int S, int M, const Placement& p, int K) {

@@ -7,6 +7,8 @@
 #include <map>
 #include <tuple>
 
+#include "pipefb/schedules/ZeroBubble.h"
+
 namespace pipefb::planner {
 
 namespace {
@@ -93,7 +95,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                          (options.maxStages == 0 || options.maxStages >= L) &&
                          L <= kDecoupledExactLayers;
   for (const ScheduleFamily& fam : families) {
-    if (!decoupled || !isSplit(fam.kind)) continue;
+    if (!decoupled || !foldsAndDecouples(fam.kind)) continue;
     std::vector<int> Ms = microbatchCounts(options.batch, options.maxMicrobatches);
     if (options.microbatches > 0)
       Ms = options.batch % options.microbatches == 0 ? std::vector<int>{options.microbatches}
@@ -120,7 +122,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
             sh.backwardDevices = n - Df;
             sh.chain = chain;
             sh.corePace = model.corePace(sh);
-            sh.fill = model.fill(sh.kind);
+            sh.fill = model.fill(sh);
             for (const auto& choice : decoupledChoices(model, sh, fam.policies)) {
               // Named copies: C++17 lambdas cannot capture structured bindings (clang).
               const auto policy = choice.first;
@@ -177,7 +179,9 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
         for (int S = 1; S <= L; ++S)
           for (bool folded : {false, true}) {  // Note [Folded placements]: PipeFB on S devices
             if (options.maxStages > 0 && S > options.maxStages) break;
-            if (folded && (!isSplit(fam.kind) || S < 2 || !options.foldedPlacements)) continue;
+            if (folded && (!foldsAndDecouples(fam.kind) || S < 2 || !options.foldedPlacements))
+              continue;
+            if (!schedules::takesShape(toString(fam.kind), S, M)) continue;
             PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
             sh.replicas = R;
             sh.folded = folded;
@@ -195,7 +199,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
             for (const auto& chain : chains) {
               sh.chain = chain;
               sh.corePace = model.corePace(sh);  // Note [Shared cores]
-              sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
+              sh.fill = model.fill(sh);          // Note [Zero-bubble fill]
               for (const auto& cut : parts) {
                 // Stage costs per (stage, policy, optimizer placement), then every
                 // combination (Note [Optimizer placement search]: choice c is the policy

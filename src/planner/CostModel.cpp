@@ -12,7 +12,10 @@
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Messages.h"
+#include "pipefb/schedules/SharedDevices.h"
+#include "pipefb/schedules/ZeroBubble.h"
 #include "pipefb/sim/CostTable.h"
+#include "pipefb/sim/Simulator.h"
 
 namespace pipefb::planner {
 
@@ -27,10 +30,10 @@ bool plannerModels(ScheduleKind k) {
     case ScheduleKind::ZbH1:  // Note [Zero-bubble fill]
     case ScheduleKind::ZbH2:
       return true;
-    case ScheduleKind::Zbv:
+    case ScheduleKind::Zbv:  // Note [Shared devices], Note [Simulated fill]
     case ScheduleKind::Interleaved1F1B:
     case ScheduleKind::PipeFbZb:
-      return false;
+      return true;
   }
   return false;
 }
@@ -44,8 +47,10 @@ std::vector<ScheduleKind> allScheduleKinds() {
 
 std::vector<ScheduleKind> defaultScheduleKinds() {
   std::vector<ScheduleKind> out;
-  for (ScheduleKind k : allScheduleKinds())
-    if (!splitsBackward(k)) out.push_back(k);
+  for (ScheduleKind k : allScheduleKinds()) {
+    const bool onePerDevice = !PipelineShape::of(k, 2, 1, 1, 1).sharesDevices();
+    if (!(splitsBackward(k) && onePerDevice)) out.push_back(k);
+  }
   return out;
 }
 
@@ -59,6 +64,22 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
   auto it = cache.find(key);
   if (it == cache.end())
     it = cache.emplace(key, schedules::makeSchedule(toString(k), S, M).contract).first;
+  return it->second;
+}
+
+// Note [Stashes held together]: per device of the generated schedule, per (kind, S, M).
+const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKind k, int S, int M) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, std::vector<std::vector<schedules::HeldAtStart>>>
+      cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(static_cast<int>(k), S, M);
+  auto it = cache.find(key);
+  if (it == cache.end())
+    it = cache
+             .emplace(key, schedules::stashesHeldTogether(
+                               schedules::makeSchedule(toString(k), S, M).schedule))
+             .first;
   return it->second;
 }
 
@@ -98,11 +119,11 @@ int inFlightStashes(ScheduleKind k, int S, int s, int M) {
       return 2 * M;
     case ScheduleKind::ZbH1:
     case ScheduleKind::ZbH2:
-      return generatedContract(k, S, M).inFlight.at(s);
-    case ScheduleKind::Zbv:  // not modelled (plannerModels)
+    case ScheduleKind::Zbv:
     case ScheduleKind::Interleaved1F1B:
+      return generatedContract(k, S, M).inFlight.at(s);
     case ScheduleKind::PipeFbZb:
-      break;
+      return M;  // a split stage, as pipefb-sync (contractFromOrder)
   }
   return M;
 }
@@ -118,11 +139,10 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
     case ScheduleKind::PipeFbSync:
     case ScheduleKind::ZbH1:
     case ScheduleKind::ZbH2:
-      return 1;
-    case ScheduleKind::Zbv:  // not modelled (plannerModels)
+    case ScheduleKind::Zbv:
     case ScheduleKind::Interleaved1F1B:
     case ScheduleKind::PipeFbZb:
-      break;
+      return 1;
   }
   return 1;
 }
@@ -144,17 +164,64 @@ std::vector<StashPolicy> allStashPolicies() {
           StashPolicy::CheckpointOffload};
 }
 
+namespace {
+// Note [Simulated fill]: per (kind, S, M, F : B), computed once.
+double simulatedFill(ScheduleKind k, int S, int M, double F, double B) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, double>, double> cache;
+  const auto key = std::make_tuple(static_cast<int>(k), S, M, F / (F + B));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const schedules::SchedulePlan plan = schedules::makeSchedule(toString(k), S, M);
+  const int D = plan.schedule.numDevices();
+  double fill = 0;
+  if (D > 1) {
+    sim::CostTable costs = sim::CostTable::uniform(S);  // free communication
+    for (sim::StageCosts& c : costs.stages) {
+      c.forward = F / S;
+      c.backward = B / S;
+    }
+    const auto lowered =
+        schedules::lower(plan, std::vector<StashPolicy>(S, StashPolicy::Keep), 1, false);
+    sim::SimOptions so;
+    so.recordMemoryTimeline = false;
+    const double makespan = sim::simulate(lowered.schedule, costs, so).makespan;
+    // A device's work per microbatch: its stages' F + B (PipeFB: F or B, on 2S devices).
+    double pace = 0;
+    for (int d = 0; d < D; ++d) {
+      double w = 0;
+      for (int s = 0; s < S; ++s) {
+        if (plan.schedule.placement.forward(s) == d) w += F / S;
+        if (plan.schedule.placement.backward(s) == d) w += B / S;
+      }
+      pace = std::max(pace, w);
+    }
+    fill = std::max(0.0, (makespan / pace - M) / (D - 1));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace(key, fill);
+  return fill;
+}
+}  // namespace
+
 double PipelineShape::slots() const {
   // A folded device runs iteration k's backwards before iteration k+1's forwards (Note
   // [PipeFB device order]), so folded pipefb-async fills and drains like a flush too.
   return isFlushing(kind) || folded ? microbatches + (chainLength() - 1) * fill : microbatches;
 }
 
-double CostModel::fill(ScheduleKind k) const {
+double CostModel::fill(const PipelineShape& shape) const {
+  const ScheduleKind k = shape.kind;
   const int L = numLayers();
   const double F = F_[L], B = B_[L];
   if (k == ScheduleKind::ZbH2) return 0;
-  if (k != ScheduleKind::ZbH1 || F + B <= 0) return 1;
+  if (F + B <= 0) return 1;
+  if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb)
+    return simulatedFill(k, shape.stages, shape.microbatches, F, B);  // Note [Simulated fill]
+  if (k != ScheduleKind::ZbH1) return 1;
   const sim::SplitBackward iw = sim::splitBackward(B, -1, -1);  // Note [I and W costs]
   return std::max(0.0, F + iw.input - iw.weight) / (F + B);
 }
@@ -495,6 +562,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
+  if (!timesOnly) {  // Note [Forward peak]; under a checkpoint kind the stash is the input
+    const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
+    e.forwardPeakBytes = ckpt ? fpeak + e.stashBytes : std::max(fpeak, e.stashBytes);
+  }
   // Note [Gathered weight gradients]: B's working set (plus the recomputed graph), and
   // the gradient of the stage's output (received, or the loss's), which B holds throughout
   // and the profile's working set leaves out (measured beside, not inside, a layer's B).
@@ -566,7 +637,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const std::int64_t earlier = fstash - e.stashBytes;
     w(e.forwardMemory, MemoryCategory::CommBuffers,
       std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier) + actsWaiting);
-    const int resident = std::min(e.inFlight, shape.lookahead + 1);
+    // Note [Split backward]: pipefb-zb's W runs after its I, its stash still on the device
+    // beside the prefetched ones (at most one, Note [PipeFB with a split backward]).
+    const int deferred =
+        splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
+    const int resident = std::min(e.inFlight, shape.lookahead + 1 + deferred);
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
     // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
     // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.
@@ -727,11 +802,102 @@ std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const Pipeli
   return out;
 }
 
+double CostModel::linksTime(const PipelineShape& shape,
+                            const std::vector<std::pair<int, int>>& boundaries) const {
+  const double f = scale(shape);
+  struct Load {
+    int from, to;
+    double time;
+  };
+  std::vector<Load> load;  // a few links: a flat list
+  auto add = [&](int from, int to, double t) {
+    for (Load& l : load)
+      if (l.from == from && l.to == to) return void(l.time += t);
+    load.push_back({from, to, t});
+  };
+  for (const auto& [k, first] : boundaries) {
+    const int a = shape.forwardDevice(k - 1), b = shape.forwardDevice(k);
+    if (a == b) continue;  // the V's turn, or D = 1: handed over locally
+    const std::int64_t bytes = scaled(inputBytes(first), f);
+    add(a, b, cluster_.link(a, b).time(bytes));
+    add(b, a, cluster_.link(b, a).time(bytes));
+  }
+  double out = 0;
+  for (const Load& l : load) out = std::max(out, l.time);
+  return out;
+}
+
+double sharedDeviceTime(const std::vector<HostedStage>& stages) {
+  return sharedDeviceTime(stages.data(), stages.data() + stages.size());
+}
+
+double sharedDeviceTime(const HostedStage* first, const HostedStage* last) {
+  double compute = 0, copy = 0, largest = 0;
+  for (const HostedStage* h = first; h != last; ++h) {
+    compute += h->estimate->forwardCompute;
+    copy += h->estimate->forwardCopy;
+    largest = std::max(largest, h->estimate->forwardCompute);
+  }
+  // Note [Balanced chunks]
+  return std::max({compute, copy, static_cast<double>(last - first) * largest});
+}
+
+const std::vector<schedules::HeldAtStart>& stashesHeldTogether(const PipelineShape& shape,
+                                                               int position) {
+  return heldTogether(shape.kind, shape.stages, shape.microbatches).at(position);
+}
+
+std::int64_t sharedDeviceMemory(const PipelineShape& shape, int position,
+                                const std::vector<HostedStage>& stages) {
+  return sharedDeviceMemory(stashesHeldTogether(shape, position), stages.data(),
+                            stages.data() + stages.size());
+}
+
+std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
+                                const HostedStage* first, const HostedStage* last) {
+  const int st = index(MemoryCategory::Stash), ws = index(MemoryCategory::WorkingSet);
+  std::int64_t states = 0;
+  for (const HostedStage* h = first; h != last; ++h) {
+    const CategoryBytes& m = h->estimate->backwardMemory;
+    states += total(m) - m[st] - m[ws];
+  }
+  // Note [Stashes held together]: the stashes alive at a compute start, beside the working
+  // set of the stage that starts.
+  std::int64_t peak = 0;
+  for (const schedules::HeldAtStart& n : held) {
+    std::int64_t together = 0;
+    for (const HostedStage* h = first; h != last; ++h) {
+      const StageEstimate& e = *h->estimate;
+      const std::int64_t resident = e.stashBytes > 0 ? e.backwardMemory[st] / e.stashBytes : 0;
+      together += std::min<std::int64_t>(n.alive[h->stage], resident) * e.stashBytes;
+      if (h->stage == n.starting) together += n.forward ? e.forwardPeakBytes : e.backwardMemory[ws];
+    }
+    peak = std::max(peak, together);
+  }
+  return states + peak;
+}
+
 PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
                   const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
   const int S = static_cast<int>(stages.size());
   PlanLoad out;
   out.deviceMemory.assign(model.cluster().numDevices(), 0);
+  if (shape.sharesDevices()) {  // Note [Shared devices]
+    std::vector<std::vector<HostedStage>> byPosition(shape.chainLength());
+    std::vector<std::pair<int, int>> boundaries;
+    for (int k = 0; k < S; ++k) {
+      out.tau = std::max(out.tau, stages[k].time);
+      out.hostBytes += stages[k].hostBytes;
+      byPosition.at(shape.position(k)).push_back({k, &stages[k]});
+      if (k > 0) boundaries.push_back({k, cuts[k]});
+    }
+    for (int p = 0; p < shape.chainLength(); ++p) {
+      out.tau = std::max(out.tau, sharedDeviceTime(byPosition[p]));
+      out.deviceMemory[shape.chain.at(p)] += sharedDeviceMemory(shape, p, byPosition[p]);
+    }
+    out.tau = std::max(out.tau, model.linksTime(shape, boundaries));
+    return out;
+  }
   if (shape.decoupled()) {  // Note [Decoupled devices]
     for (const StageEstimate& e : stages) out.hostBytes += e.hostBytes;
     for (const DecoupledRange& r : decoupledRanges(model, shape, stages, cuts)) {

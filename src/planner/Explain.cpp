@@ -218,14 +218,17 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
     o << "  The " << sh.chainLength() << " device threads share " << model.cluster().cores
       << " cores, which need " << formatSeconds(sh.corePace)
       << " per microbatch for the whole pipeline's work: that, not a stage, sets the pace.\n";
-  if (splitsBackward(sh.kind)) {  // Note [Zero-bubble fill]
+  if (splitsBackward(sh.kind) || sh.fill != 1) {  // Note [Zero-bubble fill], [Simulated fill]
     const int D = sh.chainLength();
-    o << "  " << toString(sh.kind) << " splits B into I and W: (" << sh.microbatches << " + (" << D
-      << " - 1) x " << sh.fill << ") x " << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
+    o << "  " << toString(sh.kind)
+      << (splitsBackward(sh.kind) ? " splits B into I and W: ("
+                                  : " fills and drains by fewer paces than 1f1b: (")
+      << sh.microbatches << " + (" << D << " - 1) x " << sh.fill << ") x "
+      << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
       << formatSeconds(plan.iterationTime) << ", a bubble of "
       << static_cast<int>(100.0 * (D - 1) * sh.fill / sh.slots() + 0.5) << "%.\n";
   } else if (isFlushing(sh.kind)) {
-    const int D = sh.chainLength();
+    const int D = sh.chainLength();  // fill = 1
     o << "  " << toString(sh.kind) << " flushes every iteration: (" << sh.microbatches << " + " << D
       << " - 1) x " << formatSeconds(std::max(plan.tau, sh.corePace)) << " = "
       << formatSeconds(plan.iterationTime) << ", a bubble of "

@@ -339,7 +339,7 @@ Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
   }
   for (int k = 0; k < S; ++k) {
     if (!spec.decoupled()) {
-      p.shape.chain[k] = spec.stages[k].forwardDevice;
+      p.shape.chain[p.shape.position(k)] = spec.stages[k].forwardDevice;
       if (isSplit(p.shape.kind) && !p.shape.folded)
         p.shape.chain[2 * S - 1 - k] = spec.stages[k].backwardDevice;
     }

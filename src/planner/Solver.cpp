@@ -9,11 +9,13 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/ZeroBubble.h"
 #include "pipefb/sim/Simulator.h"
 
 namespace pipefb::planner {
@@ -266,7 +268,7 @@ int Plan::bindingDevice(const CostModel& m, std::int64_t budget) const {
 
 void evaluatePlan(const CostModel& model, Plan& plan) {
   plan.shape.corePace = model.corePace(plan.shape);  // Note [Shared cores]
-  plan.shape.fill = model.fill(plan.shape.kind);     // Note [Zero-bubble fill]
+  plan.shape.fill = model.fill(plan.shape);          // Note [Zero-bubble fill]
   const PipelineShape& sh = plan.shape;
   // Note [Optimizer placement search]: each stage is costed with its own placement.
   const PipelineShape onDevice = stageShape(sh, false), onHost = stageShape(sh, true);
@@ -525,6 +527,224 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
   return plan;
 }
 
+// Note [Shared search]
+// A shared shape (Note [Shared devices], CostModel.h) puts two stages on each device of its
+// chain: position d holds stage d and stage q(d) = S-1-d (V) or D+d (looped, v = 2). The DP
+// places the devices in chain order, both of a device's stages in one step, so that each
+// device's sum of times and its stashes held together are charged exactly once. The state
+// after positions 0..d-1 is the pair (i, j): the first chain covers [0, i); the second
+// covers [j, L) (V, from both ends inwards, as Note [Folded search]) or [X, j) (looped,
+// where X, the start of stage D, is enumerated, the DP run once per X). A step places
+// stage d = [i, i2) and stage q(d) = [j2, j) (V) or [j, j2) (looped) with a policy and an
+// optimizer placement each, and charges the device's time and memory (CostModel's
+// sharedDeviceTime / sharedDeviceMemory), the stages' own times and the links between
+// positions d-1 and d (the boundaries at i and j, and for looped D = 2 the wrap at X too;
+// for D >= 3 the wrap link D-1 -> 0 is charged once per X). The V ends with i2 = j2 (its
+// turn is local), looped with i2 = X and j2 = L. Every term of planLoad() is charged
+// once, and with a Pareto front of (score, host bytes) per state the DP is exact (the
+// optimality test compares it with the brute force). It is O(D L^4) per X in the worst
+// case; the cap prunes i2 and j2 (compute lower bounds and memory lower bounds only grow
+// with a stage), and shapes of more than kSharedExactLayers layers are not searched.
+std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape& shape,
+                                     const std::vector<StashPolicy>& policiesIn,
+                                     const std::vector<std::int64_t>& limits,
+                                     std::int64_t hostLimit, Objective objective, double bound) {
+  const int L = model.numLayers(), S = shape.stages, D = shape.chainLength();
+  if (S < 2 || S > L || S != 2 * D) return std::nullopt;
+  const bool looped = schedules::info(shape.kind).placement == schedules::DefaultPlacement::Looped;
+  const bool pareto = hostLimit >= 0, time = objective == Objective::Time;
+  std::vector<StashPolicy> pols;
+  for (StashPolicy p : policiesIn)
+    if (std::find(pols.begin(), pols.end(), p) == pols.end()) pols.push_back(p);
+  const std::vector<bool> opts = placementsOf(shape);
+  const int nO = static_cast<int>(opts.size());
+  const PipelineShape shapes[2] = {stageShape(shape, false), stageShape(shape, true)};
+  const PipelineShape& leanest = shapes[opts.back() ? 1 : 0];
+  const int nC = static_cast<int>(pols.size()) * nO;
+  auto policyOf = [&](int c) { return pols[c / nO]; };
+  auto hostOf = [&](int c) { return static_cast<bool>(opts[c % nO]); };
+  const size_t W = static_cast<size_t>(L) + 1;
+  std::unordered_map<std::int64_t, StageEstimate> cache;
+  auto est = [&](int k, int a, int b, int c) -> const StageEstimate& {
+    const std::int64_t key =
+        ((std::int64_t(k) * std::int64_t(W) + a) * std::int64_t(W) + b) * nC + c;
+    auto it = cache.find(key);
+    if (it == cache.end())
+      it = cache.emplace(key, model.stage(shapes[hostOf(c)], k, a, b, policyOf(c))).first;
+    return it->second;
+  };
+  auto maxWorking = [&](int a, int b) {
+    std::int64_t ws = 0;
+    for (int l = a; l < b; ++l) ws = std::max(ws, model.workingBytes(l));
+    return ws;
+  };
+  // A stage's relaxation (Note [Solver relaxation]): beyond the cap once it is.
+  constexpr double kShave = 1 - 1e-12;
+  auto hopeless = [&](int k, int a, int b, double cap) {
+    const int dev = shape.forwardDevice(k);
+    if (time && model.computeLowerBound(shape, k, a, b) * kShave >= cap) return true;
+    const std::int64_t mem = model.memoryLowerBound(leanest, k, a, b, maxWorking(a, b));
+    if (limits[dev] >= 0 && mem > limits[dev]) return true;
+    return !time && double(mem) >= cap;
+  };
+  FoldEntry best;
+  int bestI = -1, bestJ = -1;
+  std::vector<std::vector<std::vector<FoldEntry>>> bestRows;
+  double cap = bound;
+  std::vector<int> Xs;
+  if (looped)
+    for (int X = D; X + D <= L; ++X) Xs.push_back(X);
+  else
+    Xs.push_back(-1);
+  for (int X : Xs) {
+    // The wrap link D-1 -> 0 (looped, D >= 3) carries the boundary at X alone.
+    const double wrap = looped && D >= 3 && time ? model.linksTime(shape, {{D, X}}) : 0.0;
+    if (wrap >= cap) continue;
+    std::vector<std::vector<FoldEntry>> cur(W * W), next(W * W);
+    std::vector<std::vector<std::vector<FoldEntry>>> rows;
+    // (A cell's entries are sorted by score; the reconstruction indexes them.)
+    cur[0 * W + (looped ? X : L)].push_back(FoldEntry{wrap, 0, -1, -1, -1, -1, -1});
+    for (int d = 0; d < D; ++d) {
+      const int q = looped ? D + d : S - 1 - d;
+      const int rest = D - 1 - d;  // stages of each chain still to place after this step
+      const bool lastDevice = rest == 0;
+      const int dev = shape.chain[d];
+      const std::vector<schedules::HeldAtStart>& held = stashesHeldTogether(shape, d);
+      std::vector<const StageEstimate*> eLs(nC), eRs(nC);
+      for (auto& v : next) v.clear();
+      for (int i = 0; i <= L; ++i)
+        for (int j = 0; j <= L; ++j) {
+          const auto& prev = cur[i * W + j];
+          if (prev.empty()) continue;
+          double link = 0;
+          if (time && d > 0) {
+            std::vector<std::pair<int, int>> bs{{d, i}, {looped ? q : S - d, j}};
+            if (looped && D == 2) bs.push_back({D, X});
+            link = model.linksTime(shape, bs);
+          }
+          if (link >= cap) continue;
+          // Stage d = [i, i2): up to X (looped) or leaving 2 rest + 1 layers for the rest.
+          const int i2max = looped ? X - rest : j - 1 - 2 * rest;
+          for (int i2 = looped && lastDevice ? X : i + 1; i2 <= i2max; ++i2) {
+            if (hopeless(d, i, i2, cap)) break;
+            for (int a = 0; a < nC; ++a)
+              eLs[a] = shape.policyAllowed(d, policyOf(a)) ? &est(d, i, i2, a) : nullptr;
+            // Stage q: [j2, j) (V) or [j, j2) (looped).
+            int lo, hi, step;
+            if (looped) {
+              lo = lastDevice ? L : j + 1;
+              hi = L - rest;
+              step = 1;
+            } else {
+              lo = lastDevice ? i2 : j - 1;
+              hi = lastDevice ? i2 : i2 + 2 * rest;
+              step = -1;
+            }
+            for (int j2 = lo; step > 0 ? j2 <= hi : j2 >= hi; j2 += step) {
+              const int qa = looped ? j : j2, qb = looped ? j2 : j;
+              if (qa >= qb) break;
+              if (hopeless(q, qa, qb, cap)) break;
+              for (int b = 0; b < nC; ++b)
+                eRs[b] = shape.policyAllowed(q, policyOf(b)) ? &est(q, qa, qb, b) : nullptr;
+              for (int a = 0; a < nC; ++a) {
+                if (!eLs[a] || (time && eLs[a]->time >= cap)) continue;
+                const StageEstimate& eL = *eLs[a];
+                for (int b = 0; b < nC; ++b) {
+                  if (!eRs[b]) continue;
+                  const StageEstimate& eR = *eRs[b];
+                  const HostedStage hosted[2] = {{d, &eL}, {q, &eR}};
+                  const double t =
+                      time
+                          ? std::max({link, eL.time, eR.time, sharedDeviceTime(hosted, hosted + 2)})
+                          : 0.0;
+                  if (t >= cap) continue;
+                  const std::int64_t mem = sharedDeviceMemory(held, hosted, hosted + 2);
+                  if (limits[dev] >= 0 && mem > limits[dev]) continue;
+                  const double term = time ? t : double(mem);
+                  if (term >= cap) continue;
+                  for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
+                    FoldEntry n{std::max(prev[idx].score, term),
+                                prev[idx].host + eL.hostBytes + eR.hostBytes,
+                                i,
+                                j,
+                                idx,
+                                a,
+                                b};
+                    if (pareto && n.host > hostLimit) continue;
+                    if (n.score >= cap) continue;
+                    // The cell's Pareto front of (score, host bytes), kept as it grows
+                    // (without a host budget: its best entry; the first wins ties).
+                    std::vector<FoldEntry>& cell = next[i2 * W + j2];
+                    auto covers = [&](const FoldEntry& x, const FoldEntry& y) {
+                      return x.score <= y.score && (!pareto || x.host <= y.host);
+                    };
+                    if (std::any_of(cell.begin(), cell.end(),
+                                    [&](const FoldEntry& e) { return covers(e, n); }))
+                      continue;
+                    cell.erase(std::remove_if(cell.begin(), cell.end(),
+                                              [&](const FoldEntry& e) { return covers(n, e); }),
+                               cell.end());
+                    cell.push_back(n);
+                  }
+                }
+              }
+            }
+          }
+        }
+      rows.push_back(std::move(cur));
+      cur.assign(W * W, {});
+      for (size_t c = 0; c < W * W; ++c) {
+        cur[c] = std::move(next[c]);
+        next[c].clear();
+        std::sort(cur[c].begin(), cur[c].end(), [](const FoldEntry& a, const FoldEntry& b) {
+          return a.score != b.score ? a.score < b.score : a.host < b.host;
+        });
+      }
+    }
+    rows.push_back(std::move(cur));
+    // The end: the V's middle (i = j), or looped's (X, L).
+    // A cell's front has the lowest score (its Pareto entries trade score for host bytes).
+    const auto& last = rows[D];
+    FoldEntry here;
+    int hereI = -1, hereJ = -1;
+    for (int i = 0; i <= L; ++i)
+      for (int j = 0; j <= L; ++j) {
+        if (looped ? (i != X || j != L) : i != j) continue;
+        const auto& cell = last[i * W + j];
+        if (cell.empty() || cell.front().score >= cap) continue;
+        if (hereI < 0 || cell.front().score < here.score)
+          here = cell.front(), here.prevIdx = 0, hereI = i, hereJ = j;
+      }
+    if (hereI >= 0) {
+      best = here, bestI = hereI, bestJ = hereJ;
+      bestRows = std::move(rows);
+      cap = here.score;
+    }
+  }
+  if (bestI < 0) return std::nullopt;
+  Plan plan;
+  plan.shape = shape;
+  plan.stages.resize(S);
+  int i = bestI, j = bestJ, idx = best.prevIdx;
+  for (int d = D - 1; d >= 0; --d) {
+    const FoldEntry& e = bestRows[d + 1][i * W + j][idx];
+    const int q = looped ? D + d : S - 1 - d;
+    plan.stages[d].first = e.prevI;
+    plan.stages[d].last = i;
+    plan.stages[d].policy = policyOf(e.polL);
+    plan.stages[d].optimizerOnHost = hostOf(e.polL);
+    plan.stages[q].first = looped ? e.prevJ : j;
+    plan.stages[q].last = looped ? j : e.prevJ;
+    plan.stages[q].policy = policyOf(e.polR);
+    plan.stages[q].optimizerOnHost = hostOf(e.polR);
+    i = e.prevI;
+    j = e.prevJ;
+    idx = e.prevIdx;
+  }
+  evaluatePlan(model, plan);
+  return plan;
+}
+
 }  // namespace
 
 std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
@@ -535,6 +755,8 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   if (S < 1 || S > L) return std::nullopt;
   if (shape.folded)
     return solveFoldedShape(model, shape, policiesIn, limits, hostLimit, objective, bound);
+  if (shape.sharesDevices())
+    return solveSharedShape(model, shape, policiesIn, limits, hostLimit, objective, bound);
   // Effective policies, deduplicated (a split stage cannot keep; Lowering.h).
   std::vector<StashPolicy> policies;
   for (StashPolicy p : policiesIn) {
@@ -1079,7 +1301,7 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
                  (options.optimizerOffload == OptimizerOffload::None ? l.optimizerBytes : 0);
   }
   for (const ScheduleFamily& fam : families) {
-    if (!isSplit(fam.kind)) continue;
+    if (!foldsAndDecouples(fam.kind)) continue;
     if (L > kDecoupledExactLayers) {
       res.decoupledSkipped = true;
       continue;
@@ -1099,7 +1321,7 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
             sh.backwardDevices = n - Df;
             sh.chain = ch;
             sh.corePace = model.corePace(sh);  // Note [Shared cores]
-            sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
+            sh.fill = model.fill(sh);          // Note [Zero-bubble fill]
             double bound;
             if (options.objective == Objective::Time) {
               const double f = double(sh.microbatchSize) / double(prof.microbatch);
@@ -1158,17 +1380,24 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
         Ms = sub % options.microbatches == 0 ? std::vector<int>{options.microbatches}
                                              : std::vector<int>{};
       // Note [Folded search]: PipeFB also folded onto S devices (S >= 2).
+      const bool shared = PipelineShape::of(fam.kind, 1, 1, 1, 1).sharesDevices();
+      if (shared && L > kSharedExactLayers) {  // Note [Shared search]
+        res.sharedSkipped = true;
+        continue;
+      }
       for (bool folded : {false, true}) {
-        if (folded && (!split || !options.foldedPlacements)) continue;
+        if (folded && (!foldsAndDecouples(fam.kind) || !options.foldedPlacements)) continue;
         if (folded && L > kFoldedExactLayers) {
           res.foldedSkipped = true;
           continue;
         }
-        int maxS = (split && !folded ? D / 2 : D) / R;
+        // Note [Shared devices]: two stages on every device.
+        int maxS = (split && !folded ? D / 2 : shared ? 2 * D : D) / R;
         maxS = std::min(maxS, L);
         if (options.maxStages > 0) maxS = std::min(maxS, options.maxStages);
         for (int M : Ms) {
           for (int S = folded ? 2 : 1; S <= maxS; ++S) {
+            if (!schedules::takesShape(toString(fam.kind), S, M)) continue;
             PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
             sh.replicas = R;
             sh.folded = folded;
@@ -1179,7 +1408,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
             for (const auto& ch : chains(sh.chainLength())) {
               sh.chain = ch;
               sh.corePace = model.corePace(sh);  // Note [Shared cores]
-              sh.fill = model.fill(sh.kind);     // Note [Zero-bubble fill]
+              sh.fill = model.fill(sh);          // Note [Zero-bubble fill]
               double bound;
               if (options.objective == Objective::Time) {
                 double sf = 0, sb = 0;
@@ -1187,12 +1416,17 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
                   sf += model.speed(sh, sh.forwardDevice(k));
                   sb += model.speed(sh, sh.backwardDevice(k));
                 }
+                if (shared) {  // each device once
+                  sf = 0;
+                  for (int d : sh.chain) sf += model.speed(sh, d);
+                }
                 const double step = sumStep * stepsPerMicrobatch(fam.kind, M);
                 double tau = split && !folded ? std::max(sumF * f / sf, (sumB * f + step) / sb)
                                               : ((sumF + sumB) * f + step) / sf;
                 bound = sh.iterationTime(tau);
               } else {
-                bound = double(sumStatic) / S;
+                // (every device holds its stages' states: the fullest at least the mean)
+                bound = double(sumStatic) / sh.chainLength();
               }
               jobs.push_back({&fam, sh, bound});
             }
@@ -1358,9 +1592,17 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
   sim::CostTable ct;
   const Cluster& cl = model.cluster();
   const double f = model.scale(sh);
+  // The simulator's devices: the cluster's, or for a shared shape the chain positions (its
+  // generators take only their default placement, Note [Shared devices]).
+  auto clusterDevice = [&](int simDevice) {
+    return sh.sharesDevices() ? sh.chain.at(simDevice) : simDevice;
+  };
   for (int k = 0; k < S; ++k) {
     const StagePlan& st = plan.stages[k];
-    sp.push_back({st.forwardDevice, st.backwardDevice});
+    if (sh.sharesDevices())
+      sp.push_back({sh.position(k), sh.position(k)});
+    else
+      sp.push_back({st.forwardDevice, st.backwardDevice});
     policies.push_back(st.policy);
     const StageEstimate& e = st.estimate;
     sim::StageCosts c;
@@ -1403,9 +1645,13 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
   std::set<int> used;
   for (auto& p : sp) used.insert(p.forward), used.insert(p.backward);
   for (int a : used) {
-    ct.hostLinks[a] = {cl.devices[a].host.bandwidth, cl.devices[a].host.latency};
+    const ClusterDevice& ca = cl.devices[clusterDevice(a)];
+    ct.hostLinks[a] = {ca.host.bandwidth, ca.host.latency};
     for (int b : used)
-      if (a != b) ct.links[{a, b}] = {cl.link(a, b).bandwidth, cl.link(a, b).latency};
+      if (a != b) {
+        const Link l = cl.link(clusterDevice(a), clusterDevice(b));
+        ct.links[{a, b}] = {l.bandwidth, l.latency};
+      }
   }
   // Enough iterations to reach the steady state the cost model assumes: PipeDream keeps
   // min(S-s, K*M) stashes, so K*M must reach S.
@@ -1423,8 +1669,10 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
   plan.simPeak.assign(cl.numDevices(), 0);
   plan.simFits = true;
   for (int d = 0; d < static_cast<int>(r.memory.size()) && d < cl.numDevices(); ++d) {
-    plan.simPeak[d] = r.memory[d].peakBytes;
-    if (limits[d] >= 0 && plan.simPeak[d] > limits[d]) plan.simFits = false;
+    const int c = clusterDevice(d);
+    if (sh.sharesDevices() && d >= sh.chainLength()) break;
+    plan.simPeak[c] = r.memory[d].peakBytes;
+    if (limits[c] >= 0 && plan.simPeak[c] > limits[c]) plan.simFits = false;
   }
   plan.simHostPeak = r.host.peakBytes;
   if (hostLimit >= 0 && plan.simHostPeak > hostLimit) plan.simFits = false;

@@ -41,6 +41,7 @@
 #include "pipefb/planner/TrainPlan.h"
 #include "pipefb/runtime/DeviceKind.h"
 #include "pipefb/runtime/Partition.h"
+#include "pipefb/schedules/Placement.h"
 #include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/train/Trainer.h"
 
@@ -249,16 +250,22 @@ int main(int argc, char** argv) {
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&
         config.pipeline.partition.empty() && config.pipeline.partition_by == "planner") {
-      const bool modelled = pipefb::planner::plannerModels(
-          pipefb::schedules::parseScheduleKind(config.pipeline.schedule));
+      const auto kind = pipefb::schedules::parseScheduleKind(config.pipeline.schedule);
+      // Note [Shared devices]: the planner plans interleaved-1f1b with v = 2 only.
+      const bool modelled =
+          pipefb::planner::plannerModels(kind) &&
+          (kind != pipefb::schedules::ScheduleKind::Interleaved1F1B ||
+           config.pipeline.virtual_stages == 0 ||
+           config.pipeline.virtual_stages == pipefb::schedules::Placement::kDefaultVirtualStages);
       // Note [Planner partition of a placement] (planner/TrainPlan.h)
-      if (pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
+      if (modelled &&
+          pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
         planYaml = usePlannerPartition(config, configPath, group.get());
-      else if (!modelled)  // interleaved-1f1b, zbv: the cost model has no closed form yet
+      else if (!modelled)
         spdlog::info(
-            "pipeline: the planner does not model {}; partition balanced by parameter "
-            "bytes (set pipeline.partition to choose it)",
-            config.pipeline.schedule);
+            "pipeline: the planner does not model {} with pipeline.virtual_stages={}; "
+            "partition balanced by parameter bytes (set pipeline.partition to choose it)",
+            config.pipeline.schedule, config.pipeline.virtual_stages);
       else
         spdlog::info(
             "pipeline: the planner partitions placement {} only as a whole plan "

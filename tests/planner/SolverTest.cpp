@@ -5,6 +5,8 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/BruteForce.h"
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/SharedDevices.h"
+#include "pipefb/schedules/ZeroBubble.h"
 
 using namespace pipefb::planner;
 using namespace pipefb::planner::testing;
@@ -633,7 +635,8 @@ TEST(SolverContract, ClosedFormsMatchTheGenerators) {
   for (ScheduleKind k : allScheduleKinds())
     for (int S : {1, 2, 3, 4, 7})
       for (int M : {1, 2, 3, 8}) {
-        const int K = S + 2;  // steady state
+        if (!takesShape(toString(k), S, M)) continue;  // zbv, interleaved-1f1b: even S
+        const int K = S + 2;                           // steady state
         auto plan = makeSchedule(toString(k), S, M, Placement::defaultFor(toString(k), S), K);
         for (int s = 0; s < S; ++s) {
           EXPECT_EQ(inFlightStashes(k, S, s, M), plan.contract.inFlight[s])
@@ -642,6 +645,57 @@ TEST(SolverContract, ClosedFormsMatchTheGenerators) {
               << toString(k) << " S=" << S << " M=" << M << " s=" << s;
         }
       }
+}
+
+// Note [Simulated fill]: measured on the generated schedule in the profile's proportions,
+// interleaved-1f1b's fill is Megatron's (D - 1) / v paces (v = 2), zbv's less, and 1f1b's
+// stays the closed form's.
+TEST(SolverFill, SimulatedFillOfTheSharedKinds) {
+  Profile p = timesProfile(std::vector<double>(8, 1.0));
+  for (auto& l : p.layers) l.backward = 2.0;
+  CostModel m(p, freeCluster(4));
+  const PipelineShape interleaved = shapeOf(ScheduleKind::Interleaved1F1B, 8, 8, {0, 1, 2, 3});
+  const PipelineShape zbv = shapeOf(ScheduleKind::Zbv, 8, 8, {0, 1, 2, 3});
+  EXPECT_NEAR(m.fill(interleaved), 0.5, 1e-9);
+  EXPECT_LT(m.fill(zbv), 0.5);
+  EXPECT_EQ(m.fill(shapeOf(ScheduleKind::OneFOneB, 4, 8, {0, 1, 2, 3})), 1.0);
+  // The iteration of a balanced partition is the simulated makespan: 8 + 3 x 0.5 paces of
+  // 2 stages x 3 units (experiments/README.md, zero_bubble: 28.5 ms at half the costs).
+  EXPECT_NEAR((8 + 3 * m.fill(interleaved)) * 6.0, 57.0, 1e-9);
+}
+
+// Note [Stashes held together]: a zbv device holds at most 2D stashes of its two stages
+// together (its hold), fewer than the sum of the two stages' own maxima, and the cost model
+// charges the device that sum's bytes, not the maxima's.
+TEST(SolverShared, ZbvDeviceHoldsItsStashesTogether) {
+  using namespace pipefb::schedules;
+  const int S = 8, M = 8, D = 4;
+  const SchedulePlan plan = makeSchedule("zbv", S, M);
+  const auto held = stashesHeldTogether(plan.schedule);
+  int together = 0;
+  for (const auto& v : held[0]) together = std::max(together, v.alive[0] + v.alive[S - 1]);
+  EXPECT_EQ(together, 2 * D);
+  EXPECT_GT(plan.contract.inFlight[0] + plan.contract.inFlight[S - 1], together);
+  Profile p = timesProfile(std::vector<double>(8, 1.0));
+  for (auto& l : p.layers) l.savedBytes = 100;
+  CostModel m(p, freeCluster(4));
+  PipelineShape sh = shapeOf(ScheduleKind::Zbv, S, M, {0, 1, 2, 3});
+  const StageEstimate ka = m.stage(sh, 0, 0, 1, StashPolicy::Keep);
+  const StageEstimate kb = m.stage(sh, S - 1, 7, 8, StashPolicy::Keep);
+  const std::int64_t states = [&] {
+    std::int64_t s = 0;
+    for (const StageEstimate* e : {&ka, &kb}) {
+      const auto& mm = e->backwardMemory;
+      s += total(mm) - mm[index(pipefb::MemoryCategory::Stash)] -
+           mm[index(pipefb::MemoryCategory::WorkingSet)];
+    }
+    return s;
+  }();
+  const std::int64_t ws = std::max(ka.backwardMemory[index(pipefb::MemoryCategory::WorkingSet)],
+                                   kb.backwardMemory[index(pipefb::MemoryCategory::WorkingSet)]);
+  // Keep: every stash on the device, 2D of them at most, of equal bytes here.
+  EXPECT_EQ(sharedDeviceMemory(sh, 0, {{0, &ka}, {S - 1, &kb}}),
+            states + 2 * D * ka.stashBytes + ws);
 }
 
 TEST(SolverFamilies, ParseAndErrors) {

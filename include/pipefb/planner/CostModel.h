@@ -192,7 +192,9 @@
 #include "pipefb/planner/Cluster.h"
 #include "pipefb/planner/LayerCost.h"
 #include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/Placement.h"
 #include "pipefb/schedules/ScheduleKind.h"
+#include "pipefb/schedules/SharedDevices.h"
 #include "pipefb/schedules/StashPolicy.h"
 
 namespace pipefb::planner {
@@ -205,15 +207,18 @@ using schedules::parseScheduleKind;
 using schedules::ScheduleKind;
 using schedules::splitsBackward;
 using schedules::toString;
-/// The kinds the cost model has closed forms for (zbv, interleaved-1f1b and pipefb-zb
-/// are not planned yet).
+/// The kinds the cost model prices (every kind: Note [Shared devices] for
+/// interleaved-1f1b and zbv, Note [Simulated fill] for them and pipefb-zb).
 bool plannerModels(ScheduleKind k);
 /// Every kind the planner models, in enum order.
 std::vector<ScheduleKind> allScheduleKinds();
-/// The kinds the solver tries when no family is named. The split-backward kinds (zb-h1,
-/// zb-h2; Note [Zero-bubble fill]) are planned when named (--schedules, sweeps) only:
-/// pipefb_train runs them (Note [Split backward in the runtime], src/runtime/
-/// SplitBackward.h), but adding them here changes every default plan.
+/// The kinds the solver tries when no family is named: every kind it models but zb-h1,
+/// zb-h2 and pipefb-zb, which are planned when named (--schedules, sweeps). Their waiting
+/// messages and contracts are counted on generated schedules of S x M x 3 actions per
+/// shape, and with them bench_planner's 1000 layers x 64 devices took 11.0 s (62.6 s before
+/// waitingMessages looked only at a device's own messages), against its 2 s goal
+/// (experiments/README.md, planner_scaling). interleaved-1f1b and zbv are searched up to
+/// kSharedExactLayers layers.
 std::vector<ScheduleKind> defaultScheduleKinds();
 /// Note [Zero-bubble fill]
 /// zb-h1 and zb-h2 run one stage per device like 1f1b, with B split into I and W
@@ -225,8 +230,41 @@ std::vector<ScheduleKind> defaultScheduleKinds();
 /// Their stashes come from the generated schedule's contract (contractFromOrder), W's
 /// deferred ones included: up to S on every device for zb-h1 (1f1b's stage 0), 2S - 1
 /// for zb-h2.
+///
+/// Note [Simulated fill]
+/// zbv, interleaved-1f1b and pipefb-zb order their actions by list schedules
+/// (ZeroBubble.h) that have no closed form for their fill. Their fill is measured: the
+/// event simulator runs the generated schedule of (kind, S, M) for one flushed iteration
+/// with every stage costing the profile's totals / S (F, and B split into I and W by Note
+/// [I and W costs]), communication free, and
+///   fill = (makespan / pace - M) / (D - 1),  pace = what one device computes per
+///   microbatch (its stages' F + B), D = the chain's devices,
+/// so that slots() gives back the simulated makespan for a balanced partition (SolverTest
+/// checks interleaved-1f1b's against Megatron's 1 / v). The re-scoring simulates the
+/// actual partition.
+///
+/// Note [Shared devices]
+/// interleaved-1f1b and zbv run two stages on each device of their chain (Placement::
+/// looped with v = 2, the planner's only v; Placement::vShape), Note [Stages per device].
+/// A device's
+///   time per microbatch = the sum of its stages' compute (F + B + their step shares), or
+///     of their copy-engine times, whichever is more (each a resource, as for one stage);
+///   memory = the sum of its stages' states (weights, grads, optimizer state, comm
+///     buffers), plus the most, over the device's compute starts in the generated
+///     schedule, of sum_s min(n_s, resident_s) x stash_s (Note [Stashes held together];
+///     resident_s = the stashes the stage alone is charged, fewer under offload) plus the
+///     working set of the stage whose action starts there;
+/// and each link carries the messages of every boundary between its two devices (looped:
+/// the boundaries of stages d and D + d on d-1 -> d, and of stage D on the wrap D-1 -> 0;
+/// V: of stages d and S - d; the V's turn is local), its time their sum. The prefix DP
+/// cannot see a device's two stages, so these shapes have a DP of their own (Note [Shared
+/// search] in Solver.cpp).
 /// The kind's chain puts forward and backward of a stage on different devices (PipeFB).
 inline bool isSplit(ScheduleKind k) { return schedules::usesSplitPlacement(k); }
+/// A split kind the solver also folds (Note [Folded search]) and decouples (Note
+/// [Decoupled search]): not pipefb-zb, whose generator runs every stage on two devices of
+/// its own (pipefbZb in ZeroBubble.h).
+inline bool foldsAndDecouples(ScheduleKind k) { return isSplit(k) && k != ScheduleKind::PipeFbZb; }
 
 /// Closed forms of the steady-state MemoryContract of schedules::makeSchedule (many
 /// iterations); PlannerTest checks them against the generators.
@@ -305,16 +343,34 @@ struct PipelineShape {
     return sh;
   }
 
+  /// Note [Shared devices]: stages per chain device (2 for looped and V kinds, else 1).
+  int stagesPerDevice() const { return schedules::Placement::stagesPerDevice(kind).stages; }
+  bool sharesDevices() const { return stagesPerDevice() > 1; }
+  /// The chain position of stage k's device (its default placement's device number).
+  int position(int k) const {
+    switch (schedules::info(kind).placement) {
+      case schedules::DefaultPlacement::Looped:
+        return schedules::loopedDevice(k, stages, stagesPerDevice());
+      case schedules::DefaultPlacement::VShape:
+        return schedules::Placement::foldedDevice(k, stages);
+      case schedules::DefaultPlacement::SameDevice:
+      case schedules::DefaultPlacement::PipeFb:
+        break;
+    }
+    return k;
+  }
   int forwardDevice(int k) const {
-    return decoupled() ? forwardRangeDevice(forwardRange.at(k)) : chain.at(k);
+    return decoupled() ? forwardRangeDevice(forwardRange.at(k)) : chain.at(position(k));
   }
   int backwardDevice(int k) const {
     if (decoupled()) return backwardRangeDevice(backwardRange.at(k));
+    if (sharesDevices()) return chain.at(position(k));
     if (!isSplit(kind)) return chain.at(k);
     return chain.at(folded ? stages - 1 - k : 2 * stages - 1 - k);
   }
   int chainLength() const {
     if (decoupled()) return forwardDevices + backwardDevices;
+    if (sharesDevices()) return stages / stagesPerDevice();
     return isSplit(kind) && !folded ? 2 * stages : stages;
   }
   /// Stage k runs F and B on two devices (folded: every stage but the middle one of odd S).
@@ -322,7 +378,8 @@ struct PipelineShape {
   /// The least pace the shared cores allow (Note [Shared cores]); CostModel::corePace()
   /// sets it once the chain is known; 0 = no bound.
   double corePace = 0;
-  /// Fill/drain paces per device of a flushed iteration (Note [Zero-bubble fill]):
+  /// Fill/drain paces per device of a flushed iteration (Note [Zero-bubble fill], Note
+  /// [Simulated fill]):
   /// CostModel::fill() sets it; 1 (1f1b's) until then.
   double fill = 1;
   /// Paces per iteration: M + (D - 1) x fill (flushing) or M (Note [Planner cost model]).
@@ -373,6 +430,10 @@ struct StageEstimate {
   double time = 0;     // the largest of the above (the stage's pace)
   Resource binding = Resource::Compute;
   std::int64_t stashBytes = 0;  // one stash
+  /// One F's peak above what was live before it, the stash it builds included (Note
+  /// [Forward peak]); a shared device charges it at the F starts (Note [Stashes held
+  /// together]).
+  std::int64_t forwardPeakBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -472,6 +533,35 @@ struct PlanLoad {
 PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
                   const std::vector<StageEstimate>& stages, const std::vector<int>& cuts);
 
+/// Note [Shared devices]: one stage of a shared device, its index and its estimate.
+struct HostedStage {
+  int stage = 0;
+  const StageEstimate* estimate = nullptr;
+};
+/// Compute or copies per microbatch, whichever is more, of a shared device's stages, and
+/// at least v times its longest stage's compute.
+///
+/// Note [Balanced chunks]
+/// Both shared generators rotate a device through its stages at one pace: Megatron's order
+/// walks the chunks in groups of D microbatches, the V's list schedule alternates the two
+/// chunks, and a device's stage waits for the same chunk's stage on the device before it.
+/// A device whose two stages are unequal therefore paces like one with two copies of the
+/// longer: the DP, charged only the sum, cut GPT-2 XL on 8x-t4-pcie into pairs of a 6.6 ms
+/// and a 39.8 ms stage (interleaved-1f1b, predicted 534 ms, simulated 767 ms). So a
+/// device's time is at least v x its longest stage's compute; balanced pairs (Megatron's
+/// uniform chunks) pay nothing for it.
+double sharedDeviceTime(const std::vector<HostedStage>& stages);
+double sharedDeviceTime(const HostedStage* first, const HostedStage* last);
+/// What the device at chain position `position` of a shared `shape` holds at its peak.
+std::int64_t sharedDeviceMemory(const PipelineShape& shape, int position,
+                                const std::vector<HostedStage>& stages);
+/// Note [Stashes held together]: the counts of that device in the generated schedule.
+const std::vector<schedules::HeldAtStart>& stashesHeldTogether(const PipelineShape& shape,
+                                                               int position);
+/// sharedDeviceMemory with those counts given (the DP's inner loop).
+std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
+                                const HostedStage* first, const HostedStage* last);
+
 /// Prefix sums over a profile and the cluster, to cost stages in O(1) (except the
 /// working-set maximum, which the caller may pass in).
 class CostModel {
@@ -532,8 +622,14 @@ class CostModel {
   }
   /// Note [Shared cores]: W / (C x the slowest chain speed) when D > C > 0, else 0.
   double corePace(const PipelineShape& shape) const;
-  /// Note [Zero-bubble fill]: PipelineShape::fill of a kind for this profile.
-  double fill(ScheduleKind k) const;
+  /// Note [Zero-bubble fill], Note [Simulated fill]: PipelineShape::fill of the shape's
+  /// kind, stages and microbatches for this profile.
+  double fill(const PipelineShape& shape) const;
+  /// Note [Shared devices]: the busiest link among the messages of `boundaries` (stage
+  /// k >= 1 and its first layer): each boundary's activation on k-1's device -> k's, its
+  /// gradient back, summed per link (0 between stages on one device).
+  double linksTime(const PipelineShape& shape,
+                   const std::vector<std::pair<int, int>>& boundaries) const;
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 

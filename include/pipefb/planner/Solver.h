@@ -74,6 +74,9 @@ std::vector<ScheduleFamily> parseScheduleFamilies(const std::vector<std::string>
 /// Folded PipeFB shapes (Note [Folded search] in Solver.cpp) are searched up to this many
 /// layers (their DP is O(S L^4) at worst).
 inline constexpr int kFoldedExactLayers = 64;
+/// Shared shapes (interleaved-1f1b, zbv: Note [Shared search] in Solver.cpp) are searched
+/// up to this many layers.
+inline constexpr int kSharedExactLayers = 64;
 
 /// Note [Decoupled search]
 /// PipeFB's forward chain and backward chain each get their own cut points and their own
@@ -197,6 +200,9 @@ struct SolveResult {
   /// Note [Folded search] (Solver.cpp): the model has more than kFoldedExactLayers layers,
   /// so PipeFB was searched only in its 2S-device form.
   bool foldedSkipped = false;
+  /// Note [Shared search]: more than kSharedExactLayers layers, so interleaved-1f1b and zbv
+  /// were not searched.
+  bool sharedSkipped = false;
   /// Note [Decoupled search]: more than kDecoupledExactLayers layers, not searched
   /// decoupled.
   bool decoupledSkipped = false;

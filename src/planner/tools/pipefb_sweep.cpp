@@ -103,9 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--budgets", budgetsText,
                  "LOW:HIGH:COUNT (geometric) or a list, e.g. 256MiB:4GiB:12")
       ->required();
-  app.add_option("--schedules", families,
-                 "schedule families (default: 1f1b-keep,1f1b-offload,"
-                 "1f1b,gpipe,pipedream,pipefb-sync,pipefb-async)")
+  std::string defaults;  // the help names them as defaultSweepFamilies() has them
+  for (const auto& f : defaultSweepFamilies()) defaults += (defaults.empty() ? "" : ",") + f;
+  app.add_option("--schedules", families, "schedule families (default: " + defaults + ")")
       ->delimiter(',');
   addSetupOptions(app, setup);
   addSearchOptions(app, search);
