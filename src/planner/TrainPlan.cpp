@@ -80,6 +80,10 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
 bool plannerPartitions(const config::Config& cfg, int stages) {
   const ScheduleKind kind = parseScheduleKind(cfg.pipeline.schedule);
   if (!plannerModels(kind)) return false;
+  // Note [Shared devices]: the planner plans interleaved-1f1b with v = 2 only.
+  if (kind == ScheduleKind::Interleaved1F1B && cfg.pipeline.virtual_stages != 0 &&
+      cfg.pipeline.virtual_stages != schedules::Placement::kDefaultVirtualStages)
+    return false;
   if (cfg.pipeline.placement.empty()) return true;
   const auto given = schedules::Placement::parse(cfg.pipeline.placement, cfg.source);
   return given == schedules::Placement::defaultFor(kind, stages) ||

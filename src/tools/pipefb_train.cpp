@@ -250,28 +250,15 @@ int main(int argc, char** argv) {
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&
         config.pipeline.partition.empty() && config.pipeline.partition_by == "planner") {
-      const auto kind = pipefb::schedules::parseScheduleKind(config.pipeline.schedule);
-      // Note [Shared devices]: the planner plans interleaved-1f1b with v = 2 only.
-      const bool modelled =
-          pipefb::planner::plannerModels(kind) &&
-          (kind != pipefb::schedules::ScheduleKind::Interleaved1F1B ||
-           config.pipeline.virtual_stages == 0 ||
-           config.pipeline.virtual_stages == pipefb::schedules::Placement::kDefaultVirtualStages);
       // Note [Planner partition of a placement] (planner/TrainPlan.h)
-      if (modelled &&
-          pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
+      if (pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
         planYaml = usePlannerPartition(config, configPath, group.get());
-      else if (!modelled)
-        spdlog::info(
-            "pipeline: the planner does not model {} with pipeline.virtual_stages={}; "
-            "partition balanced by parameter bytes (set pipeline.partition to choose it)",
-            config.pipeline.schedule, config.pipeline.virtual_stages);
       else
         spdlog::info(
-            "pipeline: the planner partitions placement {} only as a whole plan "
-            "(pipefb_plan, then --plan); partition balanced by parameter bytes (set "
-            "pipeline.partition to choose it)",
-            config.pipeline.placement);
+            "pipeline: the planner does not partition {} (placement '{}', virtual_stages {}) "
+            "by itself; partition balanced by parameter bytes (pipefb_plan, then --plan, "
+            "plans it whole; or set pipeline.partition)",
+            config.pipeline.schedule, config.pipeline.placement, config.pipeline.virtual_stages);
     }
     std::optional<std::int64_t> keepPeak;
     try {  // informational: a config the planner cannot model still trains

@@ -139,7 +139,12 @@ TEST(TrainPlan, PlannerPartitionsDefaultAndFoldedPlacementsOnly) {
   cfg.pipeline.placement = "0/1 0/2 0/3";  // one forward device feeds three backward ones
   EXPECT_FALSE(plannerPartitions(cfg, 3));
   config::Config zbv = config::parseConfig(kVgg, {"pipeline.schedule=zbv"});
-  EXPECT_FALSE(plannerPartitions(zbv, 8));
+  EXPECT_TRUE(plannerPartitions(zbv, 8));  // Note [Shared devices]
+  config::Config looped = config::parseConfig(
+      kVgg, {"pipeline.schedule=interleaved-1f1b", "pipeline.virtual_stages=4"});
+  EXPECT_FALSE(plannerPartitions(looped, 8));  // v = 2 only
+  looped.pipeline.virtual_stages = 2;
+  EXPECT_TRUE(plannerPartitions(looped, 8));
 }
 
 // Note [Optimizer placement search]: a plan's optimizer placement per stage goes into the
