@@ -96,6 +96,21 @@ bool sameValue(double a, double b) {
   return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b));
 }
 
+// The smallest budget the DP finds (Objective::Memory) equals the brute force's; with
+// `ownPlan`, the plan the DP returns also costs what it says (planLoad of its own stages).
+// `bm` gets the brute force's result. Fatal failures end the caller's test (check
+// HasFatalFailure()).
+void checkSmallestBudget(const CostModel& m, SolverOptions o, int id, bool ownPlan,
+                         BruteForceResult* bm) {
+  o.objective = Objective::Memory;
+  SolveResult dm = minimalBudget(m, o);
+  *bm = bruteForce(m, o);
+  ASSERT_EQ(dm.minimalBudget >= 0, bm->feasible) << "instance " << id;
+  if (!bm->feasible) return;
+  ASSERT_EQ(double(dm.minimalBudget), bm->objective) << "instance " << id;
+  if (ownPlan) ASSERT_EQ(dm.minimalPlan->peakMemory, dm.minimalBudget) << "instance " << id;
+}
+
 }  // namespace
 
 TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
@@ -220,14 +235,11 @@ TEST(SolverOptimality, OptimizerPlacementEqualsExhaustiveSearch) {
       for (const auto& st : dp.best.stages) host += st.optimizerOnHost;
       if (host > 0) ++onHost;
     }
-    SolverOptions mo = in.options;
-    mo.objective = Objective::Memory;
-    SolveResult dm = minimalBudget(m, mo);
-    BruteForceResult bm = bruteForce(m, mo);
-    ASSERT_EQ(dm.minimalBudget >= 0, bm.feasible) << "instance " << id;
+    BruteForceResult bm;
+    checkSmallestBudget(m, in.options, id, /*ownPlan=*/false, &bm);
+    if (HasFatalFailure()) return;
     if (!bm.feasible) continue;
     ++memoryChecked;
-    ASSERT_EQ(double(dm.minimalBudget), bm.objective) << "instance " << id;
   }
   // (Optima that mix the two are rare on these random costs; SolverLiteral's
   // OptimizerOnTheHostForTheStageThatNeedsIt has one.)
@@ -390,16 +402,11 @@ TEST(SolverOptimality, DecoupledPartitionsEqualExhaustiveSearch) {
           << " (" << bf.plan.family << (bf.plan.shape.decoupled() ? " decoupled" : "") << ")";
       decoupled += bf.plan.shape.decoupled();
     }
-    SolverOptions mo = in.options;
-    mo.objective = Objective::Memory;
-    SolveResult dm = minimalBudget(m, mo);
-    BruteForceResult bm = bruteForce(m, mo);
-    ASSERT_EQ(dm.minimalBudget >= 0, bm.feasible) << "instance " << id;
+    BruteForceResult bm;
+    checkSmallestBudget(m, in.options, id, /*ownPlan=*/true, &bm);
+    if (HasFatalFailure()) return;
     if (!bm.feasible) continue;
     ++memoryChecked;
-    ASSERT_EQ(double(dm.minimalBudget), bm.objective) << "instance " << id;
-    // The plan the DP returns costs what it says (planLoad of its own ranges).
-    ASSERT_EQ(dm.minimalPlan->peakMemory, dm.minimalBudget) << "instance " << id;
     memoryDecoupled += bm.plan.shape.decoupled();
   }
   std::printf(
@@ -440,16 +447,11 @@ TEST(SolverOptimality, SharedDeviceFamiliesEqualExhaustiveSearch) {
       shared += bf.plan.shape.sharesDevices();
       pipefbZb += bf.plan.shape.kind == ScheduleKind::PipeFbZb;
     }
-    SolverOptions mo = in.options;
-    mo.objective = Objective::Memory;
-    SolveResult dm = minimalBudget(m, mo);
-    BruteForceResult bm = bruteForce(m, mo);
-    ASSERT_EQ(dm.minimalBudget >= 0, bm.feasible) << "instance " << id;
+    BruteForceResult bm;
+    checkSmallestBudget(m, in.options, id, /*ownPlan=*/true, &bm);
+    if (HasFatalFailure()) return;
     if (!bm.feasible) continue;
     ++memoryChecked;
-    ASSERT_EQ(double(dm.minimalBudget), bm.objective) << "instance " << id;
-    // The plan the DP returns costs what it says (planLoad of its own stages).
-    ASSERT_EQ(dm.minimalPlan->peakMemory, dm.minimalBudget) << "instance " << id;
     memoryShared += bm.plan.shape.sharesDevices();
   }
   std::printf(
