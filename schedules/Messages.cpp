@@ -86,7 +86,11 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
     if (std::get<0>(key) == Node::Sync)
       edge(id, node(Node::Recv, std::get<1>(key), std::get<2>(key)));
 
-  // reach[u]: every node that has to wait for u (a DAG: the validator refuses deadlocks).
+  // Every earlier action of a device comes before a later one (device order), so the
+  // actions of device d that c has to wait for form a prefix of d's list: last[u * D + d]
+  // is the position on d of the latest action u waits for (u itself on its own device),
+  // -1 for none. c on d reaches a producer p iff pos(c) <= last[p * D + d]. This is
+  // O(edges x D), not the O(N^2 / 64) of a reachability bitset over all actions.
   std::vector<int> indegree(N, 0), order;
   for (int u = 0; u < N; ++u)
     for (int v : next[u]) ++indegree[v];
@@ -95,43 +99,41 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   for (size_t i = 0; i < order.size(); ++i)
     for (int v : next[order[i]])
       if (--indegree[v] == 0) order.push_back(v);
-  const size_t words = (static_cast<size_t>(N) + 63) / 64;
-  std::vector<std::vector<std::uint64_t>> reach(N, std::vector<std::uint64_t>(words, 0));
-  for (size_t i = order.size(); i-- > 0;) {
-    const int u = order[i];
+  std::vector<int> last(static_cast<size_t>(N) * D, -1);
+  for (int u : order) {
+    int* lu = &last[static_cast<size_t>(u) * D];
+    lu[deviceOf[u]] = std::max(lu[deviceOf[u]], posOf[u]);
     for (int v : next[u]) {
-      reach[u][v / 64] |= std::uint64_t(1) << (v % 64);
-      for (size_t w = 0; w < words; ++w) reach[u][w] |= reach[v][w];
+      int* lv = &last[static_cast<size_t>(v) * D];
+      for (int d = 0; d < D; ++d) lv[d] = std::max(lv[d], lu[d]);
     }
   }
-  auto reaches = [&](int u, int v) { return (reach[u][v / 64] >> (v % 64)) & 1; };
 
-  // Only messages to c's own device, consumed after c, can wait at c: per device, by consumer.
-  std::vector<std::vector<const Message*>> toDevice(D);
-  for (const Message& msg : messages) toDevice[deviceOf[msg.consumer]].push_back(&msg);
+  // A message (p -> q, on q's device d) waits at the compute starts c of d with
+  // last(p, d) < pos(c) < pos(q): +1 over that interval, per (kind, stage) on device d.
   WaitingMessages out;
   out.activations.assign(S, 0);
   out.gradients.assign(S, 0);
-  std::vector<int> acts(S, 0), grads(S, 0);
-  for (int c = 0; c < N; ++c) {
-    const Action& a = schedule.devices[deviceOf[c]][posOf[c]];
-    if (!a.isCompute()) continue;
-    std::fill(acts.begin(), acts.end(), 0);
-    std::fill(grads.begin(), grads.end(), 0);
-    int outs = 0;
-    for (const Message* m : toDevice[deviceOf[c]]) {
-      const Message& msg = *m;
-      if (posOf[msg.consumer] <= posOf[c]) continue;
-      if (msg.producer == c || reaches(c, msg.producer)) continue;
-      if (msg.kind == 0) ++acts[msg.stage];
-      if (msg.kind == 1) ++grads[msg.stage];
-      if (msg.kind == 2) ++outs;
+  std::map<std::tuple<int, int, int>, std::vector<int>> diff;  // (device, kind, stage)
+  for (const Message& msg : messages) {
+    const int d = deviceOf[msg.consumer];
+    const int from = last[static_cast<size_t>(msg.producer) * D + d] + 1, to = posOf[msg.consumer];
+    if (from >= to) continue;
+    std::vector<int>& v = diff[{d, msg.kind, msg.stage}];
+    if (v.empty()) v.assign(schedule.devices[d].size() + 1, 0);
+    ++v[from];
+    --v[to];
+  }
+  for (const auto& [key, v] : diff) {
+    const auto [d, kind, stage] = key;
+    int most = 0;
+    for (int p = 0, run = 0; p + 1 < static_cast<int>(v.size()); ++p) {
+      run += v[p];
+      if (schedule.devices[d][p].isCompute()) most = std::max(most, run);
     }
-    for (int s = 0; s < S; ++s) {
-      out.activations[s] = std::max(out.activations[s], acts[s]);
-      out.gradients[s] = std::max(out.gradients[s], grads[s]);
-    }
-    out.outputs = std::max(out.outputs, outs);
+    // outputs: counted over all stages at once (only the last stage sends them)
+    int& slot = kind == 0 ? out.activations[stage] : kind == 1 ? out.gradients[stage] : out.outputs;
+    slot = std::max(slot, most);
   }
   return out;
 }
