@@ -32,20 +32,26 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
     }
   }
   const int N = offset[D];
-  std::map<std::tuple<Node, int, int>, int> find;
+  // find[(n, s, m)]: the id of node n of stage s, microbatch m (-1: none), a flat table.
+  const int total = schedule.totalMicrobatches();
+  int width = total;  // indices: microbatches, and iterations for SyncWeights/RecvWeights
+  for (const auto& list : schedule.devices)
+    for (const Action& a : list) width = std::max(width, a.index + 1);
+  const int kNodes = 4;
+  std::vector<int> find(static_cast<size_t>(kNodes) * S * width, -1);
+  auto slot = [&](Node n, int s, int m) {
+    return (static_cast<size_t>(n) * S + static_cast<size_t>(s)) * width + static_cast<size_t>(m);
+  };
   for (int d = 0; d < D; ++d)
     for (size_t p = 0; p < schedule.devices[d].size(); ++p) {
       const Action& a = schedule.devices[d][p];
       const int id = offset[d] + static_cast<int>(p);
-      if (a.type == ActionType::Forward) find[{Node::F, a.stage, a.index}] = id;
-      if (a.isInputBackward()) find[{Node::InputBackward, a.stage, a.index}] = id;
-      if (a.type == ActionType::SyncWeights) find[{Node::Sync, a.stage, a.index}] = id;
-      if (a.type == ActionType::RecvWeights) find[{Node::Recv, a.stage, a.index}] = id;
+      if (a.type == ActionType::Forward) find[slot(Node::F, a.stage, a.index)] = id;
+      if (a.isInputBackward()) find[slot(Node::InputBackward, a.stage, a.index)] = id;
+      if (a.type == ActionType::SyncWeights) find[slot(Node::Sync, a.stage, a.index)] = id;
+      if (a.type == ActionType::RecvWeights) find[slot(Node::Recv, a.stage, a.index)] = id;
     }
-  auto node = [&](Node n, int s, int m) {
-    auto it = find.find({n, s, m});
-    return it == find.end() ? -1 : it->second;
-  };
+  auto node = [&](Node n, int s, int m) { return find[slot(n, s, m)]; };
 
   std::vector<std::vector<int>> next(N);
   auto edge = [&](int a, int b) {
@@ -54,7 +60,6 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   for (int d = 0; d < D; ++d)
     for (int id = offset[d]; id + 1 < offset[d + 1]; ++id) edge(id, id + 1);
   std::vector<Message> messages;
-  const int total = schedule.totalMicrobatches();
   for (int m = 0; m < total; ++m) {
     for (int s = 0; s < S; ++s) {
       const int f = node(Node::F, s, m), b = node(Node::InputBackward, s, m);
@@ -82,9 +87,8 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
       for (int j = (m / M - 1) * M; j < (m / M) * M; ++j)
         edge(node(Node::InputBackward, S - 1, j), node(Node::F, 0, m));
   }
-  for (const auto& [key, id] : find)
-    if (std::get<0>(key) == Node::Sync)
-      edge(id, node(Node::Recv, std::get<1>(key), std::get<2>(key)));
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < width; ++m) edge(node(Node::Sync, s, m), node(Node::Recv, s, m));
 
   // Every earlier action of a device comes before a later one (device order), so the
   // actions of device d that c has to wait for form a prefix of d's list: last[u * D + d]
