@@ -454,6 +454,20 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
          (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + scaled(maxWorking, scale(shape));
 }
 
+CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int k, int first,
+                                               int last, bool outputTravels) const {
+  WaitingBytes out;
+  if (shape.decoupled()) return out;  // Note [Decoupled devices]
+  const double f = scale(shape);
+  const std::int64_t input = scaled(inputBytes(first), f);
+  const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
+  const schedules::WaitingMessages& wm =
+      waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
+  out.activations = wm.activations.at(k) * input;
+  out.gradients = wm.gradients.at(k) * output + (outputTravels ? wm.outputs * output : 0);
+  return out;
+}
+
 StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
                                StashPolicy policy) const {
   std::int64_t ws = 0;
@@ -504,12 +518,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // stages' counts (each the most over the device's compute starts: an upper bound).
   // Note [Recomputed last output]: a recomputing B(S-1) is sent no output.
   const bool outputTravels = k == S - 1 && schedules::lastOutputTravels(split, ckpt);
-  std::int64_t actsWaiting = 0, gradsWaiting = 0;
-  if (!decoupled) {
-    const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M, shape.folded);
-    actsWaiting = wm.activations.at(k) * input;
-    gradsWaiting = wm.gradients.at(k) * output + (outputTravels ? wm.outputs * output : 0);
-  }
+  const WaitingBytes waiting = waitingBytes(shape, k, first, last, outputTravels);
+  const std::int64_t actsWaiting = waiting.activations, gradsWaiting = waiting.gradients;
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out.
   e.stashBytes = ckpt ? input : off ? graph : graph + output;

@@ -1060,9 +1060,18 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
         const std::int64_t wsScaled = scaledBytes(maxWorking);
         // Both bounds only grow as i decreases (the stage grows): they end the scan.
         if (!memFits(stage, i, j, wsScaled, -1)) break;
-        const double lb = objective == Objective::Time ? timeLb(stage, i, j)
-                                                       : double(memLb(stage, i, j, wsScaled));
-        if (lb >= cap) break;
+        if (objective == Objective::Time) {
+          if (timeLb(stage, i, j) >= cap) break;
+        } else {
+          // Note [Waiting messages]: every policy is also charged the messages that can
+          // wait for the stage, on its backward device the gradients (of layer j - 1, the
+          // same for every i: the bound still only grows), and with them, on one device,
+          // the activations (of layer i: this start only).
+          const auto waiting = model.waitingBytes(shape, stage, i, j, /*outputTravels=*/false);
+          const double lb = double(memLb(stage, i, j, wsScaled) + waiting.gradients);
+          if (lb >= cap) break;
+          if (!split && lb + double(waiting.activations) >= cap) continue;
+        }
         consider(stage, i, j, maxWorking, cell(k - 1, i));
       }
       if (!pareto && best.prevI >= 0) seed = best.prevI;

@@ -596,6 +596,15 @@ class CostModel {
                                     StashPolicy lastPolicy) const;
   /// A lower bound of stage(...).time that never decreases as the stage grows.
   double computeLowerBound(const PipelineShape& shape, int k, int first, int last) const;
+  /// Note [Waiting messages]: the bytes of the messages that can wait for stage k =
+  /// [first, last): activations on its forward device, gradients (and the last stage's
+  /// outputs when `outputTravels`, Note [Recomputed last output]) on its backward device.
+  /// Every stash policy is charged them (CommBuffers); none for a decoupled shape.
+  struct WaitingBytes {
+    std::int64_t activations = 0, gradients = 0;
+  };
+  WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
+                            bool outputTravels) const;
   /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.
   std::int64_t memoryLowerBound(const PipelineShape& shape, int k, int first, int last,
                                 std::int64_t maxWorking) const;
