@@ -1,34 +1,39 @@
 #include "pipefb/schedules/ScheduleKind.h"
 
+#include <iterator>
+
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
 
 namespace pipefb::schedules {
 
-const std::vector<ScheduleKindInfo>& scheduleKinds() {
-  // Note [Adding a schedule kind]: one row per enumerator, in enum order.
-  using P = DefaultPlacement;
-  //                                                               async  step/mb I/W
-  static const std::vector<ScheduleKindInfo> kinds = {
-      {ScheduleKind::GPipe, "gpipe", P::SameDevice, false, false, false},
-      {ScheduleKind::OneFOneB, "1f1b", P::SameDevice, false, false, false},
-      {ScheduleKind::PipeDream, "pipedream", P::SameDevice, true, true, false},
-      {ScheduleKind::PipeFbSync, "pipefb-sync", P::PipeFb, false, false, false},
-      {ScheduleKind::PipeFbAsync, "pipefb-async", P::PipeFb, true, false, false},
-      {ScheduleKind::ZbH1, "zb-h1", P::SameDevice, false, false, true},
-      {ScheduleKind::ZbH2, "zb-h2", P::SameDevice, false, false, true},
-      {ScheduleKind::Zbv, "zbv", P::VShape, false, false, true},
-      {ScheduleKind::Interleaved1F1B, "interleaved-1f1b", P::Looped, false, false, false},
-      {ScheduleKind::PipeFbZb, "pipefb-zb", P::PipeFb, false, false, true},
-  };
-  return kinds;
-}
+namespace detail {
+// Note [Adding a schedule kind]: one row per enumerator, in enum order.
+//                                                                      async  step/mb I/W
+const ScheduleKindInfo kScheduleKindRows[] = {
+    {ScheduleKind::GPipe, "gpipe", DefaultPlacement::SameDevice, false, false, false},
+    {ScheduleKind::OneFOneB, "1f1b", DefaultPlacement::SameDevice, false, false, false},
+    {ScheduleKind::PipeDream, "pipedream", DefaultPlacement::SameDevice, true, true, false},
+    {ScheduleKind::PipeFbSync, "pipefb-sync", DefaultPlacement::PipeFb, false, false, false},
+    {ScheduleKind::PipeFbAsync, "pipefb-async", DefaultPlacement::PipeFb, true, false, false},
+    {ScheduleKind::ZbH1, "zb-h1", DefaultPlacement::SameDevice, false, false, true},
+    {ScheduleKind::ZbH2, "zb-h2", DefaultPlacement::SameDevice, false, false, true},
+    {ScheduleKind::Zbv, "zbv", DefaultPlacement::VShape, false, false, true},
+    {ScheduleKind::Interleaved1F1B, "interleaved-1f1b", DefaultPlacement::Looped, false, false,
+     false},
+    {ScheduleKind::PipeFbZb, "pipefb-zb", DefaultPlacement::PipeFb, false, false, true},
+};
+}  // namespace detail
 
-const ScheduleKindInfo& info(ScheduleKind k) {
-  const auto& all = scheduleKinds();
-  const auto i = static_cast<size_t>(k);
-  PIPEFB_ASSERT(i < all.size() && all[i].kind == k, "scheduleKinds() is in enum order");
-  return all[i];
+const std::vector<ScheduleKindInfo>& scheduleKinds() {
+  static const std::vector<ScheduleKindInfo> kinds = [] {
+    std::vector<ScheduleKindInfo> rows(std::begin(detail::kScheduleKindRows),
+                                       std::end(detail::kScheduleKindRows));
+    for (size_t i = 0; i < rows.size(); ++i)
+      PIPEFB_ASSERT(static_cast<size_t>(rows[i].kind) == i, "scheduleKinds() is in enum order");
+    return rows;
+  }();
+  return kinds;
 }
 
 const char* toString(ScheduleKind k) { return info(k).name; }

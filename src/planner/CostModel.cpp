@@ -87,6 +87,11 @@ const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKin
 // placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
 // iterations, to see the next iteration's feed.
 const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M, bool folded) {
+  // The DP asks for one shape's counts many times in a row: the last answer, per thread,
+  // without the lock (std::map nodes are stable).
+  thread_local std::tuple<int, int, int, bool> lastKey{-1, 0, 0, false};
+  thread_local const schedules::WaitingMessages* last = nullptr;
+  if (last && lastKey == std::make_tuple(static_cast<int>(k), S, M, folded)) return *last;
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, bool>, schedules::WaitingMessages> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -101,6 +106,8 @@ const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M, bool 
                                schedules::makeSchedule(k, S, M, placement, K).schedule))
              .first;
   }
+  lastKey = key;
+  last = &it->second;
   return it->second;
 }
 }  // namespace
@@ -363,8 +370,8 @@ CostModel::SparseMax CostModel::buildMax(std::vector<std::int64_t> values) {
 }
 
 std::int64_t CostModel::rangeMax(const SparseMax& t, int first, int last) {
-  int p = 0;
-  while ((2 << p) <= last - first) ++p;
+  // p = floor(log2(last - first))
+  const int p = 31 - __builtin_clz(static_cast<unsigned>(last - first));
   return std::max(t[p][first], t[p][last - (1 << p)]);
 }
 

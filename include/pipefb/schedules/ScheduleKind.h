@@ -52,9 +52,18 @@ struct ScheduleKindInfo {
   bool splitBackward;
 };
 
+namespace detail {
+/// The table's rows (ScheduleKind.cpp), in enum order. Constant-initialised, so info()
+/// reads it inline, without a function-local static's guard: the planner's cost model
+/// asks for a kind's traits millions of times per solve.
+extern const ScheduleKindInfo kScheduleKindRows[];
+}  // namespace detail
+
 /// Every kind, in enum order.
 const std::vector<ScheduleKindInfo>& scheduleKinds();
-const ScheduleKindInfo& info(ScheduleKind k);
+inline const ScheduleKindInfo& info(ScheduleKind k) {
+  return detail::kScheduleKindRows[static_cast<int>(k)];
+}
 const char* toString(ScheduleKind k);
 /// The names, in enum order: "gpipe", "1f1b", "pipedream", "pipefb-sync", "pipefb-async".
 std::vector<std::string> scheduleKindNames();
