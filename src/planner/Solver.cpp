@@ -795,7 +795,8 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   // argument), and from the back starts stage k at most as early. That gives each DP row
   // k a window of cells [low[k], reach[k]], and rejects a shape outright when the greedy
   // cannot cover all layers with S stages. Everything here only drops cells that no plan
-  // under the cap can use, so the DP stays exact.
+  // under the cap can use, so the DP stays exact. The memory scan over a cell's starts
+  // also charges the messages that can wait for the stage (below), which no policy avoids.
   const double f = model.scale(shape);
   const bool split = isSplit(shape.kind);
   const double stepShare = stepsPerMicrobatch(shape.kind, shape.microbatches);
