@@ -57,6 +57,9 @@
 //   (measured: fc6 alone on a stage with 2 copies peaks at W + G + O + 2 W + B's working
 //   set, 180.2 MB, not at 2 W + the transient, 205.8 MB).
 // The excess over what the stash and working set already reserve is in WorkingSet.
+// A device with several stages (Note [Shared devices]) runs its STEPs after its last B or
+// W, so there the transient is charged beside the states alone, not beside the other
+// stage's stashes (sharedDeviceMemory; StageEstimate::stepWorkingBytes).
 //
 // Note [Gathered weight gradients]
 // The runtime's B does not accumulate into .grad layer by layer: it asks autograd for the
@@ -434,6 +437,13 @@ struct StageEstimate {
   /// [Forward peak]); a shared device charges it at the F starts (Note [Stashes held
   /// together]).
   std::int64_t forwardPeakBytes = 0;
+  /// What B (or I or W) holds beyond the stashes while it runs, without the step's excess
+  /// that backwardMemory's working set adds (Note [Step working set]); and the step's
+  /// transient beyond the states (0 with the optimizer on the host). A shared device
+  /// charges the first at B/I/W starts and the second at its STEPs, which come after its
+  /// last B or W (Note [Stashes held together]).
+  std::int64_t backwardWorkingBytes = 0;
+  std::int64_t stepWorkingBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
