@@ -172,11 +172,16 @@ std::vector<StashPolicy> allStashPolicies() {
 }
 
 namespace {
-// Note [Simulated fill]: per (kind, S, M, F : B), computed once.
-double simulatedFill(ScheduleKind k, int S, int M, double F, double B) {
+std::int64_t scaled(std::int64_t bytes, double f);
+
+// Note [Simulated fill]: per (kind, S, M, F : B : copy : sync), computed once. F and B
+// are the model's totals; copy, a stage's hand-off copy (one way), and sync, its weight
+// sync, in the same unit (0 for the kinds that do not split).
+double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double copy, double sync) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, double>, double> cache;
-  const auto key = std::make_tuple(static_cast<int>(k), S, M, F / (F + B));
+  static std::map<std::tuple<int, int, int, double, double, double>, double> cache;
+  const double F1 = F / (F + B), copy1 = copy / (F + B), sync1 = sync / (F + B);
+  const auto key = std::make_tuple(static_cast<int>(k), S, M, F1, copy1, sync1);
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
@@ -186,11 +191,18 @@ double simulatedFill(ScheduleKind k, int S, int M, double F, double B) {
   const int D = plan.schedule.numDevices();
   double fill = 0;
   if (D > 1) {
-    sim::CostTable costs = sim::CostTable::uniform(S);  // free communication
+    // In units of F + B: one MiB of stash or weights takes `copy` or `sync` to move;
+    // activations and gradients travel free (the links are in the pace).
+    constexpr std::int64_t kUnit = 1 << 20;
+    sim::CostTable costs = sim::CostTable::uniform(S);
     for (sim::StageCosts& c : costs.stages) {
-      c.forward = F / S;
-      c.backward = B / S;
+      c.forward = F1 / S;
+      c.backward = (1 - F1) / S;
+      c.activationBytes = c.gradientBytes = 0;
+      c.stashBytes = c.weightVersionBytes = kUnit;
     }
+    costs.defaultHostLink = {copy1 > 0 ? kUnit / copy1 : 0.0, 0.0};
+    costs.defaultLink = {sync1 > 0 ? kUnit / sync1 : 0.0, 0.0};
     const auto lowered =
         schedules::lower(plan, std::vector<StashPolicy>(S, StashPolicy::Keep), 1, false);
     sim::SimOptions so;
@@ -201,8 +213,8 @@ double simulatedFill(ScheduleKind k, int S, int M, double F, double B) {
     for (int d = 0; d < D; ++d) {
       double w = 0;
       for (int s = 0; s < S; ++s) {
-        if (plan.schedule.placement.forward(s) == d) w += F / S;
-        if (plan.schedule.placement.backward(s) == d) w += B / S;
+        if (plan.schedule.placement.forward(s) == d) w += F1 / S;
+        if (plan.schedule.placement.backward(s) == d) w += (1 - F1) / S;
       }
       pace = std::max(pace, w);
     }
@@ -226,8 +238,21 @@ double CostModel::fill(const PipelineShape& shape) const {
   const double F = F_[L], B = B_[L];
   if (k == ScheduleKind::ZbH2) return 0;
   if (F + B <= 0) return 1;
-  if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb)
-    return simulatedFill(k, shape.stages, shape.microbatches, F, B);  // Note [Simulated fill]
+  if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb) {
+    // Note [Simulated fill]: a split kind hands every stash over through the host pool and
+    // syncs the weights back to the forward devices; both at the model's totals / S, on
+    // stage 0's devices (compute at the forward device's speed).
+    double copy = 0, sync = 0;
+    const int S = shape.stages;
+    if (isSplit(k) && static_cast<int>(shape.chain.size()) >= shape.chainLength()) {
+      const double f = scale(shape);
+      const int fd = shape.forwardDevice(0), bd = shape.backwardDevice(0);
+      const double sp = cluster_.devices[fd].speed;
+      copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp / f;
+      sync = cluster_.link(bd, fd).time(param_[L] / S) * sp / f;
+    }
+    return simulatedFill(k, S, shape.microbatches, F, B, copy, sync);
+  }
   if (k != ScheduleKind::ZbH1) return 1;
   const sim::SplitBackward iw = sim::splitBackward(B, -1, -1);  // Note [I and W costs]
   return std::max(0.0, F + iw.input - iw.weight) / (F + B);
@@ -612,6 +637,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
+  e.stepWorkingBytes = stepWs;
   const bool flushing = isFlushing(shape.kind) || unsplitPipeFb;
   auto stepExcess = [&](std::int64_t stash, std::int64_t working) {
     return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
@@ -635,6 +661,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       if (x.t > e.time) e.time = x.t, e.binding = x.r;
     if (timesOnly) return e;
     const std::int64_t wsB = backwardWs();
+    e.backwardWorkingBytes = wsB;
     // Forward device (Note [Forward device memory]): weights, the stash until its offload
     // copy is done, F's working set; RecvWeights copies into place. pipefb-async with a
     // graph stash keeps the old copy beside the new one (not on the backward device).
@@ -682,6 +709,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
     if (timesOnly) return e;
     const std::int64_t wsB = backwardWs();
+    e.backwardWorkingBytes = wsB;
     // Note [Split backward]: the stashes waiting for their W stay beside the prefetched ones.
     const int deferred =
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
@@ -879,15 +907,23 @@ std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
     states += total(m) - m[st] - m[ws];
   }
   // Note [Stashes held together]: the stashes alive at a compute start, beside the working
-  // set of the stage that starts.
+  // set of the stage that starts (B's, I's or W's, without the step's excess).
+  // Note [Step working set]: the shared kinds flush, and a device's STEPs come after its
+  // last B or W, so a step's transient is charged beside the states alone. (Charged as
+  // the stage's working set instead, beside the other stage's stashes, it had zbv's
+  // device 0 (VGG16/4, conv1_1..conv4_3 and fc7..fc8) measure 11.1% below the plan: fc7's
+  // Adam transient, 8.4 MB, charged beside conv1_1..conv4_3's three stashes.)
   std::int64_t peak = 0;
+  for (const HostedStage* h = first; h != last; ++h)
+    peak = std::max(peak, h->estimate->stepWorkingBytes);
   for (const schedules::HeldAtStart& n : held) {
     std::int64_t together = 0;
     for (const HostedStage* h = first; h != last; ++h) {
       const StageEstimate& e = *h->estimate;
       const std::int64_t resident = e.stashBytes > 0 ? e.backwardMemory[st] / e.stashBytes : 0;
       together += std::min<std::int64_t>(n.alive[h->stage], resident) * e.stashBytes;
-      if (h->stage == n.starting) together += n.forward ? e.forwardPeakBytes : e.backwardMemory[ws];
+      if (h->stage == n.starting)
+        together += n.forward ? e.forwardPeakBytes : e.backwardWorkingBytes;
     }
     peak = std::max(peak, together);
   }

@@ -664,6 +664,24 @@ TEST(SolverFill, SimulatedFillOfTheSharedKinds) {
   EXPECT_NEAR((8 + 3 * m.fill(interleaved)) * 6.0, 57.0, 1e-9);
 }
 
+// Note [Simulated fill]: pipefb-zb hands every stash over through the host pool and syncs
+// the weights back to the forward devices; its fill counts both. Unit costs per stage
+// (F = 1, B = 2, a stash copy 1, a weight sync 1): pipefb_sim --schedule pipefb-zb
+// --stages 4 --microbatches 8 takes 23 units communication-free and 26 with a cost file of
+// stash_bytes = weight_version_bytes = 1 MiB, link and host_link 1 MiB/s (the rest 0):
+// fill = (26 / 2 - 8) / 7, against (23 / 2 - 8) / 7 = 0.5 on free links.
+TEST(SolverFill, PipefbZbFillCountsTheHandOffAndTheWeightSync) {
+  Profile p = timesProfile(std::vector<double>(4, 1.0));
+  for (auto& l : p.layers) {
+    l.backward = 2.0;
+    l.savedBytes = l.paramBytes = l.gradBytes = 1 << 20;
+  }
+  const PipelineShape zb = shapeOf(ScheduleKind::PipeFbZb, 4, 8, {0, 1, 2, 3, 4, 5, 6, 7});
+  const Link mib{double(1 << 20), 0.0};
+  EXPECT_NEAR(CostModel(p, Cluster::uniform(8, 1.0, -1, mib, mib)).fill(zb), 5.0 / 7, 1e-9);
+  EXPECT_NEAR(CostModel(p, freeCluster(8)).fill(zb), 0.5, 1e-9);
+}
+
 // Note [Stashes held together]: a zbv device holds at most 2D stashes of its two stages
 // together (its hold), fewer than the sum of the two stages' own maxima, and the cost model
 // charges the device that sum's bytes, not the maxima's.

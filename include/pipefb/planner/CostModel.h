@@ -57,6 +57,9 @@
 //   (measured: fc6 alone on a stage with 2 copies peaks at W + G + O + 2 W + B's working
 //   set, 180.2 MB, not at 2 W + the transient, 205.8 MB).
 // The excess over what the stash and working set already reserve is in WorkingSet.
+// A device with several stages (Note [Shared devices]) runs its STEPs after its last B or
+// W, so there the transient is charged beside the states alone, not beside the other
+// stage's stashes (sharedDeviceMemory; StageEstimate::stepWorkingBytes).
 //
 // Note [Gathered weight gradients]
 // The runtime's B does not accumulate into .grad layer by layer: it asks autograd for the
@@ -236,12 +239,17 @@ std::vector<ScheduleKind> defaultScheduleKinds();
 /// (ZeroBubble.h) that have no closed form for their fill. Their fill is measured: the
 /// event simulator runs the generated schedule of (kind, S, M) for one flushed iteration
 /// with every stage costing the profile's totals / S (F, and B split into I and W by Note
-/// [I and W costs]), communication free, and
+/// [I and W costs]), activations and gradients free, and
 ///   fill = (makespan / pace - M) / (D - 1),  pace = what one device computes per
 ///   microbatch (its stages' F + B), D = the chain's devices,
 /// so that slots() gives back the simulated makespan for a balanced partition (SolverTest
 /// checks interleaved-1f1b's against Megatron's 1 / v). The re-scoring simulates the
 /// actual partition.
+/// pipefb-zb's fill also pays what its split stages move on the way: each stash's hand-off
+/// through the host pool (OFF, then PRE before I) and the weight sync (SW/RW) that the
+/// next iteration's F waits for, each at the model's totals / S on stage 0's devices (the
+/// graph stash; a checkpoint kind moves less). Communication-free, GPT-2 XL on 8x-t4-pcie
+/// predicted 694.85 ms against 880.39 ms simulated, 161 ms of it the weight sync.
 ///
 /// Note [Shared devices]
 /// interleaved-1f1b and zbv run two stages on each device of their chain (Placement::
@@ -434,6 +442,13 @@ struct StageEstimate {
   /// [Forward peak]); a shared device charges it at the F starts (Note [Stashes held
   /// together]).
   std::int64_t forwardPeakBytes = 0;
+  /// What B (or I or W) holds beyond the stashes while it runs, without the step's excess
+  /// that backwardMemory's working set adds (Note [Step working set]); and the step's
+  /// transient beyond the states (0 with the optimizer on the host). A shared device
+  /// charges the first at B/I/W starts and the second at its STEPs, which come after its
+  /// last B or W (Note [Stashes held together]).
+  std::int64_t backwardWorkingBytes = 0;
+  std::int64_t stepWorkingBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
