@@ -389,13 +389,16 @@ const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shap
   if (it == gather_->tables.end()) {
     // key(l) = scaled ws(l) - G(0 .. l+1): max over [first, last) plus G(0 .. last) is
     // max over l of ws(l) + G(l+1 .. last); layered adds the saved prefix S(0 .. l+1),
-    // less S(0 .. first) after the range maximum. In place: without G.
+    // less S(0 .. first) after the range maximum; ws the gathered one. In place: the
+    // in-place ws, without G.
     const size_t L = profile_.layers.size();
     std::vector<std::int64_t> key(L), layered(L), own(L), ownLayered(L);
     for (size_t l = 0; l < L; ++l) {
-      own[l] = scaled(profile_.layers[l].workingBytes, f);
+      const LayerCost& c = profile_.layers[l];
+      own[l] = scaled(c.workingBytes, f);
       ownLayered[l] = own[l] + scaled(saved_[l + 1], f);
-      key[l] = own[l] - grad_[l + 1];
+      key[l] = scaled(c.gatheredWorkingBytes >= 0 ? c.gatheredWorkingBytes : c.workingBytes, f) -
+               grad_[l + 1];
       layered[l] = key[l] + scaled(saved_[l + 1], f);
     }
     GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered)),

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
@@ -209,6 +210,22 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       if (s.defined()) s.mutable_grad() = torch::Tensor();
       c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
       c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+      // The same B gathering: the parameters' gradients come back as fresh tensors, held
+      // until B ends (a B on another copy, or one filling gradient buckets).
+      y = torch::Tensor();
+      g = torch::Tensor();
+      x = inputGrad ? input + s : input.clone();
+      y = layer.forward(x);
+      x = torch::Tensor();
+      g = gy.clone();
+      const std::int64_t liveG = dom.liveBytes();
+      dom.resetPeak();
+      if (!wrt.empty()) {
+        auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
+                                          /*create_graph=*/false, /*allow_unused=*/true);
+      }
+      c.gatheredWorkingBytes =
+          std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
     }
     // F without autograd (Note [Forward without autograd] in CostModel.h): input, output
     // and temporaries, nothing saved. BatchNorm's statistics are put back afterwards.
@@ -341,8 +358,17 @@ ProfileResult loadOrMeasureProfile(const config::Config& cfg, const ProfilerOpti
   ProfileResult r;
   r.path = path;
   if (!force && fs::exists(path)) {
+    // Note [Profile method]: the key the file was written with, method included (a key
+    // recomputed from the cached fields would carry today's method).
+    std::ifstream in(path);
+    std::string line, stored;
+    while (std::getline(in, line))
+      if (line.rfind("key: \"", 0) == 0) {
+        stored = line.substr(6, line.size() >= 7 ? line.size() - 7 : 0);
+        break;
+      }
     Profile cached = readProfileFile(path);
-    if (profileKey(cached) == profileKey(header)) {
+    if (stored == profileKey(header) && profileKey(cached) == profileKey(header)) {
       r.profile = std::move(cached);
       r.fromCache = true;
       return r;

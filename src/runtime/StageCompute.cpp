@@ -212,8 +212,8 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
 // same float additions as add_ after the fact. B on another copy (a kept graph of a split
 // stage built on the forward copy, a weight version, a prediction) and B with gradient
 // buckets keep the gathered form: their gradients belong to other tensors. The cost model
-// still charges the gathered form (Note [Gathered weight gradients] in
-// planner/CostModel.h), an upper bound now.
+// charges each B in the form it runs in (CostModel::gradientsInPlace, Note [Gathered
+// weight gradients] in planner/CostModel.h).
 void PipelineEngine::Impl::backwardInPlace(DeviceState& dev, StageState& st, const Action& a,
                                            Tensor input, Tensor output, Tensor gradOut,
                                            const std::vector<Tensor>& savedBuffers) {

@@ -73,8 +73,9 @@
 // for the gradients of all the stage's parameters at once (torch::autograd::grad) and add
 // them to the master's .grad after the whole backward. While B runs through layer l (last
 // to first), the gradients of the layers after l are therefore held as fresh tensors
-// beside l's own working set (which includes l's own gradient). Their working set is
-//   max over l in [first, last) of  ws(l) x scale + G(l+1 .. last),
+// beside l's own working set (which includes l's own gradients: the profile's
+// gatheredWorkingBytes, measured with autograd::grad). Their working set is
+//   max over l in [first, last) of  gws(l) x scale + G(l+1 .. last),
 //   and at the end  G(first .. last) + the input gradient (stages after the first).
 // (Measured, gathered: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set
 // is 3.0. Charged gathered while the runtime ran in place, planner_fidelity's 1f1b stage 0
