@@ -421,33 +421,56 @@ const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shap
   if (it == gather_->tables.end()) {
     // key(l) = scaled ws(l) - G(0 .. l+1): max over [first, last) plus G(0 .. last) is
     // max over l of ws(l) + G(l+1 .. last); layered adds the saved prefix S(0 .. l+1),
-    // less S(0 .. first) after the range maximum.
+    // less S(0 .. first) after the range maximum; ws the gathered one. In place: the
+    // in-place ws, without G.
     const size_t L = profile_.layers.size();
-    std::vector<std::int64_t> key(L), layered(L);
+    std::vector<std::int64_t> key(L), layered(L), own(L), ownLayered(L);
     for (size_t l = 0; l < L; ++l) {
-      key[l] = scaled(profile_.layers[l].workingBytes, f) - grad_[l + 1];
+      const LayerCost& c = profile_.layers[l];
+      own[l] = scaled(c.workingBytes, f);
+      ownLayered[l] = own[l] + scaled(saved_[l + 1], f);
+      key[l] = scaled(c.gatheredWorkingBytes >= 0 ? c.gatheredWorkingBytes : c.workingBytes, f) -
+               grad_[l + 1];
       layered[l] = key[l] + scaled(saved_[l + 1], f);
     }
-    GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered))};
+    GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered)),
+                   buildMax(std::move(own)), buildMax(std::move(ownLayered))};
     it = gather_->tables.emplace(shape.microbatchSize, std::move(t)).first;
   }
   return it->second;  // std::map nodes are stable
 }
 
-std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int first,
-                                        int last) const {
+bool CostModel::gradientsInPlace(const PipelineShape& shape, int k, StashPolicy policy) {
+  if (shape.replicas > 1 || splitsBackward(shape.kind)) return false;
+  const bool split = shape.splits(k);
+  if (split)
+    return shape.kind == ScheduleKind::PipeFbSync &&
+           schedules::isCheckpoint(schedules::effectivePolicy(policy, split));
+  const bool unsplitPipeFb = isSplit(shape.kind);
+  return unsplitPipeFb || weightCopies(shape.kind, shape.stages, k, shape.microbatches) == 0;
+}
+
+std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int first, int last,
+                                        bool inPlace) const {
   const double f = scale(shape);
-  const std::int64_t during = grad_[last] + rangeMax(gatherTables(shape).gathered, first, last);
-  const std::int64_t atEnd = range(grad_, first, last) + (k > 0 ? scaled(inputBytes(first), f) : 0);
+  const GatherTables& t = gatherTables(shape);
+  const std::int64_t during =
+      inPlace ? rangeMax(t.inPlace, first, last) : grad_[last] + rangeMax(t.gathered, first, last);
+  const std::int64_t atEnd = (inPlace ? 0 : range(grad_, first, last)) +
+                             (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);
 }
 
-std::int64_t CostModel::backwardLayered(const PipelineShape& shape, int k, int first,
-                                        int last) const {
+std::int64_t CostModel::backwardLayered(const PipelineShape& shape, int k, int first, int last,
+                                        bool inPlace) const {
   const double f = scale(shape);
+  const GatherTables& t = gatherTables(shape);
   const std::int64_t during =
-      grad_[last] + rangeMax(gatherTables(shape).layered, first, last) - scaled(saved_[first], f);
-  const std::int64_t atEnd = range(grad_, first, last) + (k > 0 ? scaled(inputBytes(first), f) : 0);
+      (inPlace ? rangeMax(t.inPlaceLayered, first, last)
+               : grad_[last] + rangeMax(t.layered, first, last)) -
+      scaled(saved_[first], f);
+  const std::int64_t atEnd = (inPlace ? 0 : range(grad_, first, last)) +
+                             (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);
 }
 
@@ -618,17 +641,18 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // measured profile's lossWorkingBytes, the output's gradient included) beside the whole
   // graph, and under a checkpoint kind the recomputed output and F's (if it is there).
   const bool layered = !splitsBackward(shape.kind) && k < S - 1;
+  const bool inPlace = gradientsInPlace(shape, k, policy);
   const std::int64_t loss = k == S - 1 ? scaled(profile_.lossWorkingBytes, f) : 0;
   auto backwardWs = [&] {
     if (layered) {
-      const std::int64_t peak = backwardLayered(shape, k, first, last);
+      const std::int64_t peak = backwardLayered(shape, k, first, last, inPlace);
       // A checkpointed B first recomputes F with autograd (Note [Forward peak]), and holds
       // the recomputed output through the backward (a kept one is in the stash).
       return ckpt ? std::max(peak + output, scaled(forwardPeak(k, first, last, true), f)) + output
                   : peak - graph + output;
     }
     const std::int64_t whole =
-        std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last)) +
+        std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last, inPlace)) +
         (ckpt ? graph : 0) + output;
     // Checkpointed: the recomputed output, and F's, which the loss reads (dev.acts), unless
     // F ran on another device and sent it nowhere (Note [Recomputed last output]).

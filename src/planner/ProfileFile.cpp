@@ -13,11 +13,12 @@
 namespace pipefb::planner {
 
 // Note [Profile method]: what the profiler measures changes now and then (the loss in the
-// last layer's working set, B's fresh parameter gradients); a profile cached by an older
-// pipefb_profile would then plan on other numbers. The method's number is part of the
+// last layer's working set, B's fresh parameter gradients, B accumulating them into .grad
+// in place as the runtime's B on the master does, and gathered beside, since method 3); a
+// profile cached by an older pipefb_profile would then plan on other numbers. The method's number is part of the
 // cache key, so a cached profile of an older method is measured again. Raise it whenever
 // measureProfile changes what a field holds.
-constexpr int kProfileMethod = 2;
+constexpr int kProfileMethod = 3;
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -42,7 +43,8 @@ std::string profileToYaml(const Profile& p) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
       << ", recompute: " << l.recompute << ", step: " << l.step
       << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
-      << ", working_bytes: " << l.workingBytes << ", param_bytes: " << l.paramBytes
+      << ", working_bytes: " << l.workingBytes
+      << ", gathered_working_bytes: " << l.gatheredWorkingBytes << ", param_bytes: " << l.paramBytes
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
       << ", step_working_bytes: " << l.stepWorkingBytes
       << ", backward_after_step: " << l.backwardAfterStep << ", snapshot: " << l.snapshot
@@ -82,6 +84,8 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.snapshot = l["snapshot"] ? l["snapshot"].as<double>() : 0;
       c.forwardWorkingBytes =
           l["forward_working_bytes"] ? l["forward_working_bytes"].as<std::int64_t>() : -1;
+      c.gatheredWorkingBytes =
+          l["gathered_working_bytes"] ? l["gathered_working_bytes"].as<std::int64_t>() : -1;
       c.noGradForwardBytes =
           l["no_grad_forward_bytes"] ? l["no_grad_forward_bytes"].as<std::int64_t>() : -1;
       c.bufferBytes = l["buffer_bytes"] ? l["buffer_bytes"].as<std::int64_t>() : 0;

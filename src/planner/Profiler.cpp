@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
@@ -191,20 +192,40 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       torch::Tensor g = gy.clone();
       const std::int64_t liveB = dom.liveBytes();
       dom.resetPeak();
-      {
-        // As the runtime's B runs it (Note [Gathered weight gradients] in CostModel.h): the
-        // parameters' gradients come back as fresh tensors, held until B ends, not added
-        // into .grad one by one (Note [Measured saved bytes]).
-        std::vector<torch::Tensor> wrt;
-        for (const auto& p : params)
-          if (p.requires_grad()) wrt.push_back(p);
-        if (s.defined()) wrt.push_back(s);
+      std::vector<torch::Tensor> wrt;
+      for (const auto& p : params)
+        if (p.requires_grad()) wrt.push_back(p);
+      if (s.defined()) wrt.push_back(s);
+      if (!wrt.empty()) {
+        // As the runtime's B on the master runs it (Note [In-place weight gradients] in
+        // src/runtime/StageCompute.cpp, Note [Gathered weight gradients] in CostModel.h):
+        // each parameter's gradient is added into its (zeroed, defined) .grad as autograd
+        // makes it, so the fresh gradient is part of this transient only until then. A
+        // B that gathers holds the later layers' gradients beside it: the cost model adds
+        // those from gradBytes.
+        torch::autograd::backward({y}, {g}, /*retain_graph=*/false, /*create_graph=*/false,
+                                  wrt);
+      }
+      const std::int64_t peakB = dom.peakBytes();
+      if (s.defined()) s.mutable_grad() = torch::Tensor();
+      c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
+      c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+      // The same B gathering: the parameters' gradients come back as fresh tensors, held
+      // until B ends (a B on another copy, or one filling gradient buckets).
+      y = torch::Tensor();
+      g = torch::Tensor();
+      x = inputGrad ? input + s : input.clone();
+      y = layer.forward(x);
+      x = torch::Tensor();
+      g = gy.clone();
+      const std::int64_t liveG = dom.liveBytes();
+      dom.resetPeak();
+      if (!wrt.empty()) {
         auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
                                           /*create_graph=*/false, /*allow_unused=*/true);
       }
-      const std::int64_t peakB = dom.peakBytes();
-      c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
-      c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+      c.gatheredWorkingBytes =
+          std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
     }
     // F without autograd (Note [Forward without autograd] in CostModel.h): input, output
     // and temporaries, nothing saved. BatchNorm's statistics are put back afterwards.
@@ -265,8 +286,8 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       c.step = median(ts);
 
       // Note [Backward after a step] in CostModel.h: B of the first microbatch after a
-      // step, as the runtime's execBackward runs it (stale gradients zeroed, gradients
-      // from autograd::grad into fresh tensors, added to .grad).
+      // step, as the runtime's B on the master runs it (stale gradients zeroed, then
+      // accumulated in place, Note [In-place weight gradients]).
       std::vector<torch::Tensor> wrt;
       for (const auto& p : params)
         if (p.requires_grad()) wrt.push_back(p);
@@ -279,16 +300,13 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
         std::vector<torch::Tensor> in = wrt;
         if (inputGrad) in.push_back(x);
         auto t0 = Clock::now();
-        auto g = torch::autograd::grad({y}, in, {gy}, /*retain_graph=*/false,
-                                       /*create_graph=*/false, /*allow_unused=*/true);
         {
           torch::NoGradGuard noGrad;
           zeroGrads(params);
-          for (size_t j = 0; j < wrt.size(); ++j)
-            if (g[j].defined()) wrt[j].mutable_grad().add_(g[j]);
         }
-        g.clear();
+        torch::autograd::backward({y}, {gy}, /*retain_graph=*/false, /*create_graph=*/false, in);
         auto t1 = Clock::now();
+        if (inputGrad) x.mutable_grad() = torch::Tensor();
         if (r >= o.warmup) tas.push_back(seconds(t0, t1));
       }
       c.backwardAfterStep = tas.empty() ? c.backward : median(tas);
@@ -340,8 +358,17 @@ ProfileResult loadOrMeasureProfile(const config::Config& cfg, const ProfilerOpti
   ProfileResult r;
   r.path = path;
   if (!force && fs::exists(path)) {
+    // Note [Profile method]: the key the file was written with, method included (a key
+    // recomputed from the cached fields would carry today's method).
+    std::ifstream in(path);
+    std::string line, stored;
+    while (std::getline(in, line))
+      if (line.rfind("key: \"", 0) == 0) {
+        stored = line.substr(6, line.size() >= 7 ? line.size() - 7 : 0);
+        break;
+      }
     Profile cached = readProfileFile(path);
-    if (profileKey(cached) == profileKey(header)) {
+    if (stored == profileKey(header) && profileKey(cached) == profileKey(header)) {
       r.profile = std::move(cached);
       r.fromCache = true;
       return r;

@@ -1646,7 +1646,8 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     c.gradsBytes = G;
     c.optimizerStateBytes = st.optimizerOnHost ? 0 : O;  // Note [Optimizer placement search]
     // B's (Note [Gathered weight gradients]); the simulator holds it while F or B runs.
-    c.workingSetBytes = model.backwardWorking(sh, k, st.first, st.last);
+    c.workingSetBytes = model.backwardWorking(sh, k, st.first, st.last,
+                                              CostModel::gradientsInPlace(sh, k, st.policy));
     // Note [Forward device memory]: a split stage's forward device runs only F.
     c.forwardWorkingSetBytes = std::llround(model.forwardWorking(st.first, st.last) * f);
     c.stepWorkingBytes = st.optimizerOnHost ? 0 : stepWs;  // Note [Step working set]

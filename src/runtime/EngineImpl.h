@@ -241,6 +241,9 @@ struct PipelineEngine::Impl {
     std::vector<Tensor> savedBuffers;  // recompute: buffers as they were before it
   };
   BackwardStart startBackward(DeviceState& dev, const Action& a);
+  // Note [In-place weight gradients] (StageCompute.cpp): B on the master's weights.
+  void backwardInPlace(DeviceState& dev, StageState& st, const Action& a, Tensor input,
+                       Tensor output, Tensor gradOut, const std::vector<Tensor>& savedBuffers);
   // A STEP ran since the stage's last backward: its .grad starts from zero again.
   void zeroStaleGrads(StageState& st);
   // After the last backward of (s,m): a kept weight version may be done with (split

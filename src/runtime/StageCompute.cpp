@@ -161,6 +161,9 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
   // Note [Gradient buckets]: the B that completes the stage's gradients starts their
   // all-reduce from hooks while autograd still runs.
   GradBuckets* gb = hookBuckets(dev, st, a, *rep, output);
+  if (!gb && rep == st.master)
+    return backwardInPlace(dev, st, a, std::move(input), std::move(output), std::move(gradOut),
+                           savedBuffers);
   auto g = torch::autograd::grad({output}, wrt, {gradOut}, /*retain_graph=*/false,
                                  /*create_graph=*/false, /*allow_unused=*/true);
   output = Tensor();
@@ -192,6 +195,51 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
     startBuckets(st, iterationOf(a));
   }
   if (wantInput) dev.grads[{a.stage, mb}] = g.back();
+  releaseVersion(st, mb);
+}
+
+// Note [In-place weight gradients]
+// B on the master's own weights (same-device stages, and split stages that recompute:
+// every checkpoint kind of pipefb-sync) lets autograd accumulate each parameter's
+// gradient into its .grad as soon as it is computed (torch::autograd::backward with
+// `inputs`; AccumulateGrad adds in place into a defined .grad), so a fresh gradient lives
+// only until its accumulation. torch::autograd::grad instead gathers every parameter's
+// gradient of the stage until the whole backward is done, beside the working set the
+// profiler measures with in-place accumulation (planner/Profiler.cpp). Measured: the
+// decoupled pipefb-sync plan of experiments/pipefb_memory_measured.sh went out of memory at
+// its own budget in B of ResNet50's layer4.0 (device 2 peaked at 4178648 bytes against
+// 4138424 planned); accumulating in place it peaks at 4020952 and runs. The sum is the
+// same float additions as add_ after the fact. B on another copy (a kept graph of a split
+// stage built on the forward copy, a weight version, a prediction) and B with gradient
+// buckets keep the gathered form: their gradients belong to other tensors. The cost model
+// charges each B in the form it runs in (CostModel::gradientsInPlace, Note [Gathered
+// weight gradients] in planner/CostModel.h).
+void PipelineEngine::Impl::backwardInPlace(DeviceState& dev, StageState& st, const Action& a,
+                                           Tensor input, Tensor output, Tensor gradOut,
+                                           const std::vector<Tensor>& savedBuffers) {
+  const int mb = a.index;
+  zeroStaleGrads(st);
+  std::vector<Tensor> inputs;
+  for (const auto& p : st.master->params)
+    if (p.requires_grad()) inputs.push_back(p);
+  const bool wantInput = input.defined() && input.requires_grad();
+  if (wantInput) inputs.push_back(input);
+  torch::autograd::backward({output}, {gradOut}, /*retain_graph=*/false,
+                            /*create_graph=*/false, inputs);
+  output = Tensor();
+  gradOut = Tensor();
+  torch::NoGradGuard noGrad;
+  // The recompute must not count twice in BatchNorm statistics (as execBackward).
+  for (size_t i = 0; i < savedBuffers.size(); ++i) st.master->buffers[i].copy_(savedBuffers[i]);
+  if (checkAll())  // the sum so far: it turns non-finite at the microbatch that made it so
+    for (const auto& p : st.master->params)
+      if (p.requires_grad()) check(p.grad(), "weight gradient", a.stage, mb);
+  if (wantInput) {
+    Tensor g = input.grad();
+    input.mutable_grad() = Tensor();
+    if (checkAll()) check(g, "input gradient", a.stage, mb);
+    dev.grads[{a.stage, mb}] = std::move(g);
+  }
   releaseVersion(st, mb);
 }
 

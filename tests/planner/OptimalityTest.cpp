@@ -458,10 +458,12 @@ TEST(SolverOptimality, SharedDeviceFamiliesEqualExhaustiveSearch) {
       "shared-device optimality: 100 instances, %d feasible (%d optima interleaved-1f1b or "
       "zbv, %d pipefb-zb), %d smallest budgets (%d shared)\n",
       feasible, shared, pipefbZb, memoryChecked, memoryShared);
-  // (41 feasible, 10 shared, 3 pipefb-zb, 48 smallest budgets, 10 shared when written.)
+  // (41 feasible, 10 shared, 3 pipefb-zb, 48 smallest budgets, 10 shared when written;
+  // 45, 6, 4, 52, 7 once B on the master accumulated its gradients in place, Note
+  // [Gathered weight gradients]: 1f1b's B got lighter than zbv's, still charged gathered.)
   EXPECT_GE(feasible, 35);
-  EXPECT_GE(shared, 8);
+  EXPECT_GE(shared, 5);
   EXPECT_GE(pipefbZb, 1);
   EXPECT_GE(memoryChecked, 40);
-  EXPECT_GE(memoryShared, 8);
+  EXPECT_GE(memoryShared, 6);
 }

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "pipefb/config/Config.h"
 #include "pipefb/memory/FreedMemory.h"
@@ -73,6 +75,9 @@ TEST(ProfilerTest, MlpClosedForms) {
     // B allocates at least the input gradient (except layer 0, whose input is data).
     EXPECT_GT(l.workingBytes, 0) << l.name;
     EXPECT_LT(l.workingBytes, 8 * (b * (in[i] + out[i]) * 4 + l.paramBytes)) << l.name;
+    // A B that gathers holds the layer's own gradients when it ends (Note [Gathered
+    // weight gradients] in CostModel.h); in place they go into .grad as they come.
+    EXPECT_GE(l.gatheredWorkingBytes, std::max(l.workingBytes, l.gradBytes)) << l.name;
     // Without autograd (Note [Forward without autograd] in CostModel.h): the input and
     // addmm's output, which the ReLU rectifies in place; nothing saved.
     EXPECT_EQ(l.noGradForwardBytes, b * (in[i] + out[i]) * 4) << l.name;
@@ -202,6 +207,21 @@ TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
   const ProfileResult second = loadOrMeasureProfile(cfg, quick(), path);
   EXPECT_TRUE(second.fromCache);
   EXPECT_EQ(profileToYaml(second.profile), profileToYaml(first.profile));
+  {  // Note [Profile method]: a file written by an older method is measured again.
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string yaml = text.str();
+    const std::string key = profileKey(first.profile);
+    const size_t at = yaml.find(key);
+    ASSERT_NE(at, std::string::npos);
+    const std::string older = key.substr(0, key.rfind("method=")) + "method=0";
+    yaml.replace(at, key.size(), older);
+    std::ofstream(path) << yaml;
+    const ProfileResult again = loadOrMeasureProfile(cfg, quick(), path);
+    EXPECT_FALSE(again.fromCache);
+    EXPECT_EQ(profileKey(again.profile), key);
+  }
   // Another microbatch is another key: measured again, and the file replaced.
   const auto other = loadCfg("mlp-tiny.yaml", {"training.batch=16"});
   const ProfileResult third = loadOrMeasureProfile(other, quick(), path);

@@ -139,22 +139,21 @@ TEST(SolverLiteral, MemoryCategoriesOfOneStage) {
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Grads)], 100);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::OptimizerState)], 200);
   EXPECT_EQ(e.backwardMemory[index(MemoryCategory::Stash)], 2 * 20);
-  // Working set: the layer's 2 x 7 beside its graph (20) while B runs, but at the end of
-  // B the stage's whole gradient (G = 100, fresh tensors from autograd::grad) is held
-  // before it is added to .grad (Note [Gathered weight gradients]), when B's own graph is
-  // gone (Note [Backward layer by layer]): max(20 + 14, 100), less the graph that Stash
+  // Working set: the layer's 2 x 7 beside its graph (20) while B runs; 1f1b's B adds the
+  // weight gradients into .grad in place (Note [Gathered weight gradients]: gathered, the
+  // whole G = 100 would be held at the end of B): 20 + 14, less the graph that Stash
   // already charges.
-  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::WorkingSet)], 100 - 20);
-  EXPECT_EQ(e.peakMemory(), 520);
-  // Checkpoint: the stash is the stage input (profile inputBytes = 0 here); the recomputed
-  // graph (20 bytes) is gone by the end of B, when the gradient peaks: max(20 + 14, 100).
+  EXPECT_EQ(e.backwardMemory[index(MemoryCategory::WorkingSet)], 14);
+  EXPECT_EQ(e.peakMemory(), 454);
+  // Checkpoint: the stash is the stage input (profile inputBytes = 0 here); B recomputes
+  // the graph (20 bytes) and runs beside it: 20 + 14.
   StageEstimate c = m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint);
   EXPECT_EQ(c.backwardMemory[index(MemoryCategory::Stash)], 0);
-  EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 100);
+  EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 20 + 14);
   // Stage 1, the last, is charged its whole graph beside B's largest working set: the loss
   // runs there first (its transient is not profiled).
   StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint);
-  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 100 + 20);
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 20 + 14);
 }
 
 TEST(SolverLiteral, PipeDreamStepsInTheRoomOfTheCopyItsBackwardFreed) {
@@ -241,9 +240,9 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
 
 TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
   // Note [Gathered weight gradients]: three layers with G = 10, 20, 30 and (profiled, at
-  // microbatch 1) working sets 50, 5, 5; microbatch 2. While B runs through layer 0 the
-  // gradients of layers 1 and 2 are held: 2 x 50 + 20 + 30 = 150. At the end: G = 60 plus
-  // the input gradient for a stage after the first (input 8 x 2 = 16).
+  // microbatch 1) working sets 50, 5, 5; microbatch 2. A B that gathers holds the
+  // gradients of layers 1 and 2 while it runs through layer 0: 2 x 50 + 20 + 30 = 150. At
+  // the end: G = 60 plus the input gradient for a stage after the first (input 8 x 2 = 16).
   Profile p = timesProfile({1, 1, 1});
   const std::int64_t G[] = {10, 20, 30}, ws[] = {50, 5, 5};
   for (int l = 0; l < 3; ++l) {
@@ -253,16 +252,40 @@ TEST(SolverLiteral, GatheredGradientsInTheBackwardWorkingSet) {
   }
   CostModel m(p, freeCluster(2));
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
-  EXPECT_EQ(m.backwardWorking(sh, 0, 0, 3), 150);
+  EXPECT_EQ(m.backwardWorking(sh, 0, 0, 3, /*inPlace=*/false), 150);
   // Stage [1, 3) as the second stage: max(2 x 5 + 30, 2 x 5, 50 + 16) = 66.
-  EXPECT_EQ(m.backwardWorking(sh, 1, 1, 3), 66);
+  EXPECT_EQ(m.backwardWorking(sh, 1, 1, 3, /*inPlace=*/false), 66);
+  // In place (Note [In-place weight gradients]): the largest layer working set, 2 x 50;
+  // stage [1, 3): max(2 x 5, 16).
+  EXPECT_EQ(m.backwardWorking(sh, 0, 0, 3, /*inPlace=*/true), 100);
+  EXPECT_EQ(m.backwardWorking(sh, 1, 1, 3, /*inPlace=*/true), 16);
+  // 1f1b's B runs on the master: in place. Its B also holds the gradient of the stage's
+  // output (2 x 8), beside its working set (Note [Comm buffers in the cost model]).
   using pipefb::index;
   using pipefb::MemoryCategory;
-  // B also holds the gradient of the stage's output (2 x 8), beside its working set (Note
-  // [Comm buffers in the cost model]).
+  EXPECT_TRUE(CostModel::gradientsInPlace(sh, 0, StashPolicy::Keep));
   EXPECT_EQ(
       m.stage(sh, 0, 0, 3, StashPolicy::Keep).backwardMemory[index(MemoryCategory::WorkingSet)],
+      100 + 16);
+  // B on another copy gathers: PipeDream's stage 0 (weight copies), and a split stage of
+  // pipefb-sync unless it recomputes on the master (checkpoint kinds); no B of
+  // pipefb-async (versions) nor of replicated pipelines (gradient buckets).
+  PipelineShape pd = shapeOf(ScheduleKind::PipeDream, 2, 4, {0, 1}, 2);
+  EXPECT_FALSE(CostModel::gradientsInPlace(pd, 0, StashPolicy::Keep));
+  EXPECT_TRUE(CostModel::gradientsInPlace(pd, 1, StashPolicy::Keep));
+  EXPECT_EQ(
+      m.stage(pd, 0, 0, 3, StashPolicy::Keep).backwardMemory[index(MemoryCategory::WorkingSet)],
       150 + 16);
+  PipelineShape fb = shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1, 2, 3}, 2);
+  EXPECT_FALSE(CostModel::gradientsInPlace(fb, 0, StashPolicy::Keep));
+  EXPECT_FALSE(CostModel::gradientsInPlace(fb, 0, StashPolicy::Offload));
+  EXPECT_TRUE(CostModel::gradientsInPlace(fb, 0, StashPolicy::Checkpoint));
+  EXPECT_TRUE(CostModel::gradientsInPlace(fb, 0, StashPolicy::CheckpointOffload));
+  PipelineShape fa = shapeOf(ScheduleKind::PipeFbAsync, 2, 4, {0, 1, 2, 3}, 2);
+  EXPECT_FALSE(CostModel::gradientsInPlace(fa, 0, StashPolicy::Checkpoint));
+  PipelineShape rep = sh;
+  rep.replicas = 2;
+  EXPECT_FALSE(CostModel::gradientsInPlace(rep, 0, StashPolicy::Keep));
 }
 
 TEST(SolverLiteral, ForwardDeviceHoldsNoReceivedWeights) {
@@ -991,11 +1014,11 @@ TEST(SolverLiteral, FoldedDeviceHoldsTheLargerOfWhatFAndBHoldWhileTheyRun) {
 
 // Note [Optimizer placement search]: two stages of 1 s each (F 1, B 0, step 0); stage 1's
 // layer has 100 bytes of weights and 200 of optimizer state, and the host link moves 100
-// bytes/s. Under a 350-byte budget only the host fits stage 1 (W + G + O + B's gathered
-// gradient G = 500 on the device, 300 with O on the host; its step then waits 1 s for G
-// down and 1 s for W up); stage 0 (60 bytes of weights, no optimizer state: 180) stays on
-// its device, where its step is free. One stage does not fit either way (480 with O on the
-// host).
+// bytes/s. Under a 300-byte budget only the host fits stage 1 (W + G + O = 400 on the
+// device, 200 with O on the host; its step then waits 1 s for G down and 1 s for W up;
+// B adds its gradient into .grad in place, Note [Gathered weight gradients]); stage 0 (60
+// bytes of weights, no optimizer state: 120) stays on its device, where its step is free.
+// One stage does not fit either way (320 with O on the host).
 TEST(SolverLiteral, OptimizerOnTheHostForTheStageThatNeedsIt) {
   Profile prof = timesProfile({1, 1});
   prof.layers[1].paramBytes = prof.layers[1].gradBytes = 100;
@@ -1004,7 +1027,7 @@ TEST(SolverLiteral, OptimizerOnTheHostForTheStageThatNeedsIt) {
   Cluster c = Cluster::uniform(2, 1.0, -1, Link{}, Link{100, 0});
   CostModel m(prof, c);
   SolverOptions o = only("1f1b-keep");
-  o.budget = 350;
+  o.budget = 300;
   o.maxStages = 2;
   EXPECT_FALSE(solve(m, o).feasible);
   o.optimizerOffload = OptimizerOffload::PerStage;
@@ -1013,7 +1036,7 @@ TEST(SolverLiteral, OptimizerOnTheHostForTheStageThatNeedsIt) {
   ASSERT_EQ(r.best.stages.size(), 2u);
   EXPECT_FALSE(r.best.stages[0].optimizerOnHost);
   EXPECT_TRUE(r.best.stages[1].optimizerOnHost);
-  EXPECT_EQ(r.best.deviceMemory, (std::vector<std::int64_t>{180, 300}));
+  EXPECT_EQ(r.best.deviceMemory, (std::vector<std::int64_t>{120, 200}));
   EXPECT_EQ(r.best.hostBytes, 400);
   EXPECT_DOUBLE_EQ(r.best.stages[1].estimate.stepTime, 2);
   EXPECT_DOUBLE_EQ(r.best.stages[0].estimate.stepTime, 0);
@@ -1049,8 +1072,9 @@ namespace {
 // prefetched stashes (lookahead + 1 of the largest) and ONE segment's recomputed graph, not
 // the range's: 3 layers of W = G = 10, saved 100, input and output 5 per sample, one sample
 // per microbatch, M = 4, checkpoint-offload. Per segment B holds its graph 100, its output's
-// gradient 5, its weight gradients 10 and (after the first) its input's gradient 5: 120; the
-// range's states 3 x 20 = 60; 2 input stashes of 5: 60 + 10 + 120 = 190. No model output
+// gradient 5 and (after the first) its input's gradient 5: 110 (it adds its weight
+// gradients into .grad in place, Note [Gathered weight gradients]); the range's states
+// 3 x 20 = 60; 2 input stashes of 5: 60 + 10 + 110 = 180. No model output
 // waits there: the last segment's B recomputes it (Note [Recomputed last output]); under
 // offload 3 of them could (Note [Waiting messages], 3 of 5 at M = 4). The same layers as
 // one split stage recompute all three layers' graphs at once (300 of them).
@@ -1080,7 +1104,7 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
   evaluatePlan(m, plan);
   EXPECT_EQ(plan.stages[2].forwardDevice, 0);
   EXPECT_EQ(plan.stages[0].backwardDevice, 1);
-  EXPECT_EQ(plan.deviceMemory[1], 190);
+  EXPECT_EQ(plan.deviceMemory[1], 180);
   std::vector<StageEstimate> est;
   for (const StagePlan& st : plan.stages) est.push_back(st.estimate);
   EXPECT_EQ(decoupledRanges(m, plan.shape, est, {0, 1, 2, 3}).back().boundary.bytes, 0);

@@ -30,8 +30,8 @@
 //   residentStashedVersions, Note [Weight-version offload]) and, when PipeDream's copies
 //   move, c - 1 - floor(lookahead / 2) x W in the host pool (CostModel.cpp), their
 //   OFFW/PREW on the copy engine; grads G and optimizer state O on the backward
-//   device; stash = resident x stash bytes; working set = B's, with the gathered weight
-//   gradients (Note [Gathered weight gradients]), plus one recomputed graph while a
+//   device; stash = resident x stash bytes; working set = B's, in place or with the
+//   gathered weight gradients (Note [Gathered weight gradients]), plus one recomputed graph while a
 //   checkpointed B runs; a split stage's forward device: Note [Forward device memory].
 //   stash bytes: offload = saved bytes of the stage; keep = those plus the stage's output
 //   (the stash entry holds the graph root); checkpoint kinds = its input. Weights include
@@ -62,24 +62,35 @@
 // stage's stashes (sharedDeviceMemory; StageEstimate::stepWorkingBytes).
 //
 // Note [Gathered weight gradients]
-// The runtime's B does not accumulate into .grad layer by layer: it asks autograd for the
-// gradients of all the stage's parameters at once (torch::autograd::grad, Note [Weights,
-// versions and replicas] in PipelineEngine.cpp) and adds them to the master's .grad after
-// the whole backward. While B runs through layer l (last to first), the gradients of the
-// layers after l are therefore held as fresh tensors beside l's own working set (the
-// profiled working set, which includes l's own gradient). B's working set on the
-// backward device is
-//   max over l in [first, last) of  ws(l) x scale + G(l+1 .. last),
+// The runtime's B on the master's own weights accumulates each parameter's gradient into
+// its .grad as autograd makes it (Note [In-place weight gradients] in
+// src/runtime/StageCompute.cpp): a fresh gradient lives only inside the layer's own working
+// set, which the profiler measures so (planner/Profiler.cpp). B's working set is then
+//   max over l in [first, last) of  ws(l) x scale,  and at the end the input gradient
+// (stages after the first). gradientsInPlace() says which B's do: B on the master's
+// weights and without gradient buckets, i.e. no replicas, no weight copy (copies == 0 on a
+// stage that is not split), and on a split stage only pipefb-sync under a checkpoint kind
+// (B recomputes on the master; a kept or offloaded graph was built on the forward copy).
+// The others (PipeDream's copies, pipefb-async's versions and prediction, split kept
+// graphs, the B that fills gradient buckets, and the split backward kinds) ask autograd
+// for the gradients of all the stage's parameters at once (torch::autograd::grad) and add
+// them to the master's .grad after the whole backward. While B runs through layer l (last
+// to first), the gradients of the layers after l are therefore held as fresh tensors
+// beside l's own working set (which includes l's own gradients: the profile's
+// gatheredWorkingBytes, measured with autograd::grad). Their working set is
+//   max over l in [first, last) of  gws(l) x scale + G(l+1 .. last),
 //   and at the end  G(first .. last) + the input gradient (stages after the first).
-// (Measured: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set is 3.0.)
+// (Measured, gathered: 4.2 MB on VGG16/4 stage 0 of 2 where the largest layer working set
+// is 3.0. Charged gathered while the runtime ran in place, planner_fidelity's 1f1b stage 0
+// of VGG16 w=1/4 measured 19.54 MiB against 22.55 predicted, +15.4%.)
 //
 // Note [Backward layer by layer]
 // A fused B frees its stage's graph as it goes: autograd drops each node's saved tensors
 // once the node ran, so while B runs through layer l (last to first) only the saved
-// tensors of layers first .. l are live, beside l's working set and the gathered
-// gradients of the layers after it (Note [Gathered weight gradients]):
-//   max over l in [first, last) of  saved(first .. l+1) + ws(l) + G(l+1 .. last),
-//   and at the end  G(first .. last) + the input gradient,
+// tensors of layers first .. l are live, beside l's working set (and, when B gathers, the
+// gradients of the layers after it, Note [Gathered weight gradients]):
+//   max over l in [first, last) of  saved(first .. l+1) + ws(l) (+ G(l+1 .. last)),
+//   and at the end  the input gradient (+ G(first .. last)),
 // plus the gradient of the stage's output, held throughout. Keep and offload have the
 // whole graph in the stash B takes (Stash), so their working set is that less the graph;
 // a checkpointed B recomputes F first (Note [Forward peak]), so its working set is the
@@ -672,12 +683,17 @@ class CostModel {
   std::int64_t forwardWorking(int first, int last) const {
     return rangeMax(forwardWorkingMax_, first, last);
   }
-  /// B's working set of stage k = [first, last) at the shape's microbatch, with the
-  /// gathered weight gradients (Note [Gathered weight gradients]).
-  std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last) const;
+  /// Note [Gathered weight gradients]: whether B of stage k under `policy` accumulates its
+  /// weight gradients into .grad in place (else it gathers them).
+  static bool gradientsInPlace(const PipelineShape& shape, int k, StashPolicy policy);
+  /// B's working set of stage k = [first, last) at the shape's microbatch, in place or
+  /// with the gathered weight gradients (Note [Gathered weight gradients]).
+  std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last,
+                               bool inPlace) const;
   /// Note [Backward layer by layer]: the peak of a fused B of stage k = [first, last) with
   /// its own graph (saved tensors, or the recomputed ones) freed as B passes each layer.
-  std::int64_t backwardLayered(const PipelineShape& shape, int k, int first, int last) const;
+  std::int64_t backwardLayered(const PipelineShape& shape, int k, int first, int last,
+                               bool inPlace) const;
   double scale(const PipelineShape& shape) const;
 
  private:
@@ -704,10 +720,11 @@ class CostModel {
   }
   // Note [Gathered weight gradients]: per microbatch size, the range maxima of
   // scaled(ws(l)) - gradPrefix(l + 1) (gathered), and of that plus scaled(savedPrefix(l + 1))
-  // (layered, Note [Backward layer by layer]), built on first use (the planner is
-  // single-threaded today; the mutex keeps a shared model safe anyway).
+  // (layered, Note [Backward layer by layer]); in place, the same without the gradient
+  // prefix; built on first use (the planner is single-threaded today; the mutex keeps a
+  // shared model safe anyway).
   struct GatherTables {
-    SparseMax gathered, layered;
+    SparseMax gathered, layered, inPlace, inPlaceLayered;
   };
   struct GatherCache {
     std::mutex mu;

@@ -16,8 +16,8 @@ struct LayerCost {
   double backward = 0;   // B without recompute
   double recompute = 0;  // extra time of re-running F inside a checkpointed B
   double step = 0;       // optimizer step of this layer's parameters, per iteration
-  /// B of the first microbatch after an optimizer step, the way the runtime runs it:
-  /// zero the stale gradients, autograd::grad into fresh tensors, add them to .grad.
+  /// B of the first microbatch after an optimizer step, the way the runtime's B on the
+  /// master runs it: zero the stale gradients, then accumulate into .grad in place.
   /// Note [Backward after a step] in CostModel.h. 0 = not measured: use `backward`.
   double backwardAfterStep = 0;
   /// Copying the layer's parameters into fresh tensors (a PipeDream weight snapshot,
@@ -26,6 +26,10 @@ struct LayerCost {
   std::int64_t outputBytes = 0;   // the activation this layer hands to the next
   std::int64_t savedBytes = 0;    // what autograd keeps for B (the graph stash)
   std::int64_t workingBytes = 0;  // transient peak while F or B runs, beyond the stash
+  /// The same with B gathering the parameters' gradients (torch::autograd::grad: held as
+  /// fresh tensors until B ends, Note [Gathered weight gradients] in CostModel.h) instead
+  /// of adding each into .grad in place (workingBytes); -1 = not measured: use workingBytes.
+  std::int64_t gatheredWorkingBytes = -1;
   /// Transient peak while F alone runs (a split stage's forward device runs no B); -1 = not
   /// measured: use workingBytes.
   std::int64_t forwardWorkingBytes = -1;
