@@ -259,6 +259,20 @@ void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
   const ChanKey key{Chan::Weights, a.stage, a.index, dev.id};
   const bool local = isLocal(a.peer);
   std::vector<Tensor> w = local ? channels.take(key).tensors : receive(a.peer, key);
+  // Note [Forward device memory] (planner/CostModel.h): pipefb-async with a graph stash
+  // always builds a new copy and holds the old one until the next RecvWeights, so that F
+  // runs beside 2 W, as the plan charges, from the first RecvWeights on. Decided by the
+  // plan, not by whether a stash still used the copy (st.fwd.use_count(), timing: the
+  // forward device then peaked at 1 W or 2 W from one run of a plan to the next).
+  // The copy before the old one goes first: 2 W while the new one is built, never 3.
+  if (async && !st.recompute) {
+    st.previousFwd.reset();
+    ReplicaPtr next = makeReplica(pool, st.index, a.index + 1, w, st.fwd->buffers, *dev.domain,
+                                  MemoryCategory::Weights);
+    st.previousFwd = std::move(st.fwd);
+    st.fwd = std::move(next);
+    return;
+  }
   if (st.fwd.use_count() == 1) {  // into place, tensor by tensor
     st.fwd->version = a.index + 1;
     if (local && st.optimizerOnHost && !st.predict) {  // from the host master: H2D
