@@ -40,9 +40,10 @@
 // CostModel.h). Left, measured in the last runs (seed 0 / seed 1 instance numbers):
 //   - pipefb-async's weight snapshot (SyncWeights, held by the backward device until
 //     RecvWeights took it; 1 W charged): how many wait is timing. Above the plan: seed 1
-//     14, gpt2-tiny pipefb-async-keep S=3 M=1, the head's backward device +12.4% with 3 W
-//     of comm buffers at its peak (twice); 19, resnet50/8 checkpoint-offload, +14.6% (once
-//     in two runs). Below: seed 1 7, vgg16/8 pipefb-async-keep M=1, fc6..fc8's backward
+//     14, gpt2-tiny pipefb-async-keep S=3 M=1, the head's backward device +12.4% (twice)
+//     with 2 snapshots at its peak (comm buffers 2 W + the input gradient + the targets):
+//     SW(s,k+1) ran before RW(s,k), which the forward device runs right after SA(s,k+1);
+//     19, resnet50/8 checkpoint-offload, +14.6% (once in two runs). Below: seed 1 7, vgg16/8 pipefb-async-keep M=1, fc6..fc8's backward
 //     device -13.3%: it peaks in its STEP with no snapshot waiting (charged beside it).
 //     Seed 1 1 and 5 (alexnet/8 -15.9% in one run of two; vgg16/8 S=3 M=4 folded, the
 //     device of F0 and B2 -17%) are not looked at yet.
