@@ -18,8 +18,8 @@ struct TransferManager::Entry {
   // copy until its release point (holding: not released yet).
   bool holding = false;
   std::vector<at::Tensor> heldDevice;
-  std::vector<at::Tensor> host;       // after the offload, until the prefetch copied it
-  std::vector<at::Tensor> device;     // after the prefetch
+  std::vector<at::Tensor> host;    // after the offload, until the prefetch copied it
+  std::vector<at::Tensor> device;  // after the prefetch
   // Note [Planned prefetch destinations]: where the prefetch copies to, allocated when
   // it was issued (or at the device's next acquire), until the copy takes them.
   int offloadDevice = -1, prefetchDevice = -1, epoch = 0;

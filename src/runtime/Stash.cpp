@@ -88,9 +88,7 @@ void PipelineEngine::Impl::planHeldOffloads() {
 // first acquire of iteration k + 1, not when issued (bound at once, vgg16/8
 // pipefb-sync-keep M=1 held the next iteration's stash beside B, 13% above the plan).
 // Asynchronous schedules have no flush: their epoch is always 0.
-int PipelineEngine::Impl::prefetchEpoch(int microbatch) const {
-  return async ? 0 : microbatch / M;
-}
+int PipelineEngine::Impl::prefetchEpoch(int microbatch) const { return async ? 0 : microbatch / M; }
 
 void PipelineEngine::Impl::planLaterPrefetches() {
   if (async) return;

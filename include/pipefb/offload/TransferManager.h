@@ -71,12 +71,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <condition_variable>
-#include <limits>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -205,8 +205,8 @@ class TransferManager {
   void runPrefetch(int device, TransferKey key, std::shared_ptr<Entry> e,
                    memory::MemoryDomain* target, MemoryCategory category);
   /// Note [Planned prefetch destinations]: allocates the destinations of `device`'s
-  /// prefetches of epochs up to `epoch` whose stage layout is known and that have none yet; under mu_, on the
-  /// thread that issues or acquires them.
+  /// prefetches of epochs up to `epoch` whose stage layout is known and that have none
+  /// yet; under mu_, on the thread that issues or acquires them.
   void bindDestinations(int device, int epoch);
   // The layout of each (kind, stage): meta tensors of its offload's sizes and dtypes
   // (undefined where the offload had an undefined tensor).
