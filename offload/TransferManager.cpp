@@ -18,8 +18,15 @@ struct TransferManager::Entry {
   // copy until its release point (holding: not released yet).
   bool holding = false;
   std::vector<at::Tensor> heldDevice;
-  std::vector<at::Tensor> host;       // after the offload, until the prefetch copied it
-  std::vector<at::Tensor> device;     // after the prefetch
+  std::vector<at::Tensor> host;    // after the offload, until the prefetch copied it
+  std::vector<at::Tensor> device;  // after the prefetch
+  // Note [Planned prefetch destinations]: where the prefetch copies to, allocated when
+  // it was issued (or at the device's next acquire), until the copy takes them.
+  int offloadDevice = -1, prefetchDevice = -1, epoch = 0;
+  memory::MemoryDomain* target = nullptr;
+  MemoryCategory category = MemoryCategory::Stash;
+  bool copyStarted = false;
+  std::vector<at::Tensor> destination;
   std::shared_ptr<CopyFence> copied;  // after the prefetch's copies (Note [Copy backends])
   std::exception_ptr error;
 };
@@ -77,7 +84,15 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
     PIPEFB_ASSERT(!e->offloadIssued, "stash (" << key.kind << "," << key.stage << "," << key.index
                                                << ") offloaded twice");
     e->offloadIssued = true;
+    e->offloadDevice = device;
     ++queued_;
+    // Note [Planned prefetch destinations]: the stage's layout, for prefetches to come.
+    auto& layout = layouts_[{key.kind, key.stage}];
+    if (layout.empty()) {
+      for (const auto& t : tensors)
+        layout.push_back(t.defined() ? at::empty(t.sizes(), t.options().device(at::kMeta))
+                                     : at::Tensor());
+    }
     // Note [Held offload copies]: this OFF is the release point of the held copies more
     // than maxOffloadsInFlight - 1 OFFs back (their copies are done: the wait above).
     auto& q = held_[device];
@@ -137,7 +152,7 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
 }
 
 void TransferManager::prefetch(int device, TransferKey key, memory::MemoryDomain& target,
-                               MemoryCategory category) {
+                               MemoryCategory category, int epoch, bool bindNow) {
   PIPEFB_ASSERT(device >= 0 && device < numDevices(), "prefetch on unknown device " << device);
   std::shared_ptr<Entry> e;
   {
@@ -147,16 +162,25 @@ void TransferManager::prefetch(int device, TransferKey key, memory::MemoryDomain
     e = slot;
     if (e->prefetchIssued) return;
     e->prefetchIssued = true;
+    e->prefetchDevice = device;
+    e->epoch = epoch;
+    e->target = &target;
+    e->category = category;
     ++queued_;
   }
   memory::MemoryDomain* t = &target;
   engines_[device]->submit(
       [this, device, key, e, t, category] { runPrefetch(device, key, e, t, category); });
+  // Note [Planned prefetch destinations]: after the submit, so that an out-of-memory
+  // error here leaves no job uncounted (a copy that started first allocates them itself).
+  if (!bindNow) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  bindDestinations(device, epoch);
 }
 
 void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<Entry> e,
                                   memory::MemoryDomain* target, MemoryCategory category) {
-  std::vector<at::Tensor> host;
+  std::vector<at::Tensor> host, planned;
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -172,6 +196,8 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
     }
     host = std::move(e->host);
     error = e->error;
+    e->copyStarted = true;
+    planned = std::move(e->destination);
   }
   const int64_t start = memory::nowNs();
   std::vector<at::Tensor> dev;
@@ -179,12 +205,16 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
   if (!error) {
     try {
       memory::MemoryScope scope(*target, category);
-      for (const auto& h : host) {
+      for (size_t i = 0; i < host.size(); ++i) {
+        const at::Tensor& h = host[i];
         if (!h.defined()) {
           dev.emplace_back();
           continue;
         }
-        at::Tensor d = backend_->emptyLike(h, *target);
+        // Note [Planned prefetch destinations]: into the planned tensors when they fit.
+        const bool fits = i < planned.size() && planned[i].defined() &&
+                          planned[i].sizes() == h.sizes() && planned[i].dtype() == h.dtype();
+        at::Tensor d = fits ? std::move(planned[i]) : backend_->emptyLike(h, *target);
         d.copy_(h, backend_->asyncCopies());
         bytes += static_cast<int64_t>(h.numel()) * h.element_size();
         dev.push_back(std::move(d));
@@ -196,6 +226,7 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
     }
   }
   host.clear();  // back to the pool
+  planned.clear();
   const int64_t end = memory::nowNs();
   std::shared_ptr<CopyFence> copied = error ? nullptr : backend_->fence();
   {
@@ -216,8 +247,8 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
 
 std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
                                                  memory::MemoryDomain& target,
-                                                 MemoryCategory category) {
-  prefetch(device, key, target, category);
+                                                 MemoryCategory category, int epoch) {
+  prefetch(device, key, target, category, epoch, /*bindNow=*/false);
   std::shared_ptr<Entry> e;
   const int64_t start = memory::nowNs();
   std::unique_lock<std::mutex> lock(mu_);
@@ -225,6 +256,7 @@ std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
   PIPEFB_ASSERT(it != entries_.end(),
                 "stash (" << key.kind << "," << key.stage << "," << key.index << ") is not known");
   e = it->second;
+  bindDestinations(device, epoch);  // Note [Planned prefetch destinations]
   cv_.wait(lock, [&] { return e->ready || closed_; });
   counters_[device].stallSeconds += (memory::nowNs() - start) * 1e-9;
   if (!e->ready) throw TransferCancelled();
@@ -254,6 +286,24 @@ void TransferManager::drop(TransferKey key) {
   cv_.notify_all();
   e->host.clear();  // NOLINT: nobody else reads a dropped entry's tensors
   e->device.clear();
+  e->destination.clear();
+}
+
+void TransferManager::bindDestinations(int device, int epoch) {
+  for (auto& [key, e] : entries_) {
+    if (e->prefetchDevice != device || e->epoch > epoch || e->copyStarted || e->ready ||
+        e->dropped || !e->destination.empty())
+      continue;
+    // The device's own offload of this key still holds its device copy: the prefetch
+    // follows it on the same copy engine and allocates once it is done.
+    if (e->offloadDevice == device && !e->offloaded) continue;
+    auto layout = layouts_.find({key.kind, key.stage});
+    if (layout == layouts_.end()) continue;
+    memory::MemoryScope scope(*e->target, e->category);
+    for (const auto& like : layout->second)
+      e->destination.push_back(like.defined() ? backend_->emptyLike(like, *e->target)
+                                              : at::Tensor());
+  }
 }
 
 std::shared_future<void> TransferManager::copyInPlace(int device, TransferKey key,

@@ -713,11 +713,14 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
     // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
     // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.
-    w(e.backwardMemory, MemoryCategory::WeightVersions, deviceCopies * W);
+    // Under a checkpoint kind, pipefb-async's weight prediction is that version and sends
+    // the next one by reference (Note [Forward device memory]): no snapshot beside it.
+    const bool async = shape.kind == ScheduleKind::PipeFbAsync;
+    w(e.backwardMemory, MemoryCategory::WeightVersions, (deviceCopies + (async && ckpt)) * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,
-      (shape.kind == ScheduleKind::PipeFbAsync ? W : 0) +  // SyncWeights' snapshot
+      (async && !ckpt ? W : 0) +          // SyncWeights' snapshot
           (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
           targetsFed + gradsWaiting);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);

@@ -53,6 +53,9 @@ struct ChanKey {
 struct Message {
   std::vector<torch::Tensor> tensors;
   std::shared_ptr<StashEntry> stash;
+  // What `tensors` belong to, held until the receiver is done with them (a weight
+  // prediction sent by reference, Note [Weight syncs]).
+  std::shared_ptr<void> owner;
 };
 
 // In-process mailboxes. A receive blocks until its message is there, or throws

@@ -63,6 +63,9 @@ struct DeviceState {
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
   std::set<Key> heldOffloads;  // Note [Held offloads] (Stash.cpp)
+  // Note [Prefetches across a flush] (Stash.cpp): PREs issued before the device's last
+  // compute of the previous iteration.
+  std::set<Key> laterPrefetches;
   // Note [Split backward in the runtime]: what W(s,m) needs from I(s,m).
   struct PendingW {
     DeferredWeightGrad grad;
@@ -90,6 +93,9 @@ struct StageState {
   bool keepsOutput = true;
   ReplicaPtr master;  // on bDev
   ReplicaPtr fwd;     // split: the forward copy on fDev
+  // Note [Forward device memory] (planner/CostModel.h): pipefb-async with a graph stash
+  // holds the copy before fwd until the next RecvWeights (execRecvWeights).
+  ReplicaPtr previousFwd;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   bool gradsStale = false;  // a STEP ran since the last backward: zero before accumulating
   int masterVersion = 0;
@@ -209,6 +215,8 @@ struct PipelineEngine::Impl {
   void buildStage(int s);
   void planProgress();
   void planHeldOffloads();
+  void planLaterPrefetches();  // Note [Prefetches across a flush] (Stash.cpp)
+  int prefetchEpoch(int microbatch) const;
   void precomputeVersions(StageState& st);
   int iterationOf(const Action& a) const;
 

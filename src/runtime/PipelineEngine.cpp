@@ -107,6 +107,7 @@ void PipelineEngine::Impl::build() {
   for (int s = 0; s < S; ++s) buildStage(s);
   planProgress();
   planHeldOffloads();
+  planLaterPrefetches();
   t0 = memory::nowNs();
   for (int d = 0; d < D; ++d)
     if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });

@@ -40,7 +40,9 @@ StashPtr PipelineEngine::Impl::takeStash(DeviceState& dev, int stage, int mb) {
 
 void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
   if (!e.onHost) return;
-  auto tensors = transfers->acquire(dev.id, {0, e.stage, e.index}, *dev.domain);
+  // Note [Prefetches across a flush]: the destinations of this iteration's prefetches.
+  auto tensors = transfers->acquire(dev.id, {0, e.stage, e.index}, *dev.domain,
+                                    MemoryCategory::Stash, prefetchEpoch(e.index));
   if (e.saved)
     e.saved->restore(std::move(tensors));
   else
@@ -72,6 +74,37 @@ void PipelineEngine::Impl::planHeldOffloads() {
             dev.heldOffloads.insert({a.stage, a.index});
           break;
         }
+      }
+    }
+  }
+}
+
+// Note [Prefetches across a flush]
+// A prefetch's device tensors are allocated when the plan issues it (Note [Planned
+// prefetch destinations], TransferManager.h). A flushing schedule may issue the first PREs
+// of iteration k + 1 before the last Bs of iteration k (lookahead counts compute actions,
+// the flush included), while the memory contract counts the stashes in flight within an
+// iteration (min(n, lookahead + 1) near B). Those PREs get their tensors at the device's
+// first acquire of iteration k + 1, not when issued (bound at once, vgg16/8
+// pipefb-sync-keep M=1 held the next iteration's stash beside B, 13% above the plan).
+// Asynchronous schedules have no flush: their epoch is always 0.
+int PipelineEngine::Impl::prefetchEpoch(int microbatch) const { return async ? 0 : microbatch / M; }
+
+void PipelineEngine::Impl::planLaterPrefetches() {
+  if (async) return;
+  for (DeviceState& dev : devices) {
+    if (!isLocal(dev.id)) continue;
+    const auto& list = plan.schedule.devices[dev.id];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (a.type != ActionType::Prefetch || a.stash == StashKind::Weights) continue;
+      for (size_t j = i + 1; j < list.size(); ++j) {
+        const Action& b = list[j];
+        const bool compute = b.type == ActionType::Forward || b.type == ActionType::Backward ||
+                             b.type == ActionType::InputGrad || b.type == ActionType::WeightGrad;
+        if (!compute) continue;
+        if (iterationOf(b) < iterationOf(a)) dev.laterPrefetches.insert({a.stage, a.index});
+        break;
       }
     }
   }
@@ -122,7 +155,9 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
   // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
   // offloaded (keep handed over on a split stage without saved tensors) has no copy.
   if (stages[a.stage].recompute || stages[a.stage].offloadSaved)
-    transfers->prefetch(dev.id, {0, a.stage, a.index}, *dev.domain);
+    transfers->prefetch(dev.id, {0, a.stage, a.index}, *dev.domain, MemoryCategory::Stash,
+                        prefetchEpoch(a.index),
+                        /*bindNow=*/!dev.laterPrefetches.count({a.stage, a.index}));
 }
 
 void PipelineEngine::Impl::execDrop(DeviceState& dev, const Action& a) {

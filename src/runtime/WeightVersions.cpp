@@ -246,6 +246,16 @@ void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
   Message m;
   if (!async) {
     m.tensors = w;
+  } else if (st.predict && st.recompute) {
+    // Under a checkpoint kind, the prediction itself, by reference: it is also the version
+    // the coming backwards recompute with (keepVersionsBeforeStep keeps it and makes the
+    // next prediction in a new replica, as it does while this message holds it: no STEP
+    // writes into it before RecvWeights copied it). A snapshot of it was a third copy
+    // beside the version and the next prediction (resnet50/8 pipefb-async-checkpoint
+    // went out of memory holding all three; PlanRunsTest seed 1). Not for the graph
+    // kinds, which keep no version: the prediction is reused in place at the next STEP.
+    m.tensors = w;
+    m.owner = st.predicted;
   } else {
     memory::MemoryScope scope(fromHost ? *host : *dev.domain, MemoryCategory::CommBuffers);
     torch::NoGradGuard noGrad;
@@ -258,7 +268,22 @@ void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
   const ChanKey key{Chan::Weights, a.stage, a.index, dev.id};
   const bool local = isLocal(a.peer);
-  std::vector<Tensor> w = local ? channels.take(key).tensors : receive(a.peer, key);
+  Message m = local ? channels.take(key) : Message{receive(a.peer, key), nullptr, nullptr};
+  std::vector<Tensor> w = std::move(m.tensors);  // m.owner: held until the copy is done
+  // Note [Forward device memory] (planner/CostModel.h): pipefb-async with a graph stash
+  // always builds a new copy and holds the old one until the next RecvWeights, so that F
+  // runs beside 2 W, as the plan charges, from the first RecvWeights on. Decided by the
+  // plan, not by whether a stash still used the copy (st.fwd.use_count(), timing: the
+  // forward device then peaked at 1 W or 2 W from one run of a plan to the next).
+  // The copy before the old one goes first: 2 W while the new one is built, never 3.
+  if (async && !st.recompute) {
+    st.previousFwd.reset();
+    ReplicaPtr next = makeReplica(pool, st.index, a.index + 1, w, st.fwd->buffers, *dev.domain,
+                                  MemoryCategory::Weights);
+    st.previousFwd = std::move(st.fwd);
+    st.fwd = std::move(next);
+    return;
+  }
   if (st.fwd.use_count() == 1) {  // into place, tensor by tensor
     st.fwd->version = a.index + 1;
     if (local && st.optimizerOnHost && !st.predict) {  // from the host master: H2D

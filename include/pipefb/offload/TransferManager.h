@@ -20,6 +20,23 @@
 // compute actions ahead, plus the one B consumes). This is what the planner's cost
 // model assumes (Note [Planner cost model], CostModel.h).
 //
+// Note [Planned prefetch destinations]
+// A prefetch's device tensors are allocated on the issuing thread when the plan issues
+// it (PRE), not when the copy engine gets to it: from then on the device holds them, as
+// the plan charges, whatever the copies' timing. Their sizes are the stage's layout,
+// learnt at its first offload (every microbatch's stash, every weight version of a stage
+// has the same one). A PRE issued before any offload of its stage (another device's OFF
+// that has not run yet) gets them at the device's next acquire, at the latest the B that
+// needs the first of them: B(s,m) acquires after OFF(s,m) was issued. So every B runs
+// beside exactly the prefetches issued before it. Not while the same device's offload of
+// that key is still copying (a same-device stage's PRE right after its OFF): that device
+// copy is the stash itself, and the prefetch, queued behind the offload on the same copy
+// engine, allocates when it runs (bound early, 1f1b-offload M=1 held the stash twice,
+// +24% above the plan). Allocated by the copy engine instead,
+// a split stage's backward device held 1 of the lookahead + 1 charged stashes at B or 2,
+// depending on whether the next stash's copy landed before B peaked (PlanRunsTest:
+// pipefb-async offload/keep 13% to 28% below the plan on backward devices).
+//
 // Note [Release as copied]
 // An offload job copies its tensors one after the other and drops each device tensor as
 // soon as its own copy is done, not all of them at the end of the job: the device's
@@ -59,6 +76,7 @@
 #include <exception>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -136,13 +154,18 @@ class TransferManager {
   /// releasing each as copied (Note [Held offload copies]).
   void offload(int device, TransferKey key, std::vector<at::Tensor> tensors,
                MemoryCategory hostCategory = MemoryCategory::Stash, bool hold = false);
-  /// Idempotent per key until acquire().
+  /// Idempotent per key until acquire(). Note [Planned prefetch destinations]: its device
+  /// tensors are allocated now (bindNow) or by the first acquire() on `device` of an
+  /// epoch >= `epoch`, whichever comes first once the stage's layout is known.
   void prefetch(int device, TransferKey key, memory::MemoryDomain& target,
-                MemoryCategory category = MemoryCategory::Stash);
+                MemoryCategory category = MemoryCategory::Stash, int epoch = 0,
+                bool bindNow = true);
   /// Blocks until the tensors are in `target`; rethrows the copy's error (e.g. an
-  /// OutOfMemoryError of the host pool or the device). Forgets the key.
+  /// OutOfMemoryError of the host pool or the device). Forgets the key. First allocates
+  /// the destinations of `device`'s prefetches up to `epoch`.
   std::vector<at::Tensor> acquire(int device, TransferKey key, memory::MemoryDomain& target,
-                                  MemoryCategory category = MemoryCategory::Stash);
+                                  MemoryCategory category = MemoryCategory::Stash,
+                                  int epoch = std::numeric_limits<int>::max());
   /// Forgets the key (its copies finish and are freed).
   void drop(TransferKey key);
   /// Copies src[i] into dst[i] (same sizes, both already allocated: no buffer is made on
@@ -181,6 +204,13 @@ class TransferManager {
   struct Entry;
   void runPrefetch(int device, TransferKey key, std::shared_ptr<Entry> e,
                    memory::MemoryDomain* target, MemoryCategory category);
+  /// Note [Planned prefetch destinations]: allocates the destinations of `device`'s
+  /// prefetches of epochs up to `epoch` whose stage layout is known and that have none
+  /// yet; under mu_, on the thread that issues or acquires them.
+  void bindDestinations(int device, int epoch);
+  // The layout of each (kind, stage): meta tensors of its offload's sizes and dtypes
+  // (undefined where the offload had an undefined tensor).
+  std::map<std::pair<int, int>, std::vector<at::Tensor>> layouts_;
   void finishJob();
 
   std::shared_ptr<CopyBackend> backend_;

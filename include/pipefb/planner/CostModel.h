@@ -120,6 +120,13 @@
 // copy or not: charged as its weight copies on both kinds of stash (charged only on the
 // forward device with a graph stash, resnet50/8 pipefb-async-keep's last backward device
 // went out of memory by 56-120 KiB holding that version and the snapshot; PlanRunsTest).
+// Under a checkpoint kind with weight prediction (Note [Weight prediction] in
+// runtime/WeightVersions.h, on by default) the version kept is the prediction the
+// forwards ran on, and the STEP makes the next prediction beside it, which SyncWeights
+// sends by reference: 2 W of weight versions and no snapshot (it sent a snapshot, a
+// third copy: resnet50/8 pipefb-async-checkpoint S=3 M=1 went out of memory at its
+// smallest budget; PlanRunsTest seed 1). Without prediction (pipeline.weight_prediction:
+// none) it is the version and a snapshot of the master: the same bytes.
 //
 // Note [Forward peak]
 // F builds its stash layer by layer, so one microbatch's F peaks, over its layers l, at
