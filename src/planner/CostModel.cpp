@@ -433,8 +433,8 @@ const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shap
                grad_[l + 1];
       layered[l] = key[l] + scaled(saved_[l + 1], f);
     }
-    GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered)),
-                   buildMax(std::move(own)), buildMax(std::move(ownLayered))};
+    GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered)), buildMax(std::move(own)),
+                   buildMax(std::move(ownLayered))};
     it = gather_->tables.emplace(shape.microbatchSize, std::move(t)).first;
   }
   return it->second;  // std::map nodes are stable
@@ -456,8 +456,8 @@ std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int f
   const GatherTables& t = gatherTables(shape);
   const std::int64_t during =
       inPlace ? rangeMax(t.inPlace, first, last) : grad_[last] + rangeMax(t.gathered, first, last);
-  const std::int64_t atEnd = (inPlace ? 0 : range(grad_, first, last)) +
-                             (k > 0 ? scaled(inputBytes(first), f) : 0);
+  const std::int64_t atEnd =
+      (inPlace ? 0 : range(grad_, first, last)) + (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);
 }
 
@@ -465,12 +465,11 @@ std::int64_t CostModel::backwardLayered(const PipelineShape& shape, int k, int f
                                         bool inPlace) const {
   const double f = scale(shape);
   const GatherTables& t = gatherTables(shape);
-  const std::int64_t during =
-      (inPlace ? rangeMax(t.inPlaceLayered, first, last)
-               : grad_[last] + rangeMax(t.layered, first, last)) -
-      scaled(saved_[first], f);
-  const std::int64_t atEnd = (inPlace ? 0 : range(grad_, first, last)) +
-                             (k > 0 ? scaled(inputBytes(first), f) : 0);
+  const std::int64_t during = (inPlace ? rangeMax(t.inPlaceLayered, first, last)
+                                       : grad_[last] + rangeMax(t.layered, first, last)) -
+                              scaled(saved_[first], f);
+  const std::int64_t atEnd =
+      (inPlace ? 0 : range(grad_, first, last)) + (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);
 }
 
@@ -510,7 +509,7 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
 }
 
 CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int k, int first,
-                                               int last, bool outputTravels) const {
+                                                int last, bool outputTravels) const {
   WaitingBytes out;
   if (shape.decoupled()) return out;  // Note [Decoupled devices]
   const double f = scale(shape);

@@ -15,9 +15,9 @@ namespace pipefb::planner {
 // Note [Profile method]: what the profiler measures changes now and then (the loss in the
 // last layer's working set, B's fresh parameter gradients, B accumulating them into .grad
 // in place as the runtime's B on the master does, and gathered beside, since method 3); a
-// profile cached by an older pipefb_profile would then plan on other numbers. The method's number is part of the
-// cache key, so a cached profile of an older method is measured again. Raise it whenever
-// measureProfile changes what a field holds.
+// profile cached by an older pipefb_profile would then plan on other numbers. The method's number
+// is part of the cache key, so a cached profile of an older method is measured again. Raise it
+// whenever measureProfile changes what a field holds.
 constexpr int kProfileMethod = 3;
 
 std::string profileKey(const Profile& p) {

@@ -203,8 +203,7 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
         // makes it, so the fresh gradient is part of this transient only until then. A
         // B that gathers holds the later layers' gradients beside it: the cost model adds
         // those from gradBytes.
-        torch::autograd::backward({y}, {g}, /*retain_graph=*/false, /*create_graph=*/false,
-                                  wrt);
+        torch::autograd::backward({y}, {g}, /*retain_graph=*/false, /*create_graph=*/false, wrt);
       }
       const std::int64_t peakB = dom.peakBytes();
       if (s.defined()) s.mutable_grad() = torch::Tensor();
@@ -224,8 +223,7 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
         auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
                                           /*create_graph=*/false, /*allow_unused=*/true);
       }
-      c.gatheredWorkingBytes =
-          std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
+      c.gatheredWorkingBytes = std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
     }
     // F without autograd (Note [Forward without autograd] in CostModel.h): input, output
     // and temporaries, nothing saved. BatchNorm's statistics are put back afterwards.
