@@ -653,9 +653,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const std::int64_t whole =
         std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last, inPlace)) +
         (ckpt ? graph : 0) + output;
-    // Checkpointed: the recomputed output, and F's, which the loss reads (dev.acts), unless
-    // F ran on another device and sent it nowhere (Note [Recomputed last output]).
-    const int outputs = k == S - 1 && split && !outputTravels ? 1 : 2;
+    // Checkpointed: the recomputed output, and before the last stage F's as well; the last
+    // stage's loss reads the recomputed one, and its F keeps none (Note [Recomputed last
+    // output]).
+    const int outputs = k == S - 1 ? 1 : 2;
     return std::max(whole, ckpt ? graph + outputs * output + loss : loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.

@@ -165,7 +165,9 @@ void PipelineEngine::Impl::buildStage(int s) {
   st.recompute = schedules::isCheckpoint(planned.stash);
   st.offloadSaved = planned.effectiveStash() == schedules::StashPolicy::Offload;
   st.offloadWeights = pipeline.offloadWeights && schedules::isOffloaded(planned.effectiveStash());
-  st.keepsOutput = s + 1 < S || !st.split;
+  // Note [Recomputed last output]: the last stage keeps F's output for the loss only when
+  // its B does not recompute it (a split one only when it is sent to the backward device).
+  st.keepsOutput = s + 1 < S || (!st.split && !st.recompute);
   for (const Action& a : plan.schedule.devices.at(st.fDev))
     st.keepsOutput = st.keepsOutput || (a.type == ActionType::SendAct && a.stage == s);
   auto master = std::make_shared<Replica>();
