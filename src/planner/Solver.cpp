@@ -339,6 +339,21 @@ struct FoldEntry {
   int polL = -1, polR = -1;  // indices into the pair's policy list (polL: middle stage)
 };
 
+// One DP step of the paired searches (folded and shared devices): every entry of the
+// previous cell `prev` (left at (i, j)) extended by a pair of stages with policies (a, b)
+// whose device term is `term` and whose host bytes are `host`; each extension within the
+// host limit (pareto) and below `cap` goes to `keep`.
+template <class Keep>
+void extendPair(const std::vector<FoldEntry>& prev, double term, std::int64_t host, int i, int j,
+                int a, int b, double cap, bool pareto, std::int64_t hostLimit, Keep&& keep) {
+  for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
+    FoldEntry n{std::max(prev[idx].score, term), prev[idx].host + host, i, j, idx, a, b};
+    if (pareto && n.host > hostLimit) continue;
+    if (n.score >= cap) continue;
+    keep(n);
+  }
+}
+
 std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape& shape,
                                      const std::vector<StashPolicy>& policiesIn,
                                      const std::vector<std::int64_t>& limits,
@@ -434,18 +449,8 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
                                      foldedDeviceTime(eR, eL)})
                          : double(std::max(memP, memQ));
                 if (term >= cap) continue;
-                for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
-                  FoldEntry n{std::max(prev[idx].score, term),
-                              prev[idx].host + eL.hostBytes + eR.hostBytes,
-                              i,
-                              j,
-                              idx,
-                              a,
-                              b};
-                  if (pareto && n.host > hostLimit) continue;
-                  if (n.score >= cap) continue;
-                  next[i2 * W + j2].push_back(n);
-                }
+                extendPair(prev, term, eL.hostBytes + eR.hostBytes, i, j, a, b, cap, pareto,
+                           hostLimit, [&](const FoldEntry& n) { next[i2 * W + j2].push_back(n); });
               }
             }
           }
@@ -662,30 +667,23 @@ std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape
                   if (limits[dev] >= 0 && mem > limits[dev]) continue;
                   const double term = time ? t : double(mem);
                   if (term >= cap) continue;
-                  for (int idx = 0; idx < static_cast<int>(prev.size()); ++idx) {
-                    FoldEntry n{std::max(prev[idx].score, term),
-                                prev[idx].host + eL.hostBytes + eR.hostBytes,
-                                i,
-                                j,
-                                idx,
-                                a,
-                                b};
-                    if (pareto && n.host > hostLimit) continue;
-                    if (n.score >= cap) continue;
-                    // The cell's Pareto front of (score, host bytes), kept as it grows
-                    // (without a host budget: its best entry; the first wins ties).
-                    std::vector<FoldEntry>& cell = next[i2 * W + j2];
-                    auto covers = [&](const FoldEntry& x, const FoldEntry& y) {
-                      return x.score <= y.score && (!pareto || x.host <= y.host);
-                    };
-                    if (std::any_of(cell.begin(), cell.end(),
-                                    [&](const FoldEntry& e) { return covers(e, n); }))
-                      continue;
-                    cell.erase(std::remove_if(cell.begin(), cell.end(),
-                                              [&](const FoldEntry& e) { return covers(n, e); }),
-                               cell.end());
-                    cell.push_back(n);
-                  }
+                  // The cell's Pareto front of (score, host bytes), kept as it grows
+                  // (without a host budget: its best entry; the first wins ties).
+                  std::vector<FoldEntry>& cell = next[i2 * W + j2];
+                  auto covers = [&](const FoldEntry& x, const FoldEntry& y) {
+                    return x.score <= y.score && (!pareto || x.host <= y.host);
+                  };
+                  extendPair(prev, term, eL.hostBytes + eR.hostBytes, i, j, a, b, cap, pareto,
+                             hostLimit, [&](const FoldEntry& n) {
+                               if (std::any_of(cell.begin(), cell.end(),
+                                               [&](const FoldEntry& e) { return covers(e, n); }))
+                                 return;
+                               cell.erase(
+                                   std::remove_if(cell.begin(), cell.end(),
+                                                  [&](const FoldEntry& e) { return covers(n, e); }),
+                                   cell.end());
+                               cell.push_back(n);
+                             });
                 }
               }
             }
