@@ -12,18 +12,27 @@
 #    logs/ (every program's output), plans/ (the plan files).
 #
 #   experiments/pipefb_memory_measured.sh        (~1.5 minutes loaded)
+# The issue's own scale, ResNet50 at 224 px and full width (about 25 minutes, results in
+# results/pipefb_memory_measured_224/):
+#   WIDTH=1 SIZE=224 CLASSES=1000 experiments/pipefb_memory_measured.sh
+# PROFILE_FROM=FILE reuses a profile measured before with the same settings.
 source "$(dirname "$0")/lib.sh"
+WIDTH=${WIDTH:-0.125}
+SIZE=${SIZE:-64}
+CLASSES=${CLASSES:-10}
 FAMILIES=${FAMILIES:-pipefb-sync pipefb-async pipefb-sync-keep pipefb-sync-checkpoint pipefb-async-keep pipefb-async-checkpoint 1f1b-keep 1f1b gpipe pipedream}
 need pipefb_plan pipefb_profile pipefb_train
-start_results pipefb_memory_measured
+if [[ $WIDTH == 0.125 && $SIZE == 64 ]]; then start_results pipefb_memory_measured
+else start_results "pipefb_memory_measured_$SIZE"; fi
 mkdir -p "$OUT/logs" "$OUT/plans" "$OUT/runs"
-S="--config $ROOT/configs/resnet50.yaml --set model.width=0.125 --set model.input_size=64
- --set model.channels=3 --set training.batch=32 --set pipeline.microbatches=4
+S="--config $ROOT/configs/resnet50.yaml --set model.width=$WIDTH --set model.input_size=$SIZE
+ --set model.channels=3 --set model.num_classes=$CLASSES --set training.batch=32 --set pipeline.microbatches=4
  --set devices.count=4 --set pipeline.schedule=pipefb-sync --set data.name=synthetic
  --set data.synthetic_train=64 --set data.synthetic_test=32"
 RUN="--set training.iterations=3 --set training.eval=false --set training.checkpoint=false"
 PROFILE=$OUT/profile.yaml
-$NICE "$BUILD/pipefb_profile" $S --out "$PROFILE" >"$OUT/logs/profile.txt" 2>&1
+if [[ -n ${PROFILE_FROM:-} ]]; then cp "$PROFILE_FROM" "$PROFILE"
+else $NICE "$BUILD/pipefb_profile" $S --out "$PROFILE" >"$OUT/logs/profile.txt" 2>&1; fi
 
 echo "family,device,predicted_bytes,measured_bytes,error_pct" >"$OUT/devices.csv"
 echo "family,smallest_budget_bytes,placement,runs_at_budget,needed_bytes,max_measured_bytes" \

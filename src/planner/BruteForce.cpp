@@ -124,12 +124,12 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
             sh.corePace = model.corePace(sh);
             sh.fill = model.fill(sh);
             for (const auto& choice : decoupledChoices(model, sh, fam.policies)) {
-              // Named copies: C++17 lambdas cannot capture structured bindings (clang).
-              const auto policy = choice.first;
-              const bool host = choice.second;
+              const auto policy = choice.policy;
+              const bool host = choice.optimizerOnHost;
               for (const auto& fc : fparts)
                 for (const auto& bc : bparts) {
                   PipelineShape s2 = stageShape(sh, host);
+                  s2.lookahead = choice.lookahead;
                   s2.forwardRange.assign(L, 0);
                   s2.backwardRange.assign(L, 0);
                   for (int a = 0; a < Df; ++a)

@@ -671,6 +671,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.backwardCompute = e.backwardTime + stepPerMb;
     e.forwardCopy = off ? fdev.host.time(e.stashBytes) : 0;
     e.backwardCopy = off ? bdev.host.time(e.stashBytes) : 0;
+    if (shape.lookahead == 0) {  // Note [Prefetch distance zero]
+      e.backwardCompute += e.backwardCopy;
+      e.backwardCopy = 0;
+    }
     struct {
       double t;
       Resource r;

@@ -266,6 +266,9 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
     o << "Every segment uses " << schedules::toString(s.estimate.effective)
       << (s.optimizerOnHost ? ", with its optimizer state and master weights in the host pool" : "")
       << " (a decoupled plan takes one policy and one optimizer placement for all).\n";
+    if (sh.lookahead == 0 && schedules::isOffloaded(s.estimate.effective))
+      o << "Lookahead 0: each B's stash is prefetched right before it, so a backward device "
+           "holds one and B waits for its copy (Note [Prefetch distance zero]).\n";
   }
   for (size_t k = 0; k < plan.stages.size() && !sh.decoupled(); ++k) {
     const StagePlan& s = plan.stages[k];

@@ -1119,17 +1119,21 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
 // ---------------------------------------------------------------------------------------
 // Decoupled partitions (Note [Decoupled search] in Solver.h)
 
-std::vector<std::pair<StashPolicy, bool>> decoupledChoices(
-    const CostModel& model, const PipelineShape& shape, const std::vector<StashPolicy>& policies) {
-  std::vector<std::pair<StashPolicy, bool>> out;
+std::vector<DecoupledChoice> decoupledChoices(const CostModel& model, const PipelineShape& shape,
+                                              const std::vector<StashPolicy>& policies) {
+  std::vector<DecoupledChoice> out;
   if (shape.replicas != 1) return out;
   for (int d : shape.chain)  // Note [Devices and processes]: one process
     if (!model.cluster().sameProcess(d, shape.chain.front())) return out;
   for (StashPolicy p : policies) {
     const StashPolicy e = schedules::effectivePolicy(p, true);
+    std::vector<int> lookaheads{shape.lookahead};
+    if (shape.lookahead > 0 && schedules::isOffloaded(e)) lookaheads.push_back(0);
     for (bool host : placementsOf(shape))
-      if (std::find(out.begin(), out.end(), std::pair{e, host}) == out.end())
-        out.emplace_back(e, host);
+      for (int la : lookaheads) {
+        const DecoupledChoice c{e, host, la};
+        if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+      }
   }
   return out;
 }
@@ -1186,11 +1190,11 @@ std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineSh
   const bool time = objective == Objective::Time;
   std::optional<Plan> best;
   for (const auto& choice : decoupledChoices(model, shapeIn, policies)) {
-    // Named copies: C++17 lambdas cannot capture structured bindings (clang).
-    const StashPolicy policy = choice.first;
-    const bool host = choice.second;
+    const StashPolicy policy = choice.policy;
+    const bool host = choice.optimizerOnHost;
     PipelineShape sh = stageShape(shapeIn, host);
     sh.stages = L;
+    sh.lookahead = choice.lookahead;
     // Segment estimates per (range, layer): a segment's forward part depends only on its
     // forward device, its backward part only on its backward device, and of that device
     // only on its speed and host link (one process: Note [Devices and processes] does not

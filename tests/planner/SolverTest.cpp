@@ -1117,6 +1117,60 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
   EXPECT_DOUBLE_EQ(plan.tau, 9);
 }
 
+// Note [Prefetch distance zero]: the same three segments with a host link of 1 byte/s. At
+// lookahead 1 the backward device holds two input stashes of 5 (180, as above) and each
+// PRE (5 s) hides beside the device's B; at lookahead 0 it holds one (175) and every B
+// waits for its copy: 3 x (2 + 1 + 5) = 24 against the forward device's 15 s of copies
+// out. The smallest budget takes lookahead 0, the fastest plan without a budget keeps 1.
+TEST(SolverLiteral, DecoupledLookaheadZeroHoldsOneStashAndWaitsForItsCopy) {
+  Profile p = testing::timesProfile({1, 1, 1});
+  p.inputBytes = 5;
+  for (auto& l : p.layers) {
+    l.backward = 2;
+    l.recompute = 1;
+    l.paramBytes = l.gradBytes = 10;
+    l.savedBytes = 100;
+    l.outputBytes = 5;
+    l.noGradForwardBytes = 10;
+  }
+  CostModel m(p, Cluster::uniform(2, 1.0, -1, Link{}, Link{1.0, 0.0}));
+  auto planAt = [&](int lookahead) {
+    Plan plan;
+    plan.shape = shapeOf(ScheduleKind::PipeFbSync, 3, 4, {0, 1});
+    plan.shape.lookahead = lookahead;
+    plan.shape.forwardDevices = plan.shape.backwardDevices = 1;
+    plan.shape.forwardRange = plan.shape.backwardRange = {0, 0, 0};
+    for (int l = 0; l < 3; ++l) {
+      StagePlan st;
+      st.first = l;
+      st.last = l + 1;
+      st.policy = StashPolicy::CheckpointOffload;
+      plan.stages.push_back(st);
+    }
+    evaluatePlan(m, plan);
+    return plan;
+  };
+  const Plan one = planAt(1), zero = planAt(0);
+  EXPECT_EQ(one.deviceMemory[1], 180);
+  EXPECT_EQ(zero.deviceMemory[1], 175);
+  EXPECT_DOUBLE_EQ(one.tau, 15);
+  EXPECT_DOUBLE_EQ(zero.tau, 24);
+  SolverOptions o = testing::only("pipefb-sync-checkpoint-offload", 4);
+  o.microbatches = 4;
+  o.foldedPlacements = false;
+  o.maxStages = 3;
+  o.objective = Objective::Memory;
+  SolveResult small = solve(m, o);
+  ASSERT_TRUE(small.feasible);
+  ASSERT_TRUE(small.best.shape.decoupled());
+  EXPECT_EQ(small.best.shape.lookahead, 0);
+  EXPECT_EQ(small.best.peakMemory, zero.peakMemory);
+  o.objective = Objective::Time;
+  SolveResult fast = solve(m, o);
+  ASSERT_TRUE(fast.feasible);
+  if (fast.best.shape.decoupled()) EXPECT_EQ(fast.best.shape.lookahead, 1);
+}
+
 // Note [Decoupled search]: given the devices, the solver puts the light forward passes of
 // all layers on one device and splits the backward passes over the others; "0/1 0/2 0/3"
 // for equal layers whose B is three times F.

@@ -227,12 +227,24 @@ std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineSh
                                         std::int64_t hostLimit, Objective objective,
                                         double bound = std::numeric_limits<double>::infinity());
 
-/// The stash policies and optimizer placements a decoupled shape may take (each for all of
-/// its segments): the family's policies as a split stage runs them; none when the chain
-/// spans processes or the shape is replicated. The DP and the brute force both enumerate
-/// these.
-std::vector<std::pair<StashPolicy, bool>> decoupledChoices(
-    const CostModel& model, const PipelineShape& shape, const std::vector<StashPolicy>& policies);
+/// One choice a decoupled shape makes for all of its segments.
+struct DecoupledChoice {
+  StashPolicy policy = StashPolicy::Keep;  // as a split stage runs it
+  bool optimizerOnHost = false;
+  int lookahead = 1;  // Note [Prefetch distance zero]
+  bool operator==(const DecoupledChoice& o) const {
+    return policy == o.policy && optimizerOnHost == o.optimizerOnHost && lookahead == o.lookahead;
+  }
+};
+
+/// The stash policies, optimizer placements and prefetch distances a decoupled shape may
+/// take (each for all of its segments): the family's policies as a split stage runs them,
+/// each with the shape's lookahead and, when it prefetches stashes and that lookahead is
+/// above 0, with lookahead 0 too (Note [Prefetch distance zero] in CostModel.h); none when
+/// the chain spans processes or the shape is replicated. The DP and the brute force both
+/// enumerate these.
+std::vector<DecoupledChoice> decoupledChoices(const CostModel& model, const PipelineShape& shape,
+                                              const std::vector<StashPolicy>& policies);
 
 /// The whole search. With objective Time and nothing feasible, also searches for the
 /// smallest feasible budget (objective Memory).
