@@ -29,7 +29,8 @@ S="--config $ROOT/configs/resnet50.yaml --set model.width=$WIDTH --set model.inp
  --set model.channels=3 --set model.num_classes=$CLASSES --set training.batch=32 --set pipeline.microbatches=4
  --set devices.count=4 --set pipeline.schedule=pipefb-sync --set data.name=synthetic
  --set data.synthetic_train=64 --set data.synthetic_test=32"
-RUN="--set training.iterations=3 --set training.eval=false --set training.checkpoint=false"
+RUN="--set training.iterations=3 --set training.eval=false --set training.checkpoint=false
+ --set pipeline.stall_timeout=900"
 PROFILE=$OUT/profile.yaml
 if [[ -n ${PROFILE_FROM:-} ]]; then cp "$PROFILE_FROM" "$PROFILE"
 else $NICE "$BUILD/pipefb_profile" $S --out "$PROFILE" >"$OUT/logs/profile.txt" 2>&1; fi

@@ -555,6 +555,9 @@ const std::vector<KeySpec>& schema() {
     s.push_back(choice("pipeline.offload_weights",
                        [](Config & c) -> auto& { return c.pipeline.offload_weights; },
                        {"auto", "none"}));
+    s.push_back(number(
+        "pipeline.stall_timeout", [](Config & c) -> auto& { return c.pipeline.stall_timeout; }, 0,
+        86400, true));
     s.push_back(integer(
         "pipeline.replicas", [](Config & c) -> auto& { return c.pipeline.replicas; }, 1, 1024));
     s.push_back(optimizerOffloadKey());

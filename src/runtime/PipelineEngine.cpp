@@ -254,7 +254,7 @@ void PipelineEngine::Impl::waitFor(Pred pred, const char* what) {
                         std::string("pipeline ") + kind + " stalled while " + what +
                             ": no device finished an action for " +
                             std::to_string(options.stallTimeoutSeconds) +
-                            " s (EngineOptions::stallTimeoutSeconds); the marked actions are "
+                            " s (pipeline.stall_timeout); the marked actions are "
                             "where each device waits"};
       lock.unlock();
       raiseFailure();

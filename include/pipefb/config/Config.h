@@ -90,6 +90,9 @@ struct PipelineOptions {
   /// [Weight prediction] in PipelineEngine.cpp): auto (linear for pipefb-async, else none) |
   /// none | linear (W[v] + (W[v] - W[v-1])).
   std::string weight_prediction = "auto";
+  /// The watchdog (EngineOptions::stallTimeoutSeconds): an iteration in which no device
+  /// finishes an action for this many seconds fails, naming every device's action.
+  double stall_timeout = 60.0;
   /// Stashed weight versions (pipedream; pipefb-async with a checkpoint kind) under an
   /// offload stash policy: auto (they go to the host pool between their last F and their B,
   /// Note [Weight-version offload] in schedules/Lowering.h) | none (they stay on the device).
