@@ -101,7 +101,11 @@
 // loss's transient (log_softmax, its gradient and the logits' gradient; measured by the
 // profiler as Profile::lossWorkingBytes, 3 logits' worth on gpt2-tiny), plus F's and the
 // recomputed output under a checkpoint kind (gpt2-tiny gpipe-checkpoint's last stage
-// peaked 15% above the plan without the loss). Charged layer by layer there, gpt2-tiny's
+// peaked 15% above the plan without the loss), and on a split last stage that does not
+// recompute the output it was sent (Note [Recomputed last output]), a comm buffer held
+// until the loss's backward is done: its stash is the graph alone (gpt2-tiny
+// pipefb-async-keep S=3 M=1, the head's backward device peaked +12.4% without it, the
+// logits beside the loss; PlanRunsTest seed 1). Charged layer by layer there, gpt2-tiny's
 // last stage went out of memory (pipefb-sync-offload, both checkpoint-offload kinds).
 // Not for split backward (I keeps the graph for W, Note [Split backward]).
 //
@@ -154,7 +158,9 @@
 //    (PipelineEngine::run): all of them beside F(0,0), fewer beside the later forwards; on
 //    a same-device stage 0, M - in-flight of them are still waiting when B peaks;
 //  * its M targets (Profile::targetBytes each) on the last stage's backward device;
-//  * the gradient of a stage's output (or the loss's), held through all of B.
+//  * the gradient of a stage's output (or the loss's), held through all of B;
+//  * the output a split last stage's B is sent, held through the loss (in B's working
+//    set, Note [Backward layer by layer]).
 // Not charged: activations and gradients that a sender posts before the receiver takes
 // them (how many wait depends on timing; the measured misses are in PlanRunsTest.cpp).
 //
