@@ -664,7 +664,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
   e.stepWorkingBytes = stepWs;
-  const bool flushing = isFlushing(shape.kind) || unsplitPipeFb;
+  // A folded device steps after its stage's last B of the iteration, before the next
+  // forwards and their prefetches (Note [Folded pace]): as a flushing one does.
+  const bool flushing = isFlushing(shape.kind) || unsplitPipeFb || shape.folded;
   auto stepExcess = [&](std::int64_t stash, std::int64_t working) {
     return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
   };
@@ -721,8 +723,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::WeightVersions, (deviceCopies + (async && ckpt)) * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
+    e.weightSnapshotBytes = async && !ckpt ? W : 0;
     w(e.backwardMemory, MemoryCategory::CommBuffers,
-      (async && !ckpt ? W : 0) +          // SyncWeights' snapshot
+      e.weightSnapshotBytes +             // SyncWeights' snapshot
           (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
           targetsFed + gradsWaiting);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
@@ -838,10 +841,12 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
   const int ws = index(MemoryCategory::WorkingSet), st = index(MemoryCategory::Stash);
   const CategoryBytes& f = forwardPart.forwardMemory;
   const CategoryBytes& b = backwardPart.backwardMemory;
-  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws];
+  // Note [Folded pace]: B's weight snapshot waits beside the forwards only.
+  const std::int64_t snapshot = backwardPart.weightSnapshotBytes;
+  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws] - snapshot;
   // Note [Folded pace]: while B runs, F is not building a stash; only the copies still
   // going out (Note [Offloads in flight]) stay beside B's working set.
-  const std::int64_t whileF = f[st] + f[ws];
+  const std::int64_t whileF = f[st] + f[ws] + snapshot;
   const std::int64_t whileB = std::max<std::int64_t>(0, f[st] - forwardPart.stashBytes) + b[ws];
   return both + std::max(whileF, whileB);
 }

@@ -473,6 +473,9 @@ struct StageEstimate {
   /// last B or W (Note [Stashes held together]).
   std::int64_t backwardWorkingBytes = 0;
   std::int64_t stepWorkingBytes = 0;
+  /// pipefb-async's SyncWeights snapshot, in backwardMemory's comm buffers (Note [Forward
+  /// device memory]); a folded device holds it beside its forwards only (Note [Folded pace]).
+  std::int64_t weightSnapshotBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -496,7 +499,14 @@ class CostModel;
 ///   working set: 12.25 MiB too much on device 2 of ResNet50's (224 px, 4x-t4-pcie,
 ///   microbatch 8) smallest-budget folded plan, whose simulated peak holds B's working set
 ///   and prefetched stashes and no stash of F's (its copy is done by then; the copy still
-///   going out is Note [Offloads in flight]'s bound, not timing);
+///   going out is Note [Offloads in flight]'s bound, not timing). It steps after B(S-1-d)'s
+///   last microbatch, before the next forwards and the prefetches among them, so the step
+///   transient is charged as on a flushing schedule (Note [Step working set]), pipefb-async
+///   too; and pipefb-async's weight snapshot (Note [Forward device memory]), made after the
+///   step, waits for RW on F(S-1-d)'s device, which runs it among its next forwards: it is
+///   charged beside F(d), not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0
+///   and B2 peaked 11% and 17% below the plan charged with the snapshot and a transient
+///   beside B2's stash; PlanRunsTest seed 1 instance 5);
 /// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
 /// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
 /// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the
