@@ -54,6 +54,7 @@
 //   is charged on top of the stash: stash + max(working set, step transient); PipeDream
 //   steps right after a B that let go of its weight copy (when it keeps copies), so there
 //   the transient also has one copy's room: max(working set, step transient - W)
+//   (a folded pipefb-async device counts the stashes at its STEPs, Note [Folded pace])
 //   (measured: fc6 alone on a stage with 2 copies peaks at W + G + O + 2 W + B's working
 //   set, 180.2 MB, not at 2 W + the transient, 205.8 MB).
 // The excess over what the stash and working set already reserve is in WorkingSet.
@@ -499,14 +500,17 @@ class CostModel;
 ///   working set: 12.25 MiB too much on device 2 of ResNet50's (224 px, 4x-t4-pcie,
 ///   microbatch 8) smallest-budget folded plan, whose simulated peak holds B's working set
 ///   and prefetched stashes and no stash of F's (its copy is done by then; the copy still
-///   going out is Note [Offloads in flight]'s bound, not timing). It steps after B(S-1-d)'s
-///   last microbatch, before the next forwards and the prefetches among them, so the step
-///   transient is charged as on a flushing schedule (Note [Step working set]), pipefb-async
-///   too; and pipefb-async's weight snapshot (Note [Forward device memory]), made after the
-///   step, waits for RW on F(S-1-d)'s device, which runs it among its next forwards: it is
-///   charged beside F(d), not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0
-///   and B2 peaked 11% and 17% below the plan charged with the snapshot and a transient
-///   beside B2's stash; PlanRunsTest seed 1 instance 5);
+///   going out is Note [Offloads in flight]'s bound, not timing). pipefb-async: the device
+///   steps after B(S-1-d)'s last microbatch of the iteration, so its step transient is
+///   charged beside only the stashes prefetched before that STEP, counted on the lowered
+///   schedule (Note [Stashes at a step]; none on the first half's devices, whose next
+///   prefetches go behind the next forwards' offloads, Note [Folded lookahead]), and its
+///   weight snapshot (Note [Forward device memory]), made after the step, waits for RW on
+///   F(S-1-d)'s device, which runs it among its next forwards: it is charged beside F(d),
+///   not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0 and B2 peaked 11%
+///   and 17% below the plan charged with the snapshot and a transient beside B2's stash;
+///   PlanRunsTest seed 1 instance 5. Charging none at the step on every device, S=2 M=1's
+///   second device went out of memory in its STEP beside the next iteration's stash);
 /// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
 /// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
 /// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the
