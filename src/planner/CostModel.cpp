@@ -676,8 +676,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // output]). A split last stage that does not recompute reads the output it was sent
     // (its stash is the graph alone).
     const int outputs = k == S - 1 ? 1 : 2;
-    return std::max(whole, ckpt ? graph + outputs * output + loss
-                                : (outputTravels ? output : 0) + loss);
+    return std::max(whole,
+                    ckpt ? graph + outputs * output + loss : (outputTravels ? output : 0) + loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
