@@ -277,6 +277,25 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
   return out;
 }
 
+// Note [Stashes at a step]
+std::vector<int> stashesAtStep(const Schedule& lowered) {
+  const int S = lowered.numStages;
+  std::vector<int> out(S, 0);
+  for (int d = 0; d < lowered.numDevices(); ++d) {
+    std::vector<int> resident(S, 0);
+    for (const Action& a : lowered.devices[d]) {
+      const bool activation = a.stash == StashKind::Activation;
+      if (a.type == ActionType::Forward || (a.type == ActionType::Prefetch && activation))
+        ++resident[a.stage];
+      else if (a.endsStash() || (a.type == ActionType::Offload && activation))
+        --resident[a.stage];
+      else if (a.type == ActionType::Step)
+        out[a.stage] = std::max(out[a.stage], resident[a.stage]);
+    }
+  }
+  return out;
+}
+
 int residentStashedVersions(int versions, int lookahead) {
   return std::min(versions, lookahead + 1);
 }

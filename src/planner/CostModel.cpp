@@ -83,6 +83,24 @@ const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKin
   return it->second;
 }
 
+// Note [Stashes at a step]: per stage, on the folded schedule of (kind, S, M) lowered with
+// `lookahead`, every stage offloaded (a split stage always is: effectivePolicy), over 2
+// iterations (the step between them).
+const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lookahead) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, std::vector<int>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(static_cast<int>(k), S, M, lookahead);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const schedules::SchedulePlan lowered =
+        schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 2),
+                         {StashPolicy::Offload}, lookahead, /*offloadWeights=*/false);
+    it = cache.emplace(key, schedules::stashesAtStep(lowered.schedule)).first;
+  }
+  return it->second;
+}
+
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
 // placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
 // iterations, to see the next iteration's feed.
@@ -655,16 +673,21 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         (ckpt ? graph : 0) + output;
     // Checkpointed: the recomputed output, and before the last stage F's as well; the last
     // stage's loss reads the recomputed one, and its F keeps none (Note [Recomputed last
-    // output]).
+    // output]). A split last stage that does not recompute reads the output it was sent
+    // (its stash is the graph alone).
     const int outputs = k == S - 1 ? 1 : 2;
-    return std::max(whole, ckpt ? graph + outputs * output + loss : loss);
+    return std::max(whole,
+                    ckpt ? graph + outputs * output + loss : (outputTravels ? output : 0) + loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
   e.stepWorkingBytes = stepWs;
   const bool flushing = isFlushing(shape.kind) || unsplitPipeFb;
-  auto stepExcess = [&](std::int64_t stash, std::int64_t working) {
-    return std::max<std::int64_t>(0, stepWs - (flushing ? stash + working : working));
+  // Of `resident` stashes, `atStep` are still there when STEP starts (all of them between
+  // an asynchronous schedule's microbatches, none after a flush's last B).
+  auto stepExcess = [&](int resident, int atStep, std::int64_t working) {
+    const std::int64_t gone = static_cast<std::int64_t>(resident - atStep) * e.stashBytes;
+    return std::max<std::int64_t>(0, stepWs - (gone + working));
   };
   if (split) {
     e.forwardCompute = e.forwardTime + e.snapshotTime;
@@ -723,12 +746,21 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::WeightVersions, (deviceCopies + (async && ckpt)) * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
+    e.weightSnapshotBytes = async && !ckpt ? W : 0;
     w(e.backwardMemory, MemoryCategory::CommBuffers,
-      (async && !ckpt ? W : 0) +          // SyncWeights' snapshot
+      e.weightSnapshotBytes +             // SyncWeights' snapshot
           (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
           targetsFed + gradsWaiting);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
-    w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB));
+    // Note [Folded pace]: a folded pipefb-async device steps after its stage's last B of
+    // the iteration, beside the prefetches its lowering issued before that STEP (Note
+    // [Stashes at a step]).
+    const int atStep =
+        shape.folded && async
+            ? std::min(resident, foldedStashesAtStep(shape.kind, S, M, shape.lookahead).at(k))
+        : flushing ? 0
+                   : resident;
+    w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident, atStep, wsB));
   } else {
     e.forwardCompute = e.backwardCompute =
         e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;
@@ -759,7 +791,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
     const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
-    w(m, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
+    w(m, MemoryCategory::WorkingSet,
+      wsB + stepExcess(resident, flushing ? 0 : resident, wsB + freedAtStep));
     e.forwardMemory = m;
   }
   e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer +
@@ -840,10 +873,12 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
   const int ws = index(MemoryCategory::WorkingSet), st = index(MemoryCategory::Stash);
   const CategoryBytes& f = forwardPart.forwardMemory;
   const CategoryBytes& b = backwardPart.backwardMemory;
-  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws];
+  // Note [Folded pace]: B's weight snapshot waits beside the forwards only.
+  const std::int64_t snapshot = backwardPart.weightSnapshotBytes;
+  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws] - snapshot;
   // Note [Folded pace]: while B runs, F is not building a stash; only the copies still
   // going out (Note [Offloads in flight]) stay beside B's working set.
-  const std::int64_t whileF = f[st] + f[ws];
+  const std::int64_t whileF = f[st] + f[ws] + snapshot;
   const std::int64_t whileB = std::max<std::int64_t>(0, f[st] - forwardPart.stashBytes) + b[ws];
   return both + std::max(whileF, whileB);
 }

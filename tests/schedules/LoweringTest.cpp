@@ -254,3 +254,20 @@ TEST(LoweringTest, PipefbAsyncCheckpointOffloadDropsItsVersionsOnly) {
   for (const auto& list : graph.schedule.devices)
     for (const Action& a : list) EXPECT_NE(a.stash, StashKind::Weights) << toString(a);
 }
+
+// Note [Stashes at a step]: a folded device of the second half prefetches the next
+// iteration's first stashes before its STEP (Note [Folded lookahead]: lookahead backwards
+// ahead, behind the previous iteration's offloads); the first half's next prefetches go
+// behind the next forwards' offloads; a flush on its own devices steps with none.
+TEST(LoweringTest, StashesAtAStepAreCountedOnTheLoweredSchedule) {
+  auto atStep = [](const std::string& kind, int S, int M, const Placement& p, int lookahead) {
+    const SchedulePlan plan = makeSchedule(kind, S, M, p, /*iterations=*/2);
+    return stashesAtStep(lower(plan, {StashPolicy::Offload}, lookahead, false).schedule);
+  };
+  using V = std::vector<int>;
+  // S=2 M=1: device 1 runs F1 and B0, device 0 F0 and B1.
+  EXPECT_EQ(atStep("pipefb-async", 2, 1, Placement::folded(2), 1), (V{1, 0}));
+  EXPECT_EQ(atStep("pipefb-async", 3, 4, Placement::folded(3), 1), (V{1, 0, 0}));
+  EXPECT_EQ(atStep("pipefb-async", 2, 2, Placement::folded(2), 2), (V{2, 0}));
+  EXPECT_EQ(atStep("1f1b", 3, 4, Placement::defaultFor("1f1b", 3), 1), (V{0, 0, 0}));
+}

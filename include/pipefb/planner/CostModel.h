@@ -54,6 +54,7 @@
 //   is charged on top of the stash: stash + max(working set, step transient); PipeDream
 //   steps right after a B that let go of its weight copy (when it keeps copies), so there
 //   the transient also has one copy's room: max(working set, step transient - W)
+//   (a folded pipefb-async device counts the stashes at its STEPs, Note [Folded pace])
 //   (measured: fc6 alone on a stage with 2 copies peaks at W + G + O + 2 W + B's working
 //   set, 180.2 MB, not at 2 W + the transient, 205.8 MB).
 // The excess over what the stash and working set already reserve is in WorkingSet.
@@ -101,7 +102,11 @@
 // loss's transient (log_softmax, its gradient and the logits' gradient; measured by the
 // profiler as Profile::lossWorkingBytes, 3 logits' worth on gpt2-tiny), plus F's and the
 // recomputed output under a checkpoint kind (gpt2-tiny gpipe-checkpoint's last stage
-// peaked 15% above the plan without the loss). Charged layer by layer there, gpt2-tiny's
+// peaked 15% above the plan without the loss), and on a split last stage that does not
+// recompute the output it was sent (Note [Recomputed last output]), a comm buffer held
+// until the loss's backward is done: its stash is the graph alone (gpt2-tiny
+// pipefb-async-keep S=3 M=1, the head's backward device peaked +12.4% without it, the
+// logits beside the loss; PlanRunsTest seed 1). Charged layer by layer there, gpt2-tiny's
 // last stage went out of memory (pipefb-sync-offload, both checkpoint-offload kinds).
 // Not for split backward (I keeps the graph for W, Note [Split backward]).
 //
@@ -154,7 +159,9 @@
 //    (PipelineEngine::run): all of them beside F(0,0), fewer beside the later forwards; on
 //    a same-device stage 0, M - in-flight of them are still waiting when B peaks;
 //  * its M targets (Profile::targetBytes each) on the last stage's backward device;
-//  * the gradient of a stage's output (or the loss's), held through all of B.
+//  * the gradient of a stage's output (or the loss's), held through all of B;
+//  * the output a split last stage's B is sent, held through the loss (in B's working
+//    set, Note [Backward layer by layer]).
 // Not charged: activations and gradients that a sender posts before the receiver takes
 // them (how many wait depends on timing; the measured misses are in PlanRunsTest.cpp).
 //
@@ -467,6 +474,9 @@ struct StageEstimate {
   /// last B or W (Note [Stashes held together]).
   std::int64_t backwardWorkingBytes = 0;
   std::int64_t stepWorkingBytes = 0;
+  /// pipefb-async's SyncWeights snapshot, in backwardMemory's comm buffers (Note [Forward
+  /// device memory]); a folded device holds it beside its forwards only (Note [Folded pace]).
+  std::int64_t weightSnapshotBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -490,7 +500,17 @@ class CostModel;
 ///   working set: 12.25 MiB too much on device 2 of ResNet50's (224 px, 4x-t4-pcie,
 ///   microbatch 8) smallest-budget folded plan, whose simulated peak holds B's working set
 ///   and prefetched stashes and no stash of F's (its copy is done by then; the copy still
-///   going out is Note [Offloads in flight]'s bound, not timing);
+///   going out is Note [Offloads in flight]'s bound, not timing). pipefb-async: the device
+///   steps after B(S-1-d)'s last microbatch of the iteration, so its step transient is
+///   charged beside only the stashes prefetched before that STEP, counted on the lowered
+///   schedule (Note [Stashes at a step]; none on the first half's devices, whose next
+///   prefetches go behind the next forwards' offloads, Note [Folded lookahead]), and its
+///   weight snapshot (Note [Forward device memory]), made after the step, waits for RW on
+///   F(S-1-d)'s device, which runs it among its next forwards: it is charged beside F(d),
+///   not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0 and B2 peaked 11%
+///   and 17% below the plan charged with the snapshot and a transient beside B2's stash;
+///   PlanRunsTest seed 1 instance 5. Charging none at the step on every device, S=2 M=1's
+///   second device went out of memory in its STEP beside the next iteration's stash);
 /// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
 /// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
 /// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the

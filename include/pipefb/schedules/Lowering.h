@@ -85,6 +85,18 @@ Schedule addWeightOffload(const Schedule& schedule, const std::vector<StashPolic
 /// and the planner's cost model both count with it.
 int residentStashedVersions(int versions, int lookahead);
 
+/// Note [Stashes at a step]
+/// The activation stashes of stage s resident on its backward device when one of its STEPs
+/// starts, the most over those STEPs of a lowered schedule (addOffload ran): F(s,m) on that
+/// device makes one until its OFF, PRE s.m brings one until B or W of (s,m) ends it. A
+/// flushing schedule on its own devices steps with none; a prefetch that the lowering
+/// issues before the STEP for the next iteration's first backwards is there beside the
+/// step's transient (a folded device's second half, Note [Folded lookahead]: PRE s.m goes
+/// lookahead backwards ahead, into the previous iteration). The planner's cost model
+/// charges the step transient beside these (Note [Step working set] in
+/// planner/CostModel.h).
+std::vector<int> stashesAtStep(const Schedule& lowered);
+
 /// The contract after addOffload: offloaded stages have 0 resident on a forward device
 /// that is not the backward device, and at most lookahead+1 resident on the backward
 /// device. With `offloadWeights` (addWeightOffload ran) at most lookahead+1 stashed weight
