@@ -39,8 +39,9 @@
 //   holding a copy; comm buffers: Note [Comm buffers in the cost model].
 //   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
-//   (min(n, lookahead + 2) on a same device; min(n, 1 + kOffloadsInFlight) on a split
-//   forward device, Note [Offloads in flight]).
+//   (on a same device residentOffloadedStashes, Note [Prefetches after the forward phase]
+//   in schedules/Lowering.h, and an offloaded last stage's outputs kept for the loss;
+//   min(n, 1 + kOffloadsInFlight) on a split forward device, Note [Offloads in flight]).
 //   host pool: n x stash bytes for each offloaded stage, and its weight copies off the device.
 //
 // Note [Step working set]
