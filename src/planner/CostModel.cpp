@@ -802,21 +802,27 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // the forward phase]) peaks in one of two phases. In the B phase every F ran: no
     // activation waits for one (charged above without them). In the F phase no gradient
     // waits and no B runs: its last F, at its own peak (forwardPeakBytes, with the stash
-    // it builds), beside the n - 1 stashes before it (offloaded: the kOffloadsInFlight
+    // it builds), beside the stashes of the Fs before it (offloaded: the kOffloadsInFlight
     // still being copied out), their outputs kept for the loss, the waiting activations
-    // and the inputs of stage 0 (all M: an upper bound). The larger phase is the stage's
-    // charge. (Charged beside the B phase, gpt2-tiny gpipe-offload's head, PlanRunsTest
-    // seed 0 instance 29, peaked 10.5% below the plan: 3 activations that wait only
-    // before its Fs.)
+    // and, on stage 0, the inputs not taken yet (F(0,j) beside M - j of them). The larger
+    // phase is the stage's charge. (Charged beside the B phase, gpt2-tiny gpipe-offload's
+    // head, PlanRunsTest seed 0 instance 29, peaked 10.5% below the plan: 3 activations
+    // that wait only before its Fs.)
     if (twoPhases) {
       CategoryBytes f{};
       for (MemoryCategory c : {MemoryCategory::Weights, MemoryCategory::WeightVersions,
                                MemoryCategory::Grads, MemoryCategory::OptimizerState})
         f[index(c)] = m[index(c)];
-      w(f, MemoryCategory::CommBuffers, buckets + M * oneInput + targetsFed + actsWaiting);
-      const int before = off ? std::min(e.inFlight - 1, kOffloadsInFlight) : e.inFlight - 1;
-      w(f, MemoryCategory::Stash,
-        before * e.stashBytes + (lossInputs > 0 ? (e.inFlight - 1) * output : 0));
+      // F(s,j), j = 0 .. n - 1: the inputs left and the stashes before it.
+      std::int64_t inputs = 0, stashes = 0;
+      for (int j = 0; j < e.inFlight; ++j) {
+        const int held = off ? std::min(j, kOffloadsInFlight) : j;
+        const std::int64_t in = (M - j) * oneInput;
+        const std::int64_t st = held * e.stashBytes + (lossInputs > 0 ? j * output : 0);
+        if (in + st > inputs + stashes) inputs = in, stashes = st;
+      }
+      w(f, MemoryCategory::CommBuffers, buckets + inputs + targetsFed + actsWaiting);
+      w(f, MemoryCategory::Stash, stashes);
       w(f, MemoryCategory::WorkingSet, e.forwardPeakBytes);
       if (total(f) > total(m)) m = f;
     }
