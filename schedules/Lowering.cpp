@@ -320,8 +320,8 @@ std::vector<bool> forwardPhaseFirst(const Schedule& schedule) {
 }
 
 int residentOffloadedStashes(int inFlight, int lookahead, bool forwardPhaseFirst, int deferred) {
-  const int near = forwardPhaseFirst ? std::max(lookahead + 1, 1 + kOffloadsInFlight)
-                                     : lookahead + 2;
+  const int near =
+      forwardPhaseFirst ? std::max(lookahead + 1, 1 + kOffloadsInFlight) : lookahead + 2;
   return std::min(inFlight, near + deferred);
 }
 

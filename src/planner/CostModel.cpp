@@ -81,11 +81,13 @@ const std::vector<bool>& phasedStages(ScheduleKind k, int S, int M) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     const int K = isFlushing(k) ? 1 : 3;
-    it = cache
-             .emplace(key, schedules::forwardPhaseFirst(
-                               schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K)
-                                   .schedule))
-             .first;
+    it =
+        cache
+            .emplace(key,
+                     schedules::forwardPhaseFirst(
+                         schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K)
+                             .schedule))
+            .first;
   }
   lastKey = key;
   last = &it->second;

@@ -80,7 +80,9 @@ void PipelineEngine::Impl::forEachNextMatch(First first, Next next, Visit visit)
 // microbatch in flight (n = 1) the device is charged the stash F builds and nothing else.
 void PipelineEngine::Impl::planHeldOffloads() {
   forEachNextMatch(
-      [](const Action& a) { return a.type == ActionType::Offload && a.stash != StashKind::Weights; },
+      [](const Action& a) {
+        return a.type == ActionType::Offload && a.stash != StashKind::Weights;
+      },
       [](const Action& a, const Action& b) {
         return b.type == ActionType::Offload && b.stash != StashKind::Weights && b.stage == a.stage;
       },
@@ -104,7 +106,9 @@ int PipelineEngine::Impl::prefetchEpoch(int microbatch) const { return async ? 0
 void PipelineEngine::Impl::planLaterPrefetches() {
   if (async) return;
   forEachNextMatch(
-      [](const Action& a) { return a.type == ActionType::Prefetch && a.stash != StashKind::Weights; },
+      [](const Action& a) {
+        return a.type == ActionType::Prefetch && a.stash != StashKind::Weights;
+      },
       [](const Action&, const Action& b) { return b.isCompute(); },
       [this](DeviceState& dev, const Action& a, const Action& b) {
         if (iterationOf(b) < iterationOf(a)) dev.laterPrefetches.insert({a.stage, a.index});

@@ -125,8 +125,9 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
     in.options.decoupledPlacements = id % 2 == 0;
     // One in ten plans PipeFB alone, whose folded shapes gpipe and 1f1b otherwise beat
     // (since they are charged their two phases, Note [Two phases] in CostModel.cpp).
-    if (id % 10 == 3) in.options.schedules = {parseScheduleFamily("pipefb-sync"),
-                                              parseScheduleFamily("pipefb-async")};
+    if (id % 10 == 3)
+      in.options.schedules = {parseScheduleFamily("pipefb-sync"),
+                              parseScheduleFamily("pipefb-async")};
     CostModel m(in.profile, in.cluster);
     SolveResult dp = solve(m, in.options);
     BruteForceResult bf = bruteForce(m, in.options);

@@ -169,9 +169,9 @@ TEST(LoweringTest, ForwardPhaseFirstStagesPrefetchAfterTheirLastForward) {
   EXPECT_EQ(forwardPhaseFirst(makeSchedule("pipefb-sync", 2, 4).schedule), (B{false, false}));
 
   for (int lookahead : {1, 2, 3}) {
-    const Schedule g = makeSchedule(ScheduleKind::GPipe, 3, 4,
-                                    Placement::defaultFor(ScheduleKind::GPipe, 3), 2)
-                           .schedule;
+    const Schedule g =
+        makeSchedule(ScheduleKind::GPipe, 3, 4, Placement::defaultFor(ScheduleKind::GPipe, 3), 2)
+            .schedule;
     Schedule s = addOffload(addCommunication(g), {StashPolicy::Offload}, lookahead);
     EXPECT_NO_THROW(validate(s));
     for (int d = 0; d < s.numDevices(); ++d) {
@@ -187,7 +187,8 @@ TEST(LoweringTest, ForwardPhaseFirstStagesPrefetchAfterTheirLastForward) {
           if (list[j].type == ActionType::Offload && list[j].index / 4 == it)
             lastOff = static_cast<int>(j);
         EXPECT_GT(static_cast<int>(i), lastOff) << toString(list[i]) << " L=" << lookahead;
-        if (seen.insert(it).second) EXPECT_EQ(static_cast<int>(i), lastOff + 1) << toString(list[i]);
+        if (seen.insert(it).second)
+          EXPECT_EQ(static_cast<int>(i), lastOff + 1) << toString(list[i]);
       }
     }
   }
