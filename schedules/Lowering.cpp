@@ -1,6 +1,7 @@
 #include "pipefb/schedules/Lowering.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <tuple>
@@ -107,6 +108,7 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
 
   const PipefbSlots slots(in.placement);
   const int M = in.numMicrobatches;
+  const std::vector<bool> phased = forwardPhaseFirst(in);
   const Schedule marked = markRecompute(in, policy);  // BR for checkpoint kinds
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
@@ -181,6 +183,15 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
           anchor = j + 1;
           break;
         }
+      }
+      // Note [Prefetches after the forward phase]: not before the last F of the phase.
+      if (phased[b.stage]) {
+        for (int j = i - 1; j >= 0; --j)
+          if (list[j].type == ActionType::Forward && list[j].stage == b.stage) {
+            const bool off = j + 1 < i && list[j + 1].type == ActionType::Offload;
+            anchor = std::max(anchor, j + (off ? 2 : 1));
+            break;
+          }
       }
       // Never before this device's own OFF of the same stash.
       if (offloadedHere.count({b.stage, b.index})) {
@@ -294,6 +305,43 @@ std::vector<int> stashesAtStep(const Schedule& lowered) {
     }
   }
   return out;
+}
+
+std::vector<bool> forwardPhaseFirst(const Schedule& schedule) {
+  const int S = schedule.numStages, M = schedule.numMicrobatches;
+  const Placement& p = schedule.placement;
+  std::vector<bool> out(S, false);
+  for (int s = 0; s < S; ++s) {
+    if (p.forward(s) != p.backward(s)) continue;
+    // Per iteration: the positions of its first and last F and B (or I) on the device.
+    std::map<int, std::array<int, 4>> at;  // iteration -> firstF, lastF, firstB, lastB
+    const std::vector<Action>& list = schedule.devices[p.forward(s)];
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Action& a = list[i];
+      const bool f = a.type == ActionType::Forward;
+      if (a.stage != s || !(f || a.isInputBackward())) continue;
+      auto it = at.try_emplace(a.index / M, std::array<int, 4>{-1, -1, -1, -1}).first;
+      std::array<int, 4>& v = it->second;
+      const int first = f ? 0 : 2;
+      if (v[first] < 0) v[first] = i;
+      v[first + 1] = i;
+    }
+    bool phases = !at.empty();
+    for (auto it = at.begin(); phases && it != at.end(); ++it) {
+      const std::array<int, 4>& v = it->second;
+      phases = v[0] >= 0 && v[2] >= 0 && v[1] < v[2];
+      auto next = std::next(it);
+      if (phases && next != at.end()) phases = v[3] < next->second[0];
+    }
+    out[s] = phases;
+  }
+  return out;
+}
+
+int residentOffloadedStashes(int inFlight, int lookahead, bool forwardPhaseFirst, int deferred) {
+  const int near =
+      forwardPhaseFirst ? std::max(lookahead + 1, 1 + kOffloadsInFlight) : lookahead + 2;
+  return std::min(inFlight, near + deferred);
 }
 
 int residentStashedVersions(int versions, int lookahead) {

@@ -67,6 +67,33 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
   return it->second;
 }
 
+// Note [Prefetches after the forward phase] (Lowering.h): per stage of the generated
+// schedule (the kind's default placement; asynchronous kinds over 3 iterations, whose
+// next iteration's Fs come before the last Bs), per (kind, S, M).
+const std::vector<bool>& phasedStages(ScheduleKind k, int S, int M) {
+  thread_local std::tuple<int, int, int> lastKey{-1, 0, 0};  // as waitingFor
+  thread_local const std::vector<bool>* last = nullptr;
+  if (last && lastKey == std::make_tuple(static_cast<int>(k), S, M)) return *last;
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, std::vector<bool>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(static_cast<int>(k), S, M);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const int K = isFlushing(k) ? 1 : 3;
+    it =
+        cache
+            .emplace(key,
+                     schedules::forwardPhaseFirst(
+                         schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K)
+                             .schedule))
+            .first;
+  }
+  lastKey = key;
+  last = &it->second;
+  return it->second;
+}
+
 // Note [Stashes held together]: per device of the generated schedule, per (kind, S, M).
 const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKind k, int S, int M) {
   static std::mutex mu;
@@ -776,23 +803,70 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // Note [Split backward]: the stashes waiting for their W stay beside the prefetched ones.
     const int deferred =
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
-    const int resident = off ? std::min(e.inFlight, shape.lookahead + 2 + deferred) : e.inFlight;
+    // Note [Prefetches after the forward phase] (Lowering.h). A folded placement's
+    // unsplit stage is not looked at: charged as if its PREs fell among its Fs.
+    const bool phased = !unsplitPipeFb && phasedStages(shape.kind, S, M).at(k);
+    const int resident =
+        off ? schedules::residentOffloadedStashes(e.inFlight, shape.lookahead, phased, deferred)
+            : e.inFlight;
+    // Note [Two phases]: with the forward phase first, no activation waits in the B phase.
+    const bool twoPhases = phased && !shape.sharesDevices();
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, Wres);
     w(m, MemoryCategory::WeightVersions, deviceCopies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
+    const std::int64_t buckets = shape.replicas > 1 ? G : 0;  // Note [Gradient buckets]
     w(m, MemoryCategory::CommBuffers,
-      (shape.replicas > 1 ? G : 0) +  // Note [Gradient buckets]
-                                      // the inputs whose F has not run when B peaks: those beyond
-                                      // the in-flight stashes
-          std::max(0, M - e.inFlight) * oneInput + targetsFed + actsWaiting + gradsWaiting);
-    w(m, MemoryCategory::Stash, resident * e.stashBytes);
+      buckets +
+          // the inputs whose F has not run when B peaks: those beyond the in-flight stashes
+          std::max(0, M - e.inFlight) * oneInput + targetsFed + (twoPhases ? 0 : actsWaiting) +
+          gradsWaiting);
+    // An offloaded last stage's F keeps its output for the loss on the device (execForward:
+    // OFF takes autograd's saved tensors, not the loss's input), one per microbatch in
+    // flight. (Seed 0 instance 29 of PlanRunsTest, gpt2-tiny gpipe-offload, held 4 logits
+    // beside 2 stashes on the head's device.) Not on shared devices yet: sharedDeviceMemory
+    // reads the stash category as whole stashes.
+    const std::int64_t lossInputs =
+        k == S - 1 && off && !ckpt && !shape.sharesDevices() ? e.inFlight * output : 0;
+    const std::int64_t stash = resident * e.stashBytes + lossInputs;
+    w(m, MemoryCategory::Stash, stash);
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
     const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
+    // (A flushing stage steps after its last B: its stashes and loss inputs are gone.)
     w(m, MemoryCategory::WorkingSet,
-      wsB + stepExcess(resident, flushing ? 0 : resident, wsB + freedAtStep));
+      wsB + stepExcess(resident, flushing ? 0 : resident,
+                       wsB + freedAtStep + (flushing ? lossInputs : 0)));
+    // Note [Two phases]
+    // A stage whose iteration runs all its Fs before its first B (Note [Prefetches after
+    // the forward phase]) peaks in one of two phases. In the B phase every F ran: no
+    // activation waits for one (charged above without them). In the F phase no gradient
+    // waits and no B runs: its last F, at its own peak (forwardPeakBytes, with the stash
+    // it builds), beside the stashes of the Fs before it (offloaded: the kOffloadsInFlight
+    // still being copied out), their outputs kept for the loss, the waiting activations
+    // and, on stage 0, the inputs not taken yet (F(0,j) beside M - j of them). The larger
+    // phase is the stage's charge. (Charged beside the B phase, gpt2-tiny gpipe-offload's
+    // head, PlanRunsTest seed 0 instance 29, peaked 10.5% below the plan: 3 activations
+    // that wait only before its Fs.)
+    if (twoPhases) {
+      CategoryBytes f{};
+      for (MemoryCategory c : {MemoryCategory::Weights, MemoryCategory::WeightVersions,
+                               MemoryCategory::Grads, MemoryCategory::OptimizerState})
+        f[index(c)] = m[index(c)];
+      // F(s,j), j = 0 .. n - 1: the inputs left and the stashes before it.
+      std::int64_t inputs = 0, stashes = 0;
+      for (int j = 0; j < e.inFlight; ++j) {
+        const int held = off ? std::min(j, kOffloadsInFlight) : j;
+        const std::int64_t in = (M - j) * oneInput;
+        const std::int64_t st = held * e.stashBytes + (lossInputs > 0 ? j * output : 0);
+        if (in + st > inputs + stashes) inputs = in, stashes = st;
+      }
+      w(f, MemoryCategory::CommBuffers, buckets + inputs + targetsFed + actsWaiting);
+      w(f, MemoryCategory::Stash, stashes);
+      w(f, MemoryCategory::WorkingSet, e.forwardPeakBytes);
+      if (total(f) > total(m)) m = f;
+    }
     e.forwardMemory = m;
   }
   e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer +

@@ -214,6 +214,8 @@ struct PipelineEngine::Impl {
   void buildDevices();
   void buildStage(int s);
   void planProgress();
+  template <class First, class Next, class Visit>
+  void forEachNextMatch(First first, Next next, Visit visit);  // Stash.cpp
   void planHeldOffloads();
   void planLaterPrefetches();  // Note [Prefetches across a flush] (Stash.cpp)
   int prefetchEpoch(int microbatch) const;

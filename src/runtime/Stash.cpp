@@ -50,6 +50,25 @@ void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
   e.onHost = false;
 }
 
+// For each action `a` of a local device's list that `first` accepts, calls
+// visit(dev, a, b) with the next action `b` after it on that device that `next(a, b)`
+// accepts; with none, nothing. What the plan-time passes below read ahead.
+template <class First, class Next, class Visit>
+void PipelineEngine::Impl::forEachNextMatch(First first, Next next, Visit visit) {
+  for (DeviceState& dev : devices) {
+    if (!isLocal(dev.id)) continue;
+    const auto& list = plan.schedule.devices[dev.id];
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!first(list[i])) continue;
+      for (size_t j = i + 1; j < list.size(); ++j) {
+        if (!next(list[i], list[j])) continue;
+        visit(dev, list[i], list[j]);
+        break;
+      }
+    }
+  }
+}
+
 // Note [Held offloads]
 // A split stage's forward device keeps the device copy of its stash (s,m) after the copy
 // to the host is done when the device offloads stage s again before the flush (for an
@@ -60,23 +79,17 @@ void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
 // flight] in planner/CostModel.h). The last OFF before a flush is not held: with one
 // microbatch in flight (n = 1) the device is charged the stash F builds and nothing else.
 void PipelineEngine::Impl::planHeldOffloads() {
-  for (DeviceState& dev : devices) {
-    if (!isLocal(dev.id)) continue;
-    const auto& list = plan.schedule.devices[dev.id];
-    for (size_t i = 0; i < list.size(); ++i) {
-      const Action& a = list[i];
-      if (a.type != ActionType::Offload || a.stash == StashKind::Weights) continue;
-      if (!stages[a.stage].split || !isLocal(stages[a.stage].bDev)) continue;
-      for (size_t j = i + 1; j < list.size(); ++j) {
-        const Action& b = list[j];
-        if (b.type == ActionType::Offload && b.stash != StashKind::Weights && b.stage == a.stage) {
-          if (async || iterationOf(b) == iterationOf(a))
-            dev.heldOffloads.insert({a.stage, a.index});
-          break;
-        }
-      }
-    }
-  }
+  forEachNextMatch(
+      [](const Action& a) {
+        return a.type == ActionType::Offload && a.stash != StashKind::Weights;
+      },
+      [](const Action& a, const Action& b) {
+        return b.type == ActionType::Offload && b.stash != StashKind::Weights && b.stage == a.stage;
+      },
+      [this](DeviceState& dev, const Action& a, const Action& b) {
+        if (!stages[a.stage].split || !isLocal(stages[a.stage].bDev)) return;
+        if (async || iterationOf(b) == iterationOf(a)) dev.heldOffloads.insert({a.stage, a.index});
+      });
 }
 
 // Note [Prefetches across a flush]
@@ -92,22 +105,14 @@ int PipelineEngine::Impl::prefetchEpoch(int microbatch) const { return async ? 0
 
 void PipelineEngine::Impl::planLaterPrefetches() {
   if (async) return;
-  for (DeviceState& dev : devices) {
-    if (!isLocal(dev.id)) continue;
-    const auto& list = plan.schedule.devices[dev.id];
-    for (size_t i = 0; i < list.size(); ++i) {
-      const Action& a = list[i];
-      if (a.type != ActionType::Prefetch || a.stash == StashKind::Weights) continue;
-      for (size_t j = i + 1; j < list.size(); ++j) {
-        const Action& b = list[j];
-        const bool compute = b.type == ActionType::Forward || b.type == ActionType::Backward ||
-                             b.type == ActionType::InputGrad || b.type == ActionType::WeightGrad;
-        if (!compute) continue;
+  forEachNextMatch(
+      [](const Action& a) {
+        return a.type == ActionType::Prefetch && a.stash != StashKind::Weights;
+      },
+      [](const Action&, const Action& b) { return b.isCompute(); },
+      [this](DeviceState& dev, const Action& a, const Action& b) {
         if (iterationOf(b) < iterationOf(a)) dev.laterPrefetches.insert({a.stage, a.index});
-        break;
-      }
-    }
-  }
+      });
 }
 
 void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {

@@ -123,6 +123,11 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
     Instance in = randomInstance(rng, id);
     // Every other instance without decoupled shapes, which otherwise beat the folded ones.
     in.options.decoupledPlacements = id % 2 == 0;
+    // One in ten plans PipeFB alone, whose folded shapes gpipe and 1f1b otherwise beat
+    // (since they are charged their two phases, Note [Two phases] in CostModel.cpp).
+    if (id % 10 == 3)
+      in.options.schedules = {parseScheduleFamily("pipefb-sync"),
+                              parseScheduleFamily("pipefb-async")};
     CostModel m(in.profile, in.cluster);
     SolveResult dp = solve(m, in.options);
     BruteForceResult bf = bruteForce(m, in.options);
@@ -170,7 +175,7 @@ TEST(SolverOptimality, DpEqualsExhaustiveSearchOn300RandomInstances) {
   EXPECT_GE(infeasible, 5);
   EXPECT_GE(nonKeep, 20);
   EXPECT_GE(processBound, 5);
-  EXPECT_GE(folded, 1);  // 2 before folded devices were charged their waiting messages
+  EXPECT_GE(folded, 1);
   EXPECT_GE(decoupled, 1);
 }
 

@@ -204,6 +204,17 @@ std::vector<std::int64_t> predictedPeaks(const std::string& planFile) {
   return out;
 }
 
+// pipefb_train on a plan file for `iterations` iterations, no evaluation, no checkpoint,
+// writing its summary to runDir; memory > 0 caps every device (devices.memory).
+test::CommandResult trainOnPlan(const std::string& sets, const std::string& planFile,
+                                std::int64_t memory, int iterations, const std::string& runDir) {
+  return test::runProgram(
+      "pipefb_train " + sets + " --plan " + planFile +
+      (memory > 0 ? " --set devices.memory=" + std::to_string(memory) : std::string()) +
+      " --set training.iterations=" + std::to_string(iterations) +
+      " --set training.eval=false --set training.checkpoint=false --set output.dir=" + runDir);
+}
+
 struct Outcome {
   bool ran = false;
   double worstError = 0;  // largest |measured - predicted| / predicted over devices
@@ -262,12 +273,7 @@ class PlanRuns : public ::testing::Test {
     const auto predicted = predictedPeaks(planFile);
 
     const std::string runDir = dir_ + "/run-" + std::to_string(x.id);
-    auto t = test::runProgram("pipefb_train " + x.sets() + " --plan " + planFile +
-                              " --set devices.memory=" + std::to_string(budget) +
-                              " --set training.iterations=" + std::to_string(x.iterations()) +
-                              " --set training.eval=false"
-                              " --set training.checkpoint=false --set output.dir=" +
-                              runDir);
+    auto t = trainOnPlan(x.sets(), planFile, budget, x.iterations(), runDir);
     EXPECT_EQ(t.code, 0)
         << x.describe() << " budget " << budget << ": "
         << t.out.substr(t.out.find("failed") == std::string::npos ? 0 : t.out.find("failed"), 600);
@@ -404,11 +410,7 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
     auto p = test::runProgram(plan + " --budget " + std::to_string(budget) + " -o " + planFile);
     ASSERT_EQ(p.code, 0) << family << "\n" << p.out;
     const std::string runDir = dir_ + "/run-" + family;
-    auto t = test::runProgram("pipefb_train " + sets + " --plan " + planFile +
-                              " --set devices.memory=" + std::to_string(budget) +
-                              " --set training.iterations=2 --set training.eval=false"
-                              " --set training.checkpoint=false --set output.dir=" +
-                              runDir);
+    auto t = trainOnPlan(sets, planFile, budget, 2, runDir);
     ASSERT_EQ(t.code, 0) << family << " at " << budget << "\n" << t.out;
     const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
     const auto predicted = predictedPeaks(planFile);
@@ -455,10 +457,7 @@ TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
     for (const auto& v : plan["predicted"]["simulated_peak_memory"])
       simulated.push_back(v.as<std::int64_t>());
     const std::string runDir = dir_ + "/run-" + family;
-    auto t = test::runProgram("pipefb_train " + sets + " --plan " + planFile +
-                              " --set training.iterations=2 --set training.eval=false"
-                              " --set training.checkpoint=false --set output.dir=" +
-                              runDir);
+    auto t = trainOnPlan(sets, planFile, /*memory=*/0, 2, runDir);
     ASSERT_EQ(t.code, 0) << family << "\n" << t.out;
     EXPECT_NE(t.out.find("on 2 devices (0/1 1/0)"), std::string::npos) << t.out;
     const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
@@ -514,11 +513,7 @@ TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
     ASSERT_GT(planYaml["stages"].size(), 4u) << family << ": not decoupled\n" << p.out;
     const std::int64_t limit = budget + budget / 20;
     const std::string runDir = dir_ + "/run-" + family;
-    auto t = test::runProgram("pipefb_train " + sets + " --plan " + planFile +
-                              " --set devices.memory=" + std::to_string(limit) +
-                              " --set training.iterations=3 --set training.eval=false"
-                              " --set training.checkpoint=false --set output.dir=" +
-                              runDir);
+    auto t = trainOnPlan(sets, planFile, limit, 3, runDir);
     ASSERT_EQ(t.code, 0) << family << " at " << limit << "\n" << t.out;
     EXPECT_NE(t.out.find("on 4 devices (" + placement + ")"), std::string::npos) << t.out;
     const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));

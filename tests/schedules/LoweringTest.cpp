@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
@@ -146,6 +148,47 @@ TEST(LoweringTest, OffloadRightAfterFAndPrefetchLookaheadBeforeB) {
             EXPECT_TRUE(clamped || atStart) << toString(a) << " lookahead " << lookahead;
           }
         }
+      }
+    }
+  }
+}
+
+// Note [Prefetches after the forward phase]
+TEST(LoweringTest, ForwardPhaseFirstStagesPrefetchAfterTheirLastForward) {
+  using B = std::vector<bool>;
+  EXPECT_EQ(forwardPhaseFirst(makeSchedule("gpipe", 3, 4).schedule), (B{true, true, true}));
+  // 1f1b: stage s runs min(S - s, M) Fs before its first B.
+  EXPECT_EQ(forwardPhaseFirst(makeSchedule("1f1b", 3, 2).schedule), (B{true, true, false}));
+  EXPECT_EQ(forwardPhaseFirst(makeSchedule("1f1b", 3, 6).schedule), (B{false, false, false}));
+  // No flush: the next iteration's Fs come before this one's last B.
+  EXPECT_EQ(forwardPhaseFirst(makeSchedule(ScheduleKind::PipeDream, 2, 2,
+                                           Placement::defaultFor(ScheduleKind::PipeDream, 2), 3)
+                                  .schedule),
+            (B{false, false}));
+  // Split stages: F and B on two devices.
+  EXPECT_EQ(forwardPhaseFirst(makeSchedule("pipefb-sync", 2, 4).schedule), (B{false, false}));
+
+  for (int lookahead : {1, 2, 3}) {
+    const Schedule g =
+        makeSchedule(ScheduleKind::GPipe, 3, 4, Placement::defaultFor(ScheduleKind::GPipe, 3), 2)
+            .schedule;
+    Schedule s = addOffload(addCommunication(g), {StashPolicy::Offload}, lookahead);
+    EXPECT_NO_THROW(validate(s));
+    for (int d = 0; d < s.numDevices(); ++d) {
+      const auto& list = s.devices[d];
+      std::set<int> seen;  // iterations whose first PRE was looked at
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].type != ActionType::Prefetch) continue;
+        const int it = list[i].index / 4;
+        // Every F of the iteration and its OFF come before the PRE; the first PRE comes
+        // right after the last OFF (it was lookahead compute actions before B: among the Fs).
+        int lastOff = -1;
+        for (size_t j = 0; j < list.size(); ++j)
+          if (list[j].type == ActionType::Offload && list[j].index / 4 == it)
+            lastOff = static_cast<int>(j);
+        EXPECT_GT(static_cast<int>(i), lastOff) << toString(list[i]) << " L=" << lookahead;
+        if (seen.insert(it).second)
+          EXPECT_EQ(static_cast<int>(i), lastOff + 1) << toString(list[i]);
       }
     }
   }

@@ -39,8 +39,9 @@
 //   holding a copy; comm buffers: Note [Comm buffers in the cost model].
 //   resident: in-flight n from the schedule contract (inFlightStashes) when kept;
 //   offloaded: min(n, lookahead + 1) near B plus one being copied out after F
-//   (min(n, lookahead + 2) on a same device; min(n, 1 + kOffloadsInFlight) on a split
-//   forward device, Note [Offloads in flight]).
+//   (on a same device residentOffloadedStashes, Note [Prefetches after the forward phase]
+//   in schedules/Lowering.h, and an offloaded last stage's outputs kept for the loss;
+//   min(n, 1 + kOffloadsInFlight) on a split forward device, Note [Offloads in flight]).
 //   host pool: n x stash bytes for each offloaded stage, and its weight copies off the device.
 //
 // Note [Step working set]
@@ -243,10 +244,10 @@ std::vector<ScheduleKind> allScheduleKinds();
 /// The kinds the solver tries when no family is named: every kind it models but zb-h1,
 /// zb-h2 and pipefb-zb, which are planned when named (--schedules, sweeps). Their waiting
 /// messages and contracts are counted on generated schedules of S x M x 3 actions per
-/// shape, and with them bench_planner's 1000 layers x 64 devices took 11.0 s (62.6 s before
-/// waitingMessages looked only at a device's own messages), against its 2 s goal
-/// (experiments/README.md, planner_scaling). interleaved-1f1b and zbv are searched up to
-/// kSharedExactLayers layers.
+/// shape, too slow for bench_planner's goal of 2 s at 1000 layers x 64 devices (they took
+/// it to 11 s when last included), which the default kinds meet in 0.78-0.86 s on a quiet
+/// machine (experiments/README.md, planner_scaling). interleaved-1f1b and zbv are searched
+/// up to kSharedExactLayers layers.
 std::vector<ScheduleKind> defaultScheduleKinds();
 /// Note [Zero-bubble fill]
 /// zb-h1 and zb-h2 run one stage per device like 1f1b, with B split into I and W

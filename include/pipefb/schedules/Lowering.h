@@ -51,12 +51,33 @@ Schedule markRecompute(const Schedule& schedule, const std::vector<StashPolicy>&
 /// Existing send/receive actions are kept; pairs already present are not duplicated.
 Schedule addCommunication(const Schedule& schedule);
 
+/// Note [Prefetches after the forward phase]
+/// A stage whose F and B run on one device and whose every iteration runs all its Fs
+/// before its first B (or I) and all its Bs before the next iteration's first F (gpipe;
+/// 1f1b where M <= S - s; a flush between the phases) has its PREs issued no earlier
+/// than the OFF of the phase's last F (addOffload): lookahead compute actions before
+/// B(s,m) would otherwise fall among the last Fs, and the F phase would hold the
+/// prefetched stashes beside the one F builds and the copies still going out. So such a
+/// stage holds at most 1 + kOffloadsInFlight offloaded stashes in its F phase and
+/// lookahead + 1 in its B phase; any other same-device stage lookahead + 1 near B plus
+/// the one an F between its Bs is copying out (residentOffloadedStashes, which the
+/// planner's cost model charges, Note [Offloads in flight] in planner/CostModel.h).
+/// Measured before: seed 0 instance 29 of PlanRunsTest (gpt2-tiny gpipe-offload S=3 M=4)
+/// held 2 stashes where lookahead + 2 = 3 were charged, -10.4% and -11.9%.
+/// forwardPhaseFirst: per stage, whether it runs so (on the compute order of `schedule`).
+std::vector<bool> forwardPhaseFirst(const Schedule& schedule);
+/// Offloaded stashes of a same-device stage resident at once: min(n, lookahead + 2), or
+/// with the forward phase first min(n, max(lookahead + 1, 1 + kOffloadsInFlight)); plus
+/// the `deferred` stashes waiting for their W (Note [Split backward]).
+int residentOffloadedStashes(int inFlight, int lookahead, bool forwardPhaseFirst, int deferred);
+
 /// Per stage policy (one entry, or one per stage). For offloaded stages inserts OFF s.m
 /// right after F(s,m) and PRE s.m on the backward device `lookahead` compute actions
 /// (F or B) before B(s,m), in front of the receives that precede that compute action so the
 /// copy is issued before the device blocks (never before its own OFF on the same device).
 /// Checkpoint kinds mark B as recompute (BR). I takes B's place (IR; PRE before I); the
-/// stash then stays until W (Note [Split backward]).
+/// stash then stays until W (Note [Split backward]). Note [Prefetches after the forward
+/// phase] moves some PREs later.
 /// `lookahead`: one value, or one per stage (pipeline.lookahead).
 Schedule addOffload(const Schedule& schedule, const std::vector<StashPolicy>& policies,
                     const std::vector<int>& lookahead);
