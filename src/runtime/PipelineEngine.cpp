@@ -36,6 +36,7 @@
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/PipelinePlan.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/ScheduleKind.h"
@@ -108,6 +109,7 @@ void PipelineEngine::Impl::build() {
   planProgress();
   planHeldOffloads();
   planLaterPrefetches();
+  passes = schedules::rendezvousPasses(plan.schedule);
   t0 = memory::nowNs();
   for (int d = 0; d < D; ++d)
     if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });
