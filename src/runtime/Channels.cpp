@@ -101,8 +101,7 @@ void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.acts, {a.stage, a.index}, "activation");
   const ChanKey key{Chan::Act, a.stage, a.index, a.peer};
   // Note [Message rendezvous] (schedules/Messages.h)
-  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer))
-    channels.awaitReceiver(key);
+  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) channels.awaitReceiver(key);
   post(a.peer, key, {t});
 }
 
@@ -114,8 +113,7 @@ void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.grads, {a.stage, a.index}, "gradient");
   const ChanKey key{Chan::Grad, a.stage, a.index, a.peer};
   // Note [Message rendezvous] (schedules/Messages.h): the gradient waits here, not there.
-  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer))
-    channels.awaitReceiver(key);
+  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) channels.awaitReceiver(key);
   post(a.peer, key, {t});
 }
 
