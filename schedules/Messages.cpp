@@ -60,6 +60,7 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   for (int d = 0; d < D; ++d)
     for (int id = offset[d]; id + 1 < offset[d + 1]; ++id) edge(id, id + 1);
   std::vector<Message> messages;
+  const std::vector<int> passes = rendezvousPasses(schedule);
   for (int m = 0; m < total; ++m) {
     for (int s = 0; s < S; ++s) {
       const int f = node(Node::F, s, m), b = node(Node::InputBackward, s, m);
@@ -67,13 +68,16 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
       if (s > 0) {
         const int from = node(Node::F, s - 1, m);
         edge(from, f);
-        if (from >= 0 && f >= 0 && deviceOf[from] != deviceOf[f])
+        // Note [Message rendezvous]: sent when its receiver waits for it.
+        if (from >= 0 && f >= 0 && deviceOf[from] != deviceOf[f] &&
+            !rendezvous(passes, deviceOf[from], deviceOf[f]))
           messages.push_back({from, f, 0, s});
       }
       if (s + 1 < S) {
         const int from = node(Node::InputBackward, s + 1, m);
         edge(from, b);
-        if (from >= 0 && b >= 0 && deviceOf[from] != deviceOf[b])
+        if (from >= 0 && b >= 0 && deviceOf[from] != deviceOf[b] &&
+            !rendezvous(passes, deviceOf[from], deviceOf[b]))
           messages.push_back({from, b, 1, s});
       }
       // Note [Recomputed last output]
@@ -138,6 +142,20 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
     // outputs: counted over all stages at once (only the last stage sends them)
     int& slot = kind == 0 ? out.activations[stage] : kind == 1 ? out.gradients[stage] : out.outputs;
     slot = std::max(slot, most);
+  }
+  return out;
+}
+
+std::vector<int> rendezvousPasses(const Schedule& schedule) {
+  std::vector<int> out(schedule.devices.size(), 0);
+  if (schedule.kind != toString(ScheduleKind::PipeFbSync)) return out;
+  for (size_t d = 0; d < schedule.devices.size(); ++d) {
+    bool forward = false, backward = false;
+    for (const Action& a : schedule.devices[d]) {
+      forward = forward || a.type == ActionType::Forward;
+      backward = backward || a.isInputBackward() || a.type == ActionType::WeightGrad;
+    }
+    out[d] = forward && !backward ? 1 : backward && !forward ? 2 : 0;
   }
   return out;
 }

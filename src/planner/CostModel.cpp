@@ -920,14 +920,45 @@ void DecoupledDevice::addForward(const StageEstimate& e) {
   largestB = std::max(largestB, m[st] - e.stashBytes);
 }
 
-void DecoupledDevice::addBackward(const StageEstimate& e) {
+void DecoupledDevice::addBackward(const StageEstimate& e, const PipelineShape& shape) {
   const int st = index(MemoryCategory::Stash), ws = index(MemoryCategory::WorkingSet);
   const CategoryBytes& m = e.backwardMemory;
   compute += e.backwardCompute;
   copy += e.backwardCopy;
   resident += total(m) - m[st] - m[ws];
-  largestA = std::max(largestA, m[st]);
-  largestB = std::max(largestB, m[ws]);
+  lookahead_ = shape.lookahead;
+  microbatches_ = shape.microbatches;
+  stashes_.push_back(e.stashBytes);
+  working_.push_back(m[ws]);
+  // Note [Decoupled devices]: B order is the order added, so segment q's lookahead + 1
+  // B's stay within one microbatch once q + lookahead segments follow it; adding one
+  // more segment settles the window of the segment `lookahead` places before it.
+  const int q = static_cast<int>(stashes_.size()) - 1 - lookahead_;
+  if (q >= 0) {
+    const Held h = window(q);
+    if (h.total() > inside_.total()) inside_ = h;
+  }
+}
+
+DecoupledDevice::Held DecoupledDevice::window(int q) const {
+  const int n = static_cast<int>(stashes_.size());
+  // The B's from B(q,0) on: n - q of microbatch 0, n of each later one.
+  const std::int64_t left = static_cast<std::int64_t>(n) * microbatches_ - q;
+  const int count = static_cast<int>(std::min<std::int64_t>(lookahead_ + 1, left));
+  Held h;
+  for (int t = 0; t < count; ++t) h.stashes += stashes_[(q + t) % n];
+  h.working = working_[q];
+  return h;
+}
+
+DecoupledDevice::Held DecoupledDevice::peak() const {
+  Held best = inside_;
+  const int n = static_cast<int>(stashes_.size());
+  for (int q = std::max(0, n - lookahead_); q < n; ++q) {  // windows into microbatch m + 1
+    const Held h = window(q);
+    if (h.total() > best.total()) best = h;
+  }
+  return best;
 }
 
 double CostModel::foldedLinkTime(const PipelineShape& shape, int a, int actLayer,
@@ -977,9 +1008,13 @@ std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const Pipeli
       r.last = k + 1;
       r.firstLayer = cuts[r.first];
       r.lastLayer = cuts[k + 1];
-      backward ? r.load.addBackward(stages[k]) : r.load.addForward(stages[k]);
+      if (!backward) r.load.addForward(stages[k]);
     }
   }
+  // A backward range's segments from its last to its first (Note [Decoupled devices]).
+  for (DecoupledRange& r : out)
+    if (r.backward)
+      for (int k = r.last - 1; k >= r.first; --k) r.load.addBackward(stages[k], shape);
   for (DecoupledRange& r : out)
     r.boundary = r.backward ? model.backwardRangeOutput(shape, r.index, r.lastLayer,
                                                         stages[r.last - 1].policy)

@@ -76,10 +76,15 @@ std::string decoupledRangesInWords(const CostModel& model, const Plan& plan) {
       << layerRange(model.profile(), r.firstLayer, r.lastLayer) << " on device " << r.device << ", "
       << (r.backward ? "B" : "F") << " " << formatSeconds(r.load.compute)
       << " per microbatch, holds " << formatBytes(r.load.memory() + r.boundary.bytes) << " ("
-      << formatBytes(r.load.resident) << " of states and buffers, " << formatBytes(r.load.largestA)
-      << (r.backward ? " of prefetched stashes, " : " of stash being built and F's work, ")
-      << formatBytes(r.load.largestB)
-      << (r.backward ? " of one segment's working set" : " of copies going out");
+      << formatBytes(r.load.resident) << " of states and buffers, ";
+    if (r.backward) {
+      const DecoupledDevice::Held h = r.load.peak();
+      o << formatBytes(h.stashes) << " of stashes and " << formatBytes(h.working)
+        << " of working set at its fullest segment's B";
+    } else {
+      o << formatBytes(r.load.largestA) << " of stash being built and F's work, "
+        << formatBytes(r.load.largestB) << " of copies going out";
+    }
     if (r.boundary.bytes > 0)
       o << ", " << formatBytes(r.boundary.bytes)
         << (r.backward ? " of gradients or outputs that can wait"

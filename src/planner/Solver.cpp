@@ -1155,8 +1155,8 @@ struct PassCuts {
 // it reaches the cap.
 template <typename Cost, typename Floor>
 PassCuts partitionPass(int L, int n, double cap,
-                       const std::vector<const std::vector<StageEstimate>*>& est, bool forward,
-                       Cost cost, Floor floor) {
+                       const std::vector<const std::vector<StageEstimate>*>& est,
+                       const PipelineShape& shape, bool forward, Cost cost, Floor floor) {
   std::vector<std::vector<double>> best(n + 1, std::vector<double>(L + 1, kInf));
   std::vector<std::vector<int>> arg(n + 1, std::vector<int>(L + 1, -1));
   best[0][0] = 0;
@@ -1164,7 +1164,7 @@ PassCuts partitionPass(int L, int n, double cap,
     for (int j = a; j <= L - (n - a); ++j) {
       DecoupledDevice d;
       for (int i = j - 1; i >= a - 1; --i) {
-        forward ? d.addForward((*est[a - 1])[i]) : d.addBackward((*est[a - 1])[i]);
+        forward ? d.addForward((*est[a - 1])[i]) : d.addBackward((*est[a - 1])[i], shape);
         if (floor(a - 1, d) >= cap) break;
         if (best[a - 1][i] >= cap) continue;
         const double c = std::max(best[a - 1][i], cost(a - 1, i, j, d));
@@ -1236,18 +1236,18 @@ std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineSh
     };
     // What only grows with a range: its device's time or bytes (infinite once over).
     auto floorAt = [&](int device, const DecoupledDevice& d) {
-      if (over(device, d.memory())) return kInf;
-      return time ? d.time() : double(d.memory());
+      if (over(device, d.memoryFloor())) return kInf;
+      return time ? d.time() : double(d.memoryFloor());
     };
     const PassCuts fp = partitionPass(
-        L, Df, cap, fwd, true,
+        L, Df, cap, fwd, sh, true,
         [&](int a, int i, int j, const DecoupledDevice& d) {
           return score(sh.forwardRangeDevice(a), d, model.forwardRangeInput(sh, a, i));
         },
         [&](int a, const DecoupledDevice& d) { return floorAt(sh.forwardRangeDevice(a), d); });
     if (fp.cuts.empty()) continue;
     const PassCuts bp = partitionPass(
-        L, Db, cap, bwd, false,
+        L, Db, cap, bwd, sh, false,
         [&](int a, int i, int j, const DecoupledDevice& d) {
           if (a + 1 == Db && j != L) return kInf;  // the last range ends at the model's end
           return score(sh.backwardRangeDevice(a), d, model.backwardRangeOutput(sh, a, j, policy));

@@ -5,6 +5,7 @@
 #include "EngineImpl.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/memory/MemoryScope.h"
+#include "pipefb/schedules/Messages.h"
 
 namespace pipefb::runtime {
 
@@ -25,10 +26,18 @@ Message Channels::take(const ChanKey& k) {
     if (it != box_.end()) {
       Message m = std::move(it->second);
       box_.erase(it);
+      receiving_.erase(k);
       return m;
     }
+    if (receiving_.insert(k).second) cv_.notify_all();  // a rendezvous sender may go
     cv_.wait(lock);
   }
+}
+
+void Channels::awaitReceiver(const ChanKey& k) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return closed_ || receiving_.count(k) > 0; });
+  if (closed_) throw Cancelled{};
 }
 
 std::optional<Message> Channels::tryTake(const ChanKey& k) {
@@ -90,7 +99,10 @@ std::vector<Tensor> PipelineEngine::Impl::receive(int peer, const ChanKey& k) {
 
 void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.acts, {a.stage, a.index}, "activation");
-  post(a.peer, {Chan::Act, a.stage, a.index, a.peer}, {t});
+  const ChanKey key{Chan::Act, a.stage, a.index, a.peer};
+  // Note [Message rendezvous] (schedules/Messages.h)
+  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) channels.awaitReceiver(key);
+  post(a.peer, key, {t});
 }
 
 void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
@@ -99,7 +111,10 @@ void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
 
 void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.grads, {a.stage, a.index}, "gradient");
-  post(a.peer, {Chan::Grad, a.stage, a.index, a.peer}, {t});
+  const ChanKey key{Chan::Grad, a.stage, a.index, a.peer};
+  // Note [Message rendezvous] (schedules/Messages.h): the gradient waits here, not there.
+  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) channels.awaitReceiver(key);
+  post(a.peer, key, {t});
 }
 
 void PipelineEngine::Impl::execRecvGrad(DeviceState& dev, const Action& a) {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -64,6 +65,9 @@ class Channels {
  public:
   void put(const ChanKey& k, Message m);
   Message take(const ChanKey& k);
+  // Blocks until a receiver waits in take(k) (Note [Message rendezvous] in
+  // schedules/Messages.h), or throws Cancelled once the pipeline stops.
+  void awaitReceiver(const ChanKey& k);
   std::optional<Message> tryTake(const ChanKey& k);
   void close();
   // Drops every message (their tensors are freed on the calling thread).
@@ -73,6 +77,7 @@ class Channels {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<ChanKey, Message> box_;
+  std::set<ChanKey> receiving_;  // keys a take() waits for
   bool closed_ = false;
 };
 

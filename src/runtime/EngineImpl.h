@@ -151,6 +151,8 @@ struct PipelineEngine::Impl {
   std::unique_ptr<offload::TransferManager> transfers;  // Note [Asynchronous host copies]
   std::shared_ptr<ShellPool> pool;
   Channels channels;
+  // Note [Message rendezvous] (schedules/Messages.h): per device.
+  std::vector<int> passes;
   int64_t t0 = 0;  // memory::nowNs() when the workers started: the records' 0 s
   // The records' seconds (schedules::ActionSpan) from and to memory::nowNs()'s clock.
   double secondsSinceOrigin(int64_t ns) const { return static_cast<double>(ns - t0) * 1e-9; }

@@ -36,6 +36,7 @@
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/PipelinePlan.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/ScheduleKind.h"
@@ -108,6 +109,7 @@ void PipelineEngine::Impl::build() {
   planProgress();
   planHeldOffloads();
   planLaterPrefetches();
+  passes = schedules::rendezvousPasses(plan.schedule);
   t0 = memory::nowNs();
   for (int d = 0; d < D; ++d)
     if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });
@@ -349,11 +351,21 @@ double PipelineEngine::step(const data::Batch& batch) {
     if (feedLast)
       onLast.push_back(copyInto(targets[j], *I.devices[last].domain, MemoryCategory::CommBuffers));
   }
+  // The message owns the only reference: a braced list ({{t}, nullptr}) copies t into the
+  // vector, and the list's own copy lives to the end of the statement, after put() woke the
+  // receiver. On a busy machine this thread was preempted there while device 0 ran F0 of
+  // the iteration's first microbatch and F1 after it: the input that F0 had consumed stayed
+  // as comm_buffers beside F1, one input more than the plan charges (resnet50/8
+  // pipefb-sync-checkpoint went out of memory at its own budget in some runs).
+  auto sole = [](Tensor t) {
+    Message m;
+    m.tensors.push_back(std::move(t));
+    return m;
+  };
   for (int j = 0; j < I.M; ++j) {
     const int mb = static_cast<int>(k) * I.M + j;
-    if (feedFirst) I.channels.put({Chan::Input, 0, mb, first}, {{std::move(onFirst[j])}, nullptr});
-    if (feedLast)
-      I.channels.put({Chan::Target, I.S - 1, mb, last}, {{std::move(onLast[j])}, nullptr});
+    if (feedFirst) I.channels.put({Chan::Input, 0, mb, first}, sole(std::move(onFirst[j])));
+    if (feedLast) I.channels.put({Chan::Target, I.S - 1, mb, last}, sole(std::move(onLast[j])));
   }
   ++I.fed;
   const bool lastIteration = k + 1 == I.K;

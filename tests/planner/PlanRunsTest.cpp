@@ -479,11 +479,13 @@ TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
 // layer a segment, forward devices feeding backward devices). ResNet50 width 1/8 at 64 px,
 // batch 32, M = 4 on 4 virtual devices, measured profile, at each family's smallest
 // feasible budget (experiments/README.md, pipefb_memory, "Measured on virtual devices").
-// The fullest device peaks within 10% of the budget. Each run gets 5% above the budget:
-// pipefb-sync's forward device held one input more than the plan charges in some runs
-// (+3.1% at its own budget), and pipefb-async's device 2 peaked 3.9% above the plan
-// (7.1% while its gathered B was charged the in-place working set, Note [Gathered weight
-// gradients]).
+// The fullest device peaks within 10% of the budget. pipefb-sync runs at its own budget,
+// and every device peaks within 10% of its plan (Notes [Decoupled devices] and [Message
+// rendezvous]; its backward devices were 17% and 31% below before, and its forward device
+// held one input more than the plan charges in some runs, the main thread's reference in
+// step()). pipefb-async gets 5% above the budget: how many of its messages wait is timing
+// (its device 2 peaked 3.9% above the plan, 7.1% while its gathered B was charged the
+// in-place working set, Note [Gathered weight gradients]).
 TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
   const std::string sets =
       "--config " + std::string(PIPEFB_SOURCE_DIR) +
@@ -511,16 +513,24 @@ TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
     }
     // Decoupled: more segments than devices, some device running several of them.
     ASSERT_GT(planYaml["stages"].size(), 4u) << family << ": not decoupled\n" << p.out;
-    const std::int64_t limit = budget + budget / 20;
+    const bool sync = family == "pipefb-sync";
+    const std::int64_t limit = sync ? budget : budget + budget / 20;
     const std::string runDir = dir_ + "/run-" + family;
     auto t = trainOnPlan(sets, planFile, limit, 3, runDir);
     ASSERT_EQ(t.code, 0) << family << " at " << limit << "\n" << t.out;
     EXPECT_NE(t.out.find("on 4 devices (" + placement + ")"), std::string::npos) << t.out;
     const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
     std::int64_t highest = 0;
-    for (const auto& d : summary["devices"])
-      if (d["name"].get<std::string>().rfind("cpu:", 0) == 0)
-        highest = std::max(highest, d["peak_bytes"].get<std::int64_t>());
+    for (const auto& d : summary["devices"]) {
+      const std::string name = d["name"];
+      if (name.rfind("cpu:", 0) != 0) continue;
+      const std::int64_t peak = d["peak_bytes"].get<std::int64_t>();
+      highest = std::max(highest, peak);
+      if (!sync) continue;
+      const double want =
+          planYaml["predicted"]["peak_memory"][std::stoi(name.substr(4))].as<double>();
+      EXPECT_NEAR(static_cast<double>(peak), want, 0.1 * want) << family << " " << name;
+    }
     EXPECT_NEAR(static_cast<double>(highest), static_cast<double>(budget), 0.1 * budget) << family;
   }
 }

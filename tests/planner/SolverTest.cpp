@@ -1192,3 +1192,39 @@ TEST(SolverLiteral, OneForwardDeviceFeedsThreeBackwardDevices) {
 
 }  // namespace
 }  // namespace pipefb::planner
+
+// Note [Decoupled devices]: a backward device holds, at each segment's B, that segment's
+// stash and the next lookahead B's (the range's first segment is followed by its last one
+// of the next microbatch) beside that segment's working set; the most over segments.
+TEST(DecoupledDevice, ChargesEachSegmentsBWithTheStashesResidentThen) {
+  // Segments 0..3 of one backward range: stashes 384, 64, 32, 256 and working sets 100,
+  // 2000, 50, 10; B runs 3, 2, 1, 0, then 3 of the next microbatch.
+  const std::int64_t stash[] = {384, 64, 32, 256}, work[] = {100, 2000, 50, 10};
+  auto device = [&](int microbatches, int lookahead) {
+    PipelineShape shape;
+    shape.microbatches = microbatches;
+    shape.lookahead = lookahead;
+    DecoupledDevice d;
+    for (int k = 3; k >= 0; --k) {
+      StageEstimate e;
+      e.stashBytes = stash[k];
+      e.backwardMemory[index(pipefb::MemoryCategory::WorkingSet)] = work[k];
+      e.backwardMemory[index(pipefb::MemoryCategory::Grads)] = 1000;
+      d.addBackward(e, shape);
+    }
+    return d;
+  };
+  // Lookahead 1: B of segment 1 holds stashes 1 and 0 beside its working set, 448 + 2000
+  // (the largest stashes twice beside the largest working set would be 768 + 2000).
+  const DecoupledDevice one = device(4, 1);
+  EXPECT_EQ(one.peak().stashes, 448);
+  EXPECT_EQ(one.peak().working, 2000);
+  EXPECT_EQ(one.memory(), 4000 + 448 + 2000);
+  EXPECT_LE(one.memoryFloor(), one.memory());
+  // Lookahead 2: segment 1's B holds 1, 0 and the next microbatch's 3.
+  EXPECT_EQ(device(4, 2).peak().stashes, 64 + 384 + 256);
+  // Segment 0's B wraps to the next microbatch's segment 3, 384 + 256 + its 100, unless
+  // there is no next microbatch (M = 1); with lookahead 3 it is the most there.
+  EXPECT_EQ(device(4, 3).peak().total(), 64 + 384 + 256 + 32 + 2000);
+  EXPECT_EQ(device(1, 3).peak().total(), 64 + 384 + 2000);
+}

@@ -534,13 +534,21 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 ///     plus the largest of the copies still going out (Note [Offloads in flight]: the
 ///     copy engine's bound, whichever segment they came from);
 ///   backward device: weights, gradients, optimizer state and comm buffers of all its
-///     segments, plus the largest resident prefetched stashes (lookahead + 1 of them) and
-///     the largest working set of one segment: one segment's recomputed graph under a
-///     checkpoint kind, never a whole range's;
+///     segments, plus, at the B of one segment, what that B holds: the stashes resident
+///     then and its own working set (one segment's recomputed graph under a checkpoint
+///     kind, never a whole range's), the most over the segments. The device runs B of its
+///     segments last to first, microbatch after microbatch, and prefetches `lookahead`
+///     compute actions ahead (addOffload), so at B(k,m) it holds the stashes of the
+///     lookahead + 1 B's from B(k,m) on in that order: k, k-1, ..., the range's first
+///     segment, then its last one of microbatch m+1 (at most the B's left from B(k,0)).
+///     The largest stashes and the largest working set each over all segments, charged
+///     together, over-charged resnet50/8 pipefb-sync's first backward range (the stem's
+///     384 KiB stash twice beside layer1.0's working set: 768 KiB where its B holds 448);
 /// and per range boundary (CostModel::forwardRangeInput / backwardRangeOutput): the link
-/// message's time and the messages that can wait there (Note [Waiting messages]; the last
-/// backward range is sent no output when it recomputes, Note [Recomputed last output]).
-/// Consecutive
+/// message's time and the messages that can wait there (Note [Waiting messages]; none
+/// between two ranges of one pass of pipefb-sync, Note [Message rendezvous] in
+/// schedules/Messages.h; the last backward range is sent no output when it recomputes,
+/// Note [Recomputed last output]). Consecutive
 /// segments on one device hand their activations and gradients over locally: no message.
 /// Compute and copy times add up over the device's segments (each a resource of its own).
 ///
@@ -555,12 +563,33 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 struct DecoupledDevice {
   double compute = 0, copy = 0;
   std::int64_t resident = 0;  // summed over the segments
-  std::int64_t largestA = 0;  // forward: stash built + working set; backward: resident stashes
-  std::int64_t largestB = 0;  // forward: copies going out; backward: working set
+  // Forward: the largest (stash built + working set) and the largest copies going out.
+  std::int64_t largestA = 0, largestB = 0;
+  /// Backward: what one segment's B holds beyond `resident`.
+  struct Held {
+    std::int64_t stashes = 0, working = 0;
+    std::int64_t total() const { return stashes + working; }
+  };
   void addForward(const StageEstimate& e);
-  void addBackward(const StageEstimate& e);
+  /// Backward segments are added from the range's last to its first (the order B runs
+  /// them); `shape` gives the lookahead and the microbatches.
+  void addBackward(const StageEstimate& e, const PipelineShape& shape);
+  /// Backward: the segment's B that holds the most.
+  Held peak() const;
   double time() const { return compute > copy ? compute : copy; }
-  std::int64_t memory() const { return resident + largestA + largestB; }
+  std::int64_t memory() const {
+    return resident + (stashes_.empty() ? largestA + largestB : peak().total());
+  }
+  /// A part of memory() that never decreases as segments are added (the DP's floor).
+  std::int64_t memoryFloor() const {
+    return resident + (stashes_.empty() ? largestA + largestB : inside_.total());
+  }
+
+ private:
+  std::vector<std::int64_t> stashes_, working_;  // backward, in the order added
+  int lookahead_ = 0, microbatches_ = 1;
+  Held inside_;  // the most over segments whose lookahead + 1 B's stay in one microbatch
+  Held window(int q) const;
 };
 /// A range boundary's charge: the message's link time and the bytes that can wait.
 struct RangeBoundary {
