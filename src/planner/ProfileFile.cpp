@@ -44,8 +44,7 @@ std::string profileToYaml(const Profile& p) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
       << ", recompute: " << l.recompute << ", step: " << l.step
       << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
-      << ", saved_output_bytes: " << l.savedOutputBytes
-      << ", working_bytes: " << l.workingBytes
+      << ", saved_output_bytes: " << l.savedOutputBytes << ", working_bytes: " << l.workingBytes
       << ", gathered_working_bytes: " << l.gatheredWorkingBytes << ", param_bytes: " << l.paramBytes
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
       << ", step_working_bytes: " << l.stepWorkingBytes
@@ -77,8 +76,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.step = l["step"] ? l["step"].as<double>() : 0;
       c.outputBytes = l["output_bytes"].as<std::int64_t>();
       c.savedBytes = l["saved_bytes"].as<std::int64_t>();
-      c.savedOutputBytes =
-          l["saved_output_bytes"] ? l["saved_output_bytes"].as<std::int64_t>() : 0;
+      c.savedOutputBytes = l["saved_output_bytes"] ? l["saved_output_bytes"].as<std::int64_t>() : 0;
       c.workingBytes = l["working_bytes"] ? l["working_bytes"].as<std::int64_t>() : 0;
       c.paramBytes = l["param_bytes"].as<std::int64_t>();
       c.gradBytes = l["grad_bytes"] ? l["grad_bytes"].as<std::int64_t>() : c.paramBytes;
