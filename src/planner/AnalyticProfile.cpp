@@ -315,6 +315,8 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.snapshot = 2.0 * double(c.paramBytes) / (d.hbmBandwidth * d.efficiency);
     c.outputBytes = w.outputBytes * microbatch;
     c.savedBytes = w.savedBytes * microbatch;
+    // savedOutputBytes stays 0: savedBytes here already counts an output ReLU saves
+    // (convRelu, linear), unlike a measured profile's (Note [Measured saved bytes]).
     c.workingBytes = w.workingBytes * microbatch;
     p.layers.push_back(c);
   }

@@ -620,8 +620,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const WaitingBytes waiting = waitingBytes(shape, k, first, last, outputTravels);
   const std::int64_t actsWaiting = waiting.activations, gradsWaiting = waiting.gradients;
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
-  // keeps the graph root, and the profile's saved bytes leave the output out.
-  e.stashBytes = ckpt ? input : off ? graph : graph + output;
+  // keeps the graph root, and the profile's saved bytes leave the output out. An offloaded
+  // graph holds what of it the last layer's graph saved (Note [Measured saved bytes]).
+  const std::int64_t savedOutput = scaled(profile_.layers[last - 1].savedOutputBytes, f);
+  e.stashBytes = ckpt ? input : graph + (off ? savedOutput : output);
   e.inFlight =
       unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M) : inFlightStashes(shape.kind, S, k, M);
   e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M);

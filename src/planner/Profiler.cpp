@@ -225,6 +225,31 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       }
       c.gatheredWorkingBytes = std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
     }
+    // The output's bytes the graph keeps (Note [Measured saved bytes]): drop the last
+    // handle on the output while its graph lives; what is not freed, the graph holds.
+    // BatchNorm's statistics are put back afterwards.
+    {
+      memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+      std::vector<torch::Tensor> buffers;
+      {
+        torch::NoGradGuard noGrad;
+        for (const auto& t : layer.buffers()) buffers.push_back(t.clone());
+      }
+      torch::Tensor s;
+      if (inputGrad) s = torch::zeros({}, input.options().requires_grad(true));
+      torch::Tensor x = inputGrad ? input + s : input.clone();
+      torch::Tensor y = layer.forward(x);
+      x = torch::Tensor();
+      std::shared_ptr<torch::autograd::Node> graph = y.grad_fn();
+      const std::int64_t outStorage = storageBytes(y), live = dom.liveBytes();
+      y = torch::Tensor();
+      const std::int64_t freed = live - dom.liveBytes();
+      c.savedOutputBytes = std::clamp<std::int64_t>(outStorage - freed, 0, c.outputBytes);
+      graph.reset();
+      torch::NoGradGuard noGrad;
+      auto current = layer.buffers();
+      for (size_t j = 0; j < buffers.size(); ++j) current[j].copy_(buffers[j]);
+    }
     // F without autograd (Note [Forward without autograd] in CostModel.h): input, output
     // and temporaries, nothing saved. BatchNorm's statistics are put back afterwards.
     {

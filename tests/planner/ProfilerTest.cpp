@@ -72,6 +72,8 @@ TEST(ProfilerTest, MlpClosedForms) {
     // the in-place ReLU saves its result, which is the output itself and is not counted
     // (Note [Measured saved bytes]). So exactly the input, b x in floats.
     EXPECT_EQ(l.savedBytes, b * in[i] * 4) << l.name;
+    // That result is the output: all of it stays with the graph; fc3 has no ReLU.
+    EXPECT_EQ(l.savedOutputBytes, i < 2 ? l.outputBytes : 0) << l.name;
     // B allocates at least the input gradient (except layer 0, whose input is data).
     EXPECT_GT(l.workingBytes, 0) << l.name;
     EXPECT_LT(l.workingBytes, 8 * (b * (in[i] + out[i]) * 4 + l.paramBytes)) << l.name;
@@ -193,6 +195,15 @@ TEST(ProfilerTest, TinyVgg) {
   // conv1_1 (1 -> 4 channels, 32x32, no pool): the conv saves its input (8x1x32x32
   // floats), ReLU its output (the layer output, not counted).
   EXPECT_EQ(p.layers[0].savedBytes, 8 * 1 * 32 * 32 * 4);
+  // The graph keeps an in-place ReLU's result: the whole output of a conv without a pool
+  // and of fc6, fc7 (no dropout); none of a max-pool's output (it saves its input and
+  // indices) or of fc8 (no ReLU). Note [Measured saved bytes].
+  for (const auto& l : p.layers) {
+    const bool pooled = l.name == "conv1_2" || l.name == "conv2_2" || l.name == "conv3_3" ||
+                        l.name == "conv4_3" || l.name == "conv5_3";
+    const bool savesOutput = !pooled && l.name != "fc8";
+    EXPECT_EQ(l.savedOutputBytes, savesOutput ? l.outputBytes : 0) << l.name;
+  }
   expectTimesPositive(p);
 }
 

@@ -23,8 +23,12 @@ struct LayerCost {
   /// Copying the layer's parameters into fresh tensors (a PipeDream weight snapshot,
   /// Note [Weight snapshots] in CostModel.h).
   double snapshot = 0;
-  std::int64_t outputBytes = 0;   // the activation this layer hands to the next
-  std::int64_t savedBytes = 0;    // what autograd keeps for B (the graph stash)
+  std::int64_t outputBytes = 0;  // the activation this layer hands to the next
+  std::int64_t savedBytes = 0;   // what autograd keeps for B (the graph stash)
+  /// Of outputBytes, what the layer's own graph keeps too (an in-place ReLU's result: all
+  /// of it); not in savedBytes. A stage's stash holds it with its last layer's graph
+  /// whether or not the output itself is kept (Note [Measured saved bytes] in Profiler.h).
+  std::int64_t savedOutputBytes = 0;
   std::int64_t workingBytes = 0;  // transient peak while F or B runs, beyond the stash
   /// The same with B gathering the parameters' gradients (torch::autograd::grad: held as
   /// fresh tensors until B ends, Note [Gathered weight gradients] in CostModel.h) instead

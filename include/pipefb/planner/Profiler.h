@@ -18,9 +18,13 @@
 // The input is therefore counted iff the graph saved it (conv and linear save their
 // input; ReLU saves its result, which is the output and is not counted twice; max-pool
 // keeps int64 indices). An output that is itself saved (in-place ReLU) is charged to the
-// next layer's input, so the sum over a stage is the stage's stash. Known gap: at a
-// stage boundary the sender's graph also keeps such an output (the last layer's in-place
-// ReLU result), which this convention charges to the receiver's first layer instead.
+// next layer's input, so the sum over a stage is the stage's stash. At a stage boundary
+// the sender's graph also keeps such an output (the last layer's in-place ReLU result)
+// beside the receiver's copy: the profiler records it as savedOutputBytes (the output
+// storage that dropping the last handle on the output, with its graph alive, leaves
+// allocated), and the cost model charges it to every stash policy's stash that holds
+// the graph, offload included (an offloaded vgg16/8 fc6 stash was copied back 32768
+// bytes, fc6's output, above the plan's; plan_runs_test seed 1 instance 7).
 // Working bytes: the larger of (peak during F - live after F) and (peak during B - live
 // before B, with the output gradient allocated). B returns the parameters' gradients as
 // fresh tensors, as the runtime's B does (torch::autograd::grad, Note [Gathered weight
