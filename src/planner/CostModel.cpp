@@ -746,11 +746,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::WeightVersions, deviceCopies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
+    // Note [Comm buffers in the cost model]: the inputs whose F has not run when B peaks.
+    const int inputsWaiting = isFlushing(shape.kind) ? std::max(0, M - e.inFlight) : M - 1;
     w(m, MemoryCategory::CommBuffers,
       (shape.replicas > 1 ? G : 0) +  // Note [Gradient buckets]
-                                      // the inputs whose F has not run when B peaks: those beyond
-                                      // the in-flight stashes
-          std::max(0, M - e.inFlight) * oneInput + targetsFed + actsWaiting + gradsWaiting);
+          inputsWaiting * oneInput + targetsFed + actsWaiting + gradsWaiting);
     w(m, MemoryCategory::Stash, resident * e.stashBytes);
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.

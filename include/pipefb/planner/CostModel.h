@@ -150,9 +150,12 @@
 //
 // Note [Comm buffers in the cost model]
 // Channels copy a message into the receiver's domain as comm_buffers. Charged:
-//  * the iteration's M microbatch inputs, fed before it to stage 0's forward device
-//    (PipelineEngine::run): all of them beside F(0,0), fewer beside the later forwards; on
-//    a same-device stage 0, M - in-flight of them are still waiting when B peaks;
+//  * the iteration's M microbatch inputs, fed to stage 0's forward device once it ran
+//    every action before its first one of the iteration (PipelineEngine::step, Note
+//    [Overlapping iterations]): all of them beside F(0,0), fewer beside the later
+//    forwards; on a same-device stage 0, M - in-flight of them are still waiting when B
+//    peaks, and M - 1 under an asynchronous kind (pipedream): from the second iteration
+//    on, B(0, kM - n + 1) follows F(0, kM) with n stashes in flight;
 //  * its M targets (Profile::targetBytes each) on the last stage's backward device;
 //  * the gradient of a stage's output (or the loss's), held through all of B.
 // Not charged: activations and gradients that a sender posts before the receiver takes
