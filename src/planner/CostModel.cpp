@@ -508,6 +508,14 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
          (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + scaled(maxWorking, scale(shape));
 }
 
+namespace {
+// Note [Forward beside backward]: a stage alone on its device, F and fused B there.
+bool forwardBesideBackward(const PipelineShape& shape) {
+  return !shape.sharesDevices() && !shape.decoupled() && !isSplit(shape.kind) &&
+         !splitsBackward(shape.kind);
+}
+}  // namespace
+
 CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int k, int first,
                                                 int last, bool outputTravels) const {
   WaitingBytes out;
@@ -517,8 +525,15 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
   const schedules::WaitingMessages& wm =
       waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
+  const std::int64_t outputs = outputTravels ? wm.outputs * output : 0;
+  if (forwardBesideBackward(shape)) {  // Note [Forward beside backward]
+    out.activations = wm.activationsAtBackward.at(k) * input;
+    out.gradients = wm.gradientsAtBackward.at(k) * output + outputs;
+    out.atForward = wm.activations.at(k) * input + wm.gradients.at(k) * output + outputs;
+    return out;
+  }
   out.activations = wm.activations.at(k) * input;
-  out.gradients = wm.gradients.at(k) * output + (outputTravels ? wm.outputs * output : 0);
+  out.gradients = wm.gradients.at(k) * output + outputs;
   return out;
 }
 
@@ -755,7 +770,14 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
     const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
-    w(m, MemoryCategory::WorkingSet, wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep));
+    // Note [Forward beside backward]: F's excess over B.
+    const std::int64_t atB = resident * e.stashBytes + wsB + actsWaiting + gradsWaiting;
+    const std::int64_t atF =
+        std::max(0, resident - 1) * e.stashBytes + e.forwardPeakBytes + waiting.atForward;
+    const std::int64_t forwardExcess =
+        forwardBesideBackward(shape) ? std::max<std::int64_t>(0, atF - atB) : 0;
+    w(m, MemoryCategory::WorkingSet,
+      wsB + stepExcess(resident * e.stashBytes, wsB + freedAtStep) + forwardExcess);
     e.forwardMemory = m;
   }
   e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer +
