@@ -122,6 +122,8 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   WaitingMessages out;
   out.activations.assign(S, 0);
   out.gradients.assign(S, 0);
+  out.activationsAtBackward.assign(S, 0);
+  out.gradientsAtBackward.assign(S, 0);
   std::map<std::tuple<int, int, int>, std::vector<int>> diff;  // (device, kind, stage)
   for (const Message& msg : messages) {
     const int d = deviceOf[msg.consumer];
@@ -134,14 +136,19 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   }
   for (const auto& [key, v] : diff) {
     const auto [d, kind, stage] = key;
-    int most = 0;
+    int most = 0, atBackward = 0;
     for (int p = 0, run = 0; p + 1 < static_cast<int>(v.size()); ++p) {
       run += v[p];
       if (schedule.devices[d][p].isCompute()) most = std::max(most, run);
+      if (schedule.devices[d][p].isInputBackward()) atBackward = std::max(atBackward, run);
     }
     // outputs: counted over all stages at once (only the last stage sends them)
     int& slot = kind == 0 ? out.activations[stage] : kind == 1 ? out.gradients[stage] : out.outputs;
     slot = std::max(slot, most);
+    if (kind == 0)
+      out.activationsAtBackward[stage] = std::max(out.activationsAtBackward[stage], atBackward);
+    if (kind == 1)
+      out.gradientsAtBackward[stage] = std::max(out.gradientsAtBackward[stage], atBackward);
   }
   return out;
 }

@@ -553,6 +553,14 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
          (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + scaled(maxWorking, scale(shape));
 }
 
+namespace {
+// Note [Forward beside backward]: a stage alone on its device, F and fused B there.
+bool forwardBesideBackward(const PipelineShape& shape) {
+  return !shape.sharesDevices() && !shape.decoupled() && !isSplit(shape.kind) &&
+         !splitsBackward(shape.kind);
+}
+}  // namespace
+
 CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int k, int first,
                                                 int last, bool outputTravels) const {
   WaitingBytes out;
@@ -562,8 +570,15 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
   const schedules::WaitingMessages& wm =
       waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
+  const std::int64_t outputs = outputTravels ? wm.outputs * output : 0;
+  if (forwardBesideBackward(shape)) {  // Note [Forward beside backward]
+    out.activations = wm.activationsAtBackward.at(k) * input;
+    out.gradients = wm.gradientsAtBackward.at(k) * output + outputs;
+    out.atForward = wm.activations.at(k) * input + wm.gradients.at(k) * output + outputs;
+    return out;
+  }
   out.activations = wm.activations.at(k) * input;
-  out.gradients = wm.gradients.at(k) * output + (outputTravels ? wm.outputs * output : 0);
+  out.gradients = wm.gradients.at(k) * output + outputs;
   return out;
 }
 
@@ -819,11 +834,12 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     const std::int64_t buckets = shape.replicas > 1 ? G : 0;  // Note [Gradient buckets]
+    // Note [Comm buffers in the cost model]: the inputs whose F has not run when B peaks.
+    const int inputsWaiting = isFlushing(shape.kind) ? std::max(0, M - e.inFlight) : M - 1;
+    // (actsWaiting: those that wait at B's starts, Note [Forward beside backward]; none in
+    // the B phase of a stage with the forward phase first, Note [Two phases].)
     w(m, MemoryCategory::CommBuffers,
-      buckets +
-          // the inputs whose F has not run when B peaks: those beyond the in-flight stashes
-          std::max(0, M - e.inFlight) * oneInput + targetsFed + (twoPhases ? 0 : actsWaiting) +
-          gradsWaiting);
+      buckets + inputsWaiting * oneInput + targetsFed + actsWaiting + gradsWaiting);
     // An offloaded last stage's F keeps its output for the loss on the device (execForward:
     // OFF takes autograd's saved tensors, not the loss's input), one per microbatch in
     // flight. (Seed 0 instance 29 of PlanRunsTest, gpt2-tiny gpipe-offload, held 4 logits
@@ -836,10 +852,19 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
     const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
+    // Note [Forward beside backward]: F's excess over B (a stage with the forward phase
+    // first charges its F phase whole, below).
+    const std::int64_t atB = stash + wsB + actsWaiting + gradsWaiting;
+    const std::int64_t atF =
+        std::max(0, resident - 1) * e.stashBytes + e.forwardPeakBytes + waiting.atForward;
+    const std::int64_t forwardExcess =
+        forwardBesideBackward(shape) && !twoPhases ? std::max<std::int64_t>(0, atF - atB) : 0;
     // (A flushing stage steps after its last B: its stashes and loss inputs are gone.)
     w(m, MemoryCategory::WorkingSet,
-      wsB + stepExcess(resident, flushing ? 0 : resident,
-                       wsB + freedAtStep + (flushing ? lossInputs : 0)));
+      wsB +
+          stepExcess(resident, flushing ? 0 : resident,
+                     wsB + freedAtStep + (flushing ? lossInputs : 0)) +
+          forwardExcess);
     // Note [Two phases]
     // A stage whose iteration runs all its Fs before its first B (Note [Prefetches after
     // the forward phase]) peaks in one of two phases. In the B phase every F ran: no
@@ -864,7 +889,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         const std::int64_t st = held * e.stashBytes + (lossInputs > 0 ? j * output : 0);
         if (in + st > inputs + stashes) inputs = in, stashes = st;
       }
-      w(f, MemoryCategory::CommBuffers, buckets + inputs + targetsFed + actsWaiting);
+      const std::int64_t atFStarts = forwardBesideBackward(shape) ? waiting.atForward : actsWaiting;
+      w(f, MemoryCategory::CommBuffers, buckets + inputs + targetsFed + atFStarts);
       w(f, MemoryCategory::Stash, stashes);
       w(f, MemoryCategory::WorkingSet, e.forwardPeakBytes);
       if (total(f) > total(m)) m = f;

@@ -185,6 +185,8 @@ struct PipelineEngine::Impl {
   std::condition_variable cv;
   std::vector<int> done;               // actions finished per device
   std::vector<std::vector<int>> need;  // [device][iteration]: actions that end it
+  std::vector<int> feedAt;  // [iteration]: actions of the first device before its first one of
+                            // that iteration (Note [Overlapping iterations])
   int64_t progress = 0;
   std::vector<double> loss;  // per iteration
   std::vector<int> lossCount;

@@ -211,6 +211,7 @@ void PipelineEngine::Impl::buildStage(int s) {
 // When each iteration is over on each device (synchronous schedules wait for it).
 void PipelineEngine::Impl::planProgress() {
   done.assign(D, 0);
+  feedAt.assign(K, 0);
   need.assign(D, std::vector<int>(K, 0));
   for (int d = 0; d < D; ++d) {
     const auto& list = plan.schedule.devices[d];
@@ -223,6 +224,13 @@ void PipelineEngine::Impl::planProgress() {
     }
     int run = 0;
     for (int64_t k = 0; k < K; ++k) need[d][k] = run = std::max(run, last[k]);
+    if (d == stages[0].fDev && !stages[0].split) {  // Note [Overlapping iterations]
+      feedAt.assign(K, static_cast<int>(list.size()));
+      for (int i = static_cast<int>(list.size()) - 1; i >= 0; --i) {
+        const int k = iterationOf(list[i]);
+        if (k >= 0 && k < K) feedAt[k] = i;
+      }
+    }
     if (!isLocal(d)) {  // another process runs it
       need[d].assign(K, 0);
       done[d] = static_cast<int>(list.size());
@@ -302,10 +310,22 @@ PipelineEngine::~PipelineEngine() {
 // its own last W, and its device's next forwards come after that STEP in its list, so
 // they may start while later devices still run this iteration's deferred W's. With
 // EngineOptions::overlapIterations step() returns once the losses are known (the last
-// stage's I's ran) and the caller feeds the next iteration at once. Nothing else changes:
+// stage's I's ran) and the caller's next step() feeds the next iteration. Nothing else changes:
 // each device runs its list in order, so every forward still sees its stage's weights
 // after all the steps before it, and the result is the flushed run's (tests/runtime,
 // PipelineOverlap). Only finish() (or the last step()) waits for every device.
+// An asynchronous schedule (pipedream, pipefb-async) returns from step() as early. When
+// stage 0 runs its F and B on one device, step() then feeds an iteration's inputs only
+// once that device has run every action before its first one of the iteration: they wait
+// beside that forward, never beside the earlier microbatches' backwards.
+// Fed as soon as step() returned, pipedream's device 0 (resnet50/8, S = 4, M = 4) held
+// the 4 new inputs beside the 3 stashes still in flight and F(0,8) (or B(0,4) when it ran
+// late): 6.13 MB against 5.15 planned, out of memory at its planned budget. What this
+// leaves is charged by Note [Comm buffers in the cost model]. The first device now waits
+// at that forward for the M copies, which it used to find done. A split stage 0's
+// forward device runs no B, and is charged the M inputs beside its forwards (Note [Comm
+// buffers in the cost model]): it is fed as before (fed later, resnet50/8 pipefb-async-keep S=2
+// M=4's backward devices peaked 13% and 17% below their plan, PlanRunsTest seed 0 instance 21).
 double PipelineEngine::step(const data::Batch& batch) {
   Impl& I = *impl_;
   if (I.joined)
@@ -339,12 +359,14 @@ double PipelineEngine::step(const data::Batch& batch) {
                     " microbatches from a batch of " + std::to_string(batch.input.size(0)) +
                     " samples; the batch must have at least as many samples");
   const int first = I.stages[0].fDev, last = I.stages[I.S - 1].bDev;
+  const bool feedFirst = I.isLocal(first), feedLast = I.isLocal(last);
+  // Note [Overlapping iterations]: not before the first device is ready for them.
+  if (feedFirst) I.waitFor([&] { return I.done[first] >= I.feedAt[k]; }, "feeding an iteration");
   // Copy every microbatch onto its device before posting any, so the devices' own
   // allocations never race with this thread's (an OOM here is the caller's, not a
   // worker's, and which one it is must not depend on thread timing).
   std::vector<torch::Tensor> onFirst, onLast;
   // With one process per device, each rank feeds only its own device.
-  const bool feedFirst = I.isLocal(first), feedLast = I.isLocal(last);
   for (int j = 0; j < I.M; ++j) {
     if (feedFirst)
       onFirst.push_back(copyInto(inputs[j], *I.devices[first].domain, MemoryCategory::CommBuffers));

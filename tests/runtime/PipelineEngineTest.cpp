@@ -1001,6 +1001,36 @@ TEST(PipelineAsync, DecoupledPipefbAsyncFollowsTheAsynchronousSemantics) {
     }
 }
 
+// Note [Overlapping iterations]: pipedream's step() returns once the losses are known,
+// but the next iteration's inputs reach device 0 only when its list reaches that
+// iteration's first forward. Device 0 is held up before B(0,0) here, long enough for the
+// last stage's losses and the caller's next step(): fed then, device 0 would hold 2 new
+// inputs beside the 2 that the stashes of microbatches 0 and 1 keep (the first linear
+// saves its input); fed at F(0,2), at most 3 inputs are there at once.
+TEST(PipelineAsync, PipedreamFeedsAnIterationWhenDeviceZeroReachesIt) {
+  constexpr int S = 2, M = 2, kIters = 3;
+  constexpr int64_t kBatch = 8;
+  auto cfg = makeConfig(test::mlpOptions(16, {8}), "pipedream", S, M, "keep", kBatch);
+  auto model = buildSeeded(cfg.model);
+  auto o = quietOptions(kIters);
+  std::atomic<const runtime::PipelineEngine*> engine{nullptr};
+  o.beforeAction = [&](int d, int i) {
+    while (!engine.load()) std::this_thread::yield();
+    const schedules::Action& a = engine.load()->schedule().devices[d][i];
+    if (d == 0 && a.type == schedules::ActionType::Backward && a.index == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  runtime::PipelineEngine e(*model, cfg, o);
+  engine.store(&e);
+  for (int k = 0; k < kIters; ++k) e.step(makeBatch(*model, kBatch, 5, 40 + k));
+  e.finish();
+  int64_t input = kBatch / M * static_cast<int64_t>(sizeof(float));  // one microbatch's
+  for (int64_t n : model->sampleShape()) input *= n;
+  const int64_t comm = e.deviceStats()[0].peakByCategory[index(MemoryCategory::CommBuffers)];
+  EXPECT_GE(comm, 3 * input);  // two stashes' inputs beside the next one
+  EXPECT_LT(comm, 4 * input) << "device 0 was fed an iteration before it reached it";
+}
+
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
   config::Config base = makeConfig(mlpOptions(), "1f1b", 2, 4, "keep", 32);
   base.model.input_size = 8;

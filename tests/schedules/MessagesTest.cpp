@@ -20,6 +20,10 @@ TEST(WaitingMessages, GpipeSendsEveryGradientAheadOfTheUpstreamBackwards) {
   EXPECT_EQ(w.activations, (std::vector<int>{0, 3}));
   EXPECT_EQ(w.gradients, (std::vector<int>{3, 0}));
   EXPECT_EQ(w.outputs, 0);
+  // At B starts alone: the gradients still wait at B0.3, but device 1's B's come after all
+  // of its forwards, so no activation waits there (Note [Forward beside backward]).
+  EXPECT_EQ(w.gradientsAtBackward, (std::vector<int>{3, 0}));
+  EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 0}));
 }
 
 TEST(WaitingMessages, OneFOneBBoundsWhatWaitsByItsWarmUp) {

@@ -17,10 +17,14 @@ namespace pipefb::schedules {
 /// B/I(s,m), the output and the stash F(s,m) -> B/I(s,m), SW -> RW, and for schedules
 /// that step per microbatch the feed of an iteration after the last stage's backwards of
 /// the previous one). The counts are upper bounds over the compute starts of the
-/// schedule's compute-only lists; how many do wait depends on timing.
+/// schedule's compute-only lists; how many do wait depends on timing. The counts at
+/// the backward starts alone are kept apart: a device that runs a stage's F and B peaks
+/// in B, and gpipe's activations, for one, wait only at forward starts.
 struct WaitingMessages {
   std::vector<int> activations;  // per stage s: inputs of F(s) waiting on its forward device
   std::vector<int> gradients;    // per stage s: output gradients waiting on its backward device
+  // the same two counts, over the starts of B (or I) on that device only
+  std::vector<int> activationsAtBackward, gradientsAtBackward;
   // outputs of F(S-1) waiting on the last stage's backward device; none are sent to a B that
   // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest
   int outputs = 0;
