@@ -574,10 +574,11 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   if (forwardBesideBackward(shape)) {  // Note [Forward beside backward]
     out.activations = wm.activationsAtBackward.at(k) * input;
     out.gradients = wm.gradientsAtBackward.at(k) * output + outputs;
-    out.atForward = wm.activations.at(k) * input + wm.gradients.at(k) * output + outputs;
+    out.activationsAtForward = wm.activations.at(k) * input;
+    out.atForward = out.activationsAtForward + wm.gradients.at(k) * output + outputs;
     return out;
   }
-  out.activations = wm.activations.at(k) * input;
+  out.activations = out.activationsAtForward = wm.activations.at(k) * input;
   out.gradients = wm.gradients.at(k) * output + outputs;
   return out;
 }
@@ -889,8 +890,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         const std::int64_t st = held * e.stashBytes + (lossInputs > 0 ? j * output : 0);
         if (in + st > inputs + stashes) inputs = in, stashes = st;
       }
-      const std::int64_t atFStarts = forwardBesideBackward(shape) ? waiting.atForward : actsWaiting;
-      w(f, MemoryCategory::CommBuffers, buckets + inputs + targetsFed + atFStarts);
+      w(f, MemoryCategory::CommBuffers,
+        buckets + inputs + targetsFed + waiting.activationsAtForward);
       w(f, MemoryCategory::Stash, stashes);
       w(f, MemoryCategory::WorkingSet, e.forwardPeakBytes);
       if (total(f) > total(m)) m = f;

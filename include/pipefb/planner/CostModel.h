@@ -710,6 +710,9 @@ class CostModel {
   struct WaitingBytes {
     std::int64_t activations = 0, gradients = 0;
     std::int64_t atForward = 0;
+    /// The activations of atForward alone: a stage with the forward phase first waits no
+    /// gradient in its F phase (Note [Two phases]).
+    std::int64_t activationsAtForward = 0;
   };
   WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
                             bool outputTravels) const;
