@@ -1067,6 +1067,39 @@ TEST(SolverLiteral, FoldedMiddleStageIsNotSplit) {
 namespace pipefb::planner {
 namespace {
 
+// Three equal layers (W = G = 10, saved 100, input and output 5, B 2, recompute 1), and
+// the decoupled plan of one forward device feeding one backward device, every layer a
+// segment under checkpoint-offload, M = 4, at `lookahead`.
+Profile threeSegmentProfile() {
+  Profile p = testing::timesProfile({1, 1, 1});
+  p.inputBytes = 5;
+  for (auto& l : p.layers) {
+    l.backward = 2;
+    l.recompute = 1;
+    l.paramBytes = l.gradBytes = 10;
+    l.savedBytes = 100;
+    l.outputBytes = 5;
+    l.noGradForwardBytes = 10;
+  }
+  return p;
+}
+Plan threeSegmentPlan(const CostModel& m, int lookahead) {
+  Plan plan;
+  plan.shape = shapeOf(ScheduleKind::PipeFbSync, 3, 4, {0, 1});
+  plan.shape.lookahead = lookahead;
+  plan.shape.forwardDevices = plan.shape.backwardDevices = 1;
+  plan.shape.forwardRange = plan.shape.backwardRange = {0, 0, 0};
+  for (int l = 0; l < 3; ++l) {
+    StagePlan st;
+    st.first = l;
+    st.last = l + 1;
+    st.policy = StashPolicy::CheckpointOffload;
+    plan.stages.push_back(st);
+  }
+  evaluatePlan(m, plan);
+  return plan;
+}
+
 // Note [Decoupled devices]: a decoupled plan (every layer a segment, here one forward device
 // feeding one backward device) holds on its backward device the states of its range, the
 // prefetched stashes (lookahead + 1 of the largest) and ONE segment's recomputed graph, not
@@ -1079,29 +1112,8 @@ namespace {
 // offload 3 of them could (Note [Waiting messages], 3 of 5 at M = 4). The same layers as
 // one split stage recompute all three layers' graphs at once (300 of them).
 TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
-  Profile p = testing::timesProfile({1, 1, 1});
-  p.inputBytes = 5;
-  for (auto& l : p.layers) {
-    l.backward = 2;
-    l.recompute = 1;
-    l.paramBytes = l.gradBytes = 10;
-    l.savedBytes = 100;
-    l.outputBytes = 5;
-    l.noGradForwardBytes = 10;
-  }
-  CostModel m(p, testing::freeCluster(2));
-  Plan plan;
-  plan.shape = shapeOf(ScheduleKind::PipeFbSync, 3, 4, {0, 1});
-  plan.shape.forwardDevices = plan.shape.backwardDevices = 1;
-  plan.shape.forwardRange = plan.shape.backwardRange = {0, 0, 0};
-  for (int l = 0; l < 3; ++l) {
-    StagePlan st;
-    st.first = l;
-    st.last = l + 1;
-    st.policy = StashPolicy::CheckpointOffload;
-    plan.stages.push_back(st);
-  }
-  evaluatePlan(m, plan);
+  CostModel m(threeSegmentProfile(), testing::freeCluster(2));
+  const Plan plan = threeSegmentPlan(m, 1);
   EXPECT_EQ(plan.stages[2].forwardDevice, 0);
   EXPECT_EQ(plan.stages[0].backwardDevice, 1);
   EXPECT_EQ(plan.deviceMemory[1], 180);
@@ -1123,34 +1135,8 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
 // waits for its copy: 3 x (2 + 1 + 5) = 24 against the forward device's 15 s of copies
 // out. The smallest budget takes lookahead 0, the fastest plan without a budget keeps 1.
 TEST(SolverLiteral, DecoupledLookaheadZeroHoldsOneStashAndWaitsForItsCopy) {
-  Profile p = testing::timesProfile({1, 1, 1});
-  p.inputBytes = 5;
-  for (auto& l : p.layers) {
-    l.backward = 2;
-    l.recompute = 1;
-    l.paramBytes = l.gradBytes = 10;
-    l.savedBytes = 100;
-    l.outputBytes = 5;
-    l.noGradForwardBytes = 10;
-  }
-  CostModel m(p, Cluster::uniform(2, 1.0, -1, Link{}, Link{1.0, 0.0}));
-  auto planAt = [&](int lookahead) {
-    Plan plan;
-    plan.shape = shapeOf(ScheduleKind::PipeFbSync, 3, 4, {0, 1});
-    plan.shape.lookahead = lookahead;
-    plan.shape.forwardDevices = plan.shape.backwardDevices = 1;
-    plan.shape.forwardRange = plan.shape.backwardRange = {0, 0, 0};
-    for (int l = 0; l < 3; ++l) {
-      StagePlan st;
-      st.first = l;
-      st.last = l + 1;
-      st.policy = StashPolicy::CheckpointOffload;
-      plan.stages.push_back(st);
-    }
-    evaluatePlan(m, plan);
-    return plan;
-  };
-  const Plan one = planAt(1), zero = planAt(0);
+  CostModel m(threeSegmentProfile(), Cluster::uniform(2, 1.0, -1, Link{}, Link{1.0, 0.0}));
+  const Plan one = threeSegmentPlan(m, 1), zero = threeSegmentPlan(m, 0);
   EXPECT_EQ(one.deviceMemory[1], 180);
   EXPECT_EQ(zero.deviceMemory[1], 175);
   EXPECT_DOUBLE_EQ(one.tau, 15);
