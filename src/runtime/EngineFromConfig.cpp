@@ -25,7 +25,6 @@ EngineOptions withConfig(EngineOptions o, const config::Config& c) {
   o.bucketMb = c.distributed.bucket_mb;
   o.overlap = c.distributed.overlap;
   o.weightPrediction = c.pipeline.weight_prediction != "none";  // auto: on
-  o.stallTimeoutSeconds = c.pipeline.stall_timeout;
   o.source = c.source;
   return o;
 }

@@ -158,6 +158,7 @@ void Trainer::ensureEngine() {
   if (async && every > 0) end = std::min(totalSteps_, (stepsDone_ / every + 1) * every);
   runtime::EngineOptions eo;
   eo.iterations = std::max<int64_t>(1, end - stepsDone_);
+  eo.stallTimeoutSeconds = config_.pipeline.stall_timeout;
   eo.overlapIterations = overlap;
   eo.totalSteps = totalSteps_;
   eo.firstStep = stepsDone_;
