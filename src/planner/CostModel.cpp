@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/Suggest.h"
@@ -55,105 +56,72 @@ std::vector<ScheduleKind> defaultScheduleKinds() {
 }
 
 namespace {
+// A table derived from a generated schedule, computed once per key: the DP asks for one
+// shape's table many times in a row, so each thread keeps its last answer without the
+// lock (std::map nodes are stable). Each call site's `make` is its own lambda type, and
+// so its own cache.
+template <typename Key, typename Make>
+const std::invoke_result_t<Make>& memoized(const Key& key, Make make) {
+  using Value = std::invoke_result_t<Make>;
+  thread_local Key lastKey{};
+  thread_local const Value* last = nullptr;
+  if (last && lastKey == key) return *last;
+  static std::mutex mu;
+  static std::map<Key, Value> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make()).first;
+  lastKey = key;
+  last = &it->second;
+  return it->second;
+}
+
 // Note [Zero-bubble fill]: the generated schedule's contract, per (kind, S, M).
 const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, schedules::MemoryContract> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(static_cast<int>(k), S, M);
-  auto it = cache.find(key);
-  if (it == cache.end())
-    it = cache.emplace(key, schedules::makeSchedule(toString(k), S, M).contract).first;
-  return it->second;
+  return memoized(std::make_tuple(static_cast<int>(k), S, M),
+                  [&] { return schedules::makeSchedule(toString(k), S, M).contract; });
 }
 
 // Note [Prefetches after the forward phase] (Lowering.h): per stage of the generated
 // schedule (the kind's default placement; asynchronous kinds over 3 iterations, whose
 // next iteration's Fs come before the last Bs), per (kind, S, M).
 const std::vector<bool>& phasedStages(ScheduleKind k, int S, int M) {
-  thread_local std::tuple<int, int, int> lastKey{-1, 0, 0};  // as waitingFor
-  thread_local const std::vector<bool>* last = nullptr;
-  if (last && lastKey == std::make_tuple(static_cast<int>(k), S, M)) return *last;
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, std::vector<bool>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(static_cast<int>(k), S, M);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M), [&] {
     const int K = isFlushing(k) ? 1 : 3;
-    it =
-        cache
-            .emplace(key,
-                     schedules::forwardPhaseFirst(
-                         schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K)
-                             .schedule))
-            .first;
-  }
-  lastKey = key;
-  last = &it->second;
-  return it->second;
+    return schedules::forwardPhaseFirst(
+        schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K).schedule);
+  });
 }
 
 // Note [Stashes held together]: per device of the generated schedule, per (kind, S, M).
 const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKind k, int S, int M) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, std::vector<std::vector<schedules::HeldAtStart>>>
-      cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(static_cast<int>(k), S, M);
-  auto it = cache.find(key);
-  if (it == cache.end())
-    it = cache
-             .emplace(key, schedules::stashesHeldTogether(
-                               schedules::makeSchedule(toString(k), S, M).schedule))
-             .first;
-  return it->second;
+  return memoized(std::make_tuple(static_cast<int>(k), S, M), [&] {
+    return schedules::stashesHeldTogether(schedules::makeSchedule(toString(k), S, M).schedule);
+  });
 }
 
 // Note [Stashes at a step]: per stage, on the folded schedule of (kind, S, M) lowered with
 // `lookahead`, every stage offloaded (a split stage always is: effectivePolicy), over 2
 // iterations (the step between them).
 const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lookahead) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, std::vector<int>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(static_cast<int>(k), S, M, lookahead);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead), [&] {
     const schedules::SchedulePlan lowered =
         schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 2),
                          {StashPolicy::Offload}, lookahead, /*offloadWeights=*/false);
-    it = cache.emplace(key, schedules::stashesAtStep(lowered.schedule)).first;
-  }
-  return it->second;
+    return schedules::stashesAtStep(lowered.schedule);
+  });
 }
 
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
 // placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
 // iterations, to see the next iteration's feed.
 const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M, bool folded) {
-  // The DP asks for one shape's counts many times in a row: the last answer, per thread,
-  // without the lock (std::map nodes are stable).
-  thread_local std::tuple<int, int, int, bool> lastKey{-1, 0, 0, false};
-  thread_local const schedules::WaitingMessages* last = nullptr;
-  if (last && lastKey == std::make_tuple(static_cast<int>(k), S, M, folded)) return *last;
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, bool>, schedules::WaitingMessages> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(static_cast<int>(k), S, M, folded);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, folded), [&] {
     const int K = isFlushing(k) ? 1 : 3;
     const schedules::Placement placement =
         folded ? schedules::Placement::folded(S) : schedules::Placement::defaultFor(k, S);
-    it = cache
-             .emplace(key, schedules::waitingMessages(
-                               schedules::makeSchedule(k, S, M, placement, K).schedule))
-             .first;
-  }
-  lastKey = key;
-  last = &it->second;
-  return it->second;
+    return schedules::waitingMessages(schedules::makeSchedule(k, S, M, placement, K).schedule);
+  });
 }
 }  // namespace
 
