@@ -317,6 +317,8 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.savedBytes = w.savedBytes * microbatch;
     // savedOutputBytes stays 0: savedBytes here already counts an output ReLU saves
     // (convRelu, linear), unlike a measured profile's (Note [Measured saved bytes]).
+    // savedInputBytes stays 0: a checkpointed B's recomputed graph is charged whole beside
+    // its stash (Note [Backward layer by layer] in CostModel.h), never less.
     c.workingBytes = w.workingBytes * microbatch;
     p.layers.push_back(c);
   }

@@ -475,12 +475,12 @@ std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int f
 }
 
 std::int64_t CostModel::backwardLayered(const PipelineShape& shape, int k, int first, int last,
-                                        bool inPlace) const {
+                                        bool inPlace, std::int64_t onStash) const {
   const double f = scale(shape);
   const GatherTables& t = gatherTables(shape);
   const std::int64_t during = (inPlace ? rangeMax(t.inPlaceLayered, first, last)
                                        : grad_[last] + rangeMax(t.layered, first, last)) -
-                              scaled(saved_[first], f);
+                              scaled(saved_[first], f) - onStash;
   const std::int64_t atEnd =
       (inPlace ? 0 : range(grad_, first, last)) + (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);
@@ -673,24 +673,31 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const bool layered = !splitsBackward(shape.kind) && k < S - 1;
   const bool inPlace = gradientsInPlace(shape, k, policy);
   const std::int64_t loss = k == S - 1 ? scaled(profile_.lossWorkingBytes, f) : 0;
+  // Note [Backward layer by layer]: a checkpointed B recomputes on the stashed input itself,
+  // so what its first layer's graph saves of that input is in Stash, not beside it.
+  const std::int64_t onStash = ckpt ? scaled(profile_.layers[first].savedInputBytes, f) : 0;
+  // It also copies the stage's buffers before the recompute and puts them back at its end.
+  const std::int64_t buffersCopy = ckpt ? range(buffer_, first, last) : 0;
   auto backwardWs = [&] {
     if (layered) {
-      const std::int64_t peak = backwardLayered(shape, k, first, last, inPlace);
+      const std::int64_t peak = backwardLayered(shape, k, first, last, inPlace, onStash);
       // A checkpointed B first recomputes F with autograd (Note [Forward peak]), and holds
       // the recomputed output through the backward (a kept one is in the stash).
-      return ckpt ? std::max(peak + output, scaled(forwardPeak(k, first, last, true), f)) + output
-                  : peak - graph + output;
+      return ckpt
+                 ? std::max(peak + output, scaled(forwardPeak(k, first, last, true), f) - onStash) +
+                       output + buffersCopy
+                 : peak - graph + output;
     }
+    // Checkpointed: the recomputed graph and output, held until B ends, and before the
+    // last stage F's output as well; the last stage's loss reads the recomputed one, and
+    // its F keeps none (Note [Recomputed last output]). A split last stage that does not
+    // recompute reads the output it was sent (its stash is the graph alone).
+    const std::int64_t recomputed = ckpt ? graph - onStash + output + buffersCopy : 0;
     const std::int64_t whole =
         std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last, inPlace)) +
-        (ckpt ? graph : 0) + output;
-    // Checkpointed: the recomputed output, and before the last stage F's as well; the last
-    // stage's loss reads the recomputed one, and its F keeps none (Note [Recomputed last
-    // output]). A split last stage that does not recompute reads the output it was sent
-    // (its stash is the graph alone).
-    const int outputs = k == S - 1 ? 1 : 2;
-    return std::max(whole,
-                    ckpt ? graph + outputs * output + loss : (outputTravels ? output : 0) + loss);
+        recomputed + output;
+    return std::max(whole, ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss
+                                : (outputTravels ? output : 0) + loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);

@@ -15,11 +15,12 @@ namespace pipefb::planner {
 // Note [Profile method]: what the profiler measures changes now and then (the loss in the
 // last layer's working set, B's fresh parameter gradients, B accumulating them into .grad
 // in place as the runtime's B on the master does, and gathered beside, since method 3; the
-// output bytes the layer's own graph keeps, since method 4); a profile cached by an older
+// output bytes the layer's own graph keeps, since method 4; the input bytes it keeps,
+// since method 5); a profile cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 4;
+constexpr int kProfileMethod = 5;
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -44,7 +45,8 @@ std::string profileToYaml(const Profile& p) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
       << ", recompute: " << l.recompute << ", step: " << l.step
       << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
-      << ", saved_output_bytes: " << l.savedOutputBytes << ", working_bytes: " << l.workingBytes
+      << ", saved_output_bytes: " << l.savedOutputBytes
+      << ", saved_input_bytes: " << l.savedInputBytes << ", working_bytes: " << l.workingBytes
       << ", gathered_working_bytes: " << l.gatheredWorkingBytes << ", param_bytes: " << l.paramBytes
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
       << ", step_working_bytes: " << l.stepWorkingBytes
@@ -77,6 +79,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.outputBytes = l["output_bytes"].as<std::int64_t>();
       c.savedBytes = l["saved_bytes"].as<std::int64_t>();
       c.savedOutputBytes = l["saved_output_bytes"] ? l["saved_output_bytes"].as<std::int64_t>() : 0;
+      c.savedInputBytes = l["saved_input_bytes"] ? l["saved_input_bytes"].as<std::int64_t>() : 0;
       c.workingBytes = l["working_bytes"] ? l["working_bytes"].as<std::int64_t>() : 0;
       c.paramBytes = l["param_bytes"].as<std::int64_t>();
       c.gradBytes = l["grad_bytes"] ? l["grad_bytes"].as<std::int64_t>() : c.paramBytes;

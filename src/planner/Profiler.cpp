@@ -185,8 +185,12 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       torch::Tensor x = inputGrad ? input + s : input.clone();
       torch::Tensor y = layer.forward(x);
       const std::int64_t peakF = dom.peakBytes();
+      // The input's bytes the graph keeps (Note [Measured saved bytes]): what dropping the
+      // last handle on it leaves allocated.
+      const std::int64_t inStorage = storageBytes(x), liveX = dom.liveBytes();
       x = torch::Tensor();
       const std::int64_t live1 = dom.liveBytes();
+      c.savedInputBytes = std::clamp<std::int64_t>(inStorage - (liveX - live1), 0, inStorage);
       c.outputBytes = static_cast<std::int64_t>(y.nbytes());
       c.savedBytes = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
       torch::Tensor g = gy.clone();

@@ -72,6 +72,8 @@ TEST(ProfilerTest, MlpClosedForms) {
     // the in-place ReLU saves its result, which is the output itself and is not counted
     // (Note [Measured saved bytes]). So exactly the input, b x in floats.
     EXPECT_EQ(l.savedBytes, b * in[i] * 4) << l.name;
+    // All of it is the input itself (what a checkpointed B's recompute saves of its stash).
+    EXPECT_EQ(l.savedInputBytes, b * in[i] * 4) << l.name;
     // That result is the output: all of it stays with the graph; fc3 has no ReLU.
     EXPECT_EQ(l.savedOutputBytes, i < 2 ? l.outputBytes : 0) << l.name;
     // B allocates at least the input gradient (except layer 0, whose input is data).
@@ -195,6 +197,13 @@ TEST(ProfilerTest, TinyVgg) {
   // conv1_1 (1 -> 4 channels, 32x32, no pool): the conv saves its input (8x1x32x32
   // floats), ReLU its output (the layer output, not counted).
   EXPECT_EQ(p.layers[0].savedBytes, 8 * 1 * 32 * 32 * 4);
+  // That is the input itself; the convolutions that follow save their input too (the
+  // previous ReLU's result, Note [Measured saved bytes]), the classifier's linears theirs.
+  for (const auto& l : p.layers) {
+    EXPECT_GT(l.savedInputBytes, 0) << l.name;
+    EXPECT_LE(l.savedInputBytes, l.savedBytes) << l.name;
+  }
+  EXPECT_EQ(p.layers[0].savedInputBytes, 8 * 1 * 32 * 32 * 4);
   // The graph keeps an in-place ReLU's result: the whole output of a conv without a pool
   // and of fc6, fc7 (no dropout); none of a max-pool's output (it saves its input and
   // indices) or of fc8 (no ReLU). Note [Measured saved bytes].

@@ -110,6 +110,24 @@
 // logits beside the loss; PlanRunsTest seed 1). Charged layer by layer there, gpt2-tiny's
 // last stage went out of memory (pipefb-sync-offload, both checkpoint-offload kinds).
 // Not for split backward (I keeps the graph for W, Note [Split backward]).
+// A checkpointed B recomputes on the stash's own tensor (startBackward detaches it, no
+// copy), so what its first layer's graph saves of its input (LayerCost::savedInputBytes:
+// a linear or conv layer saves all of it) is the stash, held once and charged in Stash:
+// the recomputed graph is charged without it, layer by layer or whole. (Charged beside
+// the stash, PlanRunsTest seed 0 instance 47, folded mlp pipefb-sync-checkpoint M=1, the
+// device of F0 and B2 peaked 14.9% below the plan: fc3's recomputed graph is its input.)
+// Before it recomputes, a checkpointed B copies the stage's buffers (BatchNorm's running
+// statistics, which the recompute advances) and puts them back only at its end
+// (startBackward's savedBuffers): their bytes are in its working set throughout. (Hidden
+// by the double charge until then: seed 0 instance 35, resnet50/8 1f1b-checkpoint S=3
+// M=2 at its smallest budget, went out of memory by 4 KiB on device 0, whose B held the
+// 12520 bytes of stem..layer3.3's statistics.)
+// Charged whole, a checkpointed B is also charged its recomputed output beside the
+// output's gradient: execBackward holds it until autograd is done (seed 0 instances 31,
+// 48 and 19, gpt2-tiny's head stage under pipefb-sync-checkpoint, gpipe-checkpoint and
+// pipedream-checkpoint, peaked 1.8% to 3.6% above the plan once the stash was charged
+// once: the logits beside their gradient in the head's B, or in block1's B beside its
+// output's gradient, which the freed graph of the head had covered).
 //
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash
@@ -776,9 +794,10 @@ class CostModel {
   std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last,
                                bool inPlace) const;
   /// Note [Backward layer by layer]: the peak of a fused B of stage k = [first, last) with
-  /// its own graph (saved tensors, or the recomputed ones) freed as B passes each layer.
-  std::int64_t backwardLayered(const PipelineShape& shape, int k, int first, int last,
-                               bool inPlace) const;
+  /// its own graph (saved tensors, or the recomputed ones) freed as B passes each layer;
+  /// `onStash` of the graph is the stash, charged there (a recomputed graph's saved input).
+  std::int64_t backwardLayered(const PipelineShape& shape, int k, int first, int last, bool inPlace,
+                               std::int64_t onStash = 0) const;
   double scale(const PipelineShape& shape) const;
 
  private:

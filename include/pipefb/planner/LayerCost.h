@@ -29,6 +29,12 @@ struct LayerCost {
   /// of it); not in savedBytes. A stage's stash holds it with its last layer's graph
   /// whether or not the output itself is kept (Note [Measured saved bytes] in Profiler.h).
   std::int64_t savedOutputBytes = 0;
+  /// Of savedBytes, the layer's input itself (a linear or conv layer saves it for its
+  /// weight gradient): a checkpointed stage recomputes on its stashed input, so this much
+  /// of its first layer's graph is the stash (Note [Backward layer by layer] in
+  /// CostModel.h; measured as in Note [Measured saved bytes] in Profiler.h). 0 = not
+  /// measured: the recomputed graph is charged whole beside the stash.
+  std::int64_t savedInputBytes = 0;
   std::int64_t workingBytes = 0;  // transient peak while F or B runs, beyond the stash
   /// The same with B gathering the parameters' gradients (torch::autograd::grad: held as
   /// fresh tensors until B ends, Note [Gathered weight gradients] in CostModel.h) instead

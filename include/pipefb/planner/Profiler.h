@@ -24,7 +24,10 @@
 // storage that dropping the last handle on the output, with its graph alive, leaves
 // allocated), and the cost model charges it to every stash policy's stash that holds
 // the graph, offload included (an offloaded vgg16/8 fc6 stash was copied back 32768
-// bytes, fc6's output, above the plan's; plan_runs_test seed 1 instance 7).
+// bytes, fc6's output, above the plan's; plan_runs_test seed 1 instance 7). Likewise the
+// input storage that dropping the last handle on the input, with the graph alive, leaves
+// allocated is savedInputBytes: a checkpointed B recomputes on its stash, which its first
+// layer's graph then holds (Note [Backward layer by layer] in CostModel.h).
 // Working bytes: the larger of (peak during F - live after F) and (peak during B - live
 // before B, with the output gradient allocated). B returns the parameters' gradients as
 // fresh tensors, as the runtime's B does (torch::autograd::grad, Note [Gathered weight
