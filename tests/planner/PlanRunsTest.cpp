@@ -66,13 +66,17 @@
 //   - pipefb-async's messages are sent when made (Note [Message rendezvous] is for
 //     pipefb-sync only), so the plan charges every gradient that can wait at a boundary,
 //     and how many wait is timing (seed 0 21, seed 1 5: -12% to -16%).
-//   - a checkpointed B's recomputed graph holds the stashed input itself (startBackward
-//     detaches the stash's tensor), and the cost model charges the graph whole beside
-//     that stash: seed 0 47, folded mlp pipefb-sync-checkpoint M=1, the device of F0 and
-//     B2 -14.9% (fc3's whole graph is its 16384-byte input: charged twice). Charging the
-//     first layer's saved input once brought 47 to -3.3% but sent seed 0 31 (and, in
-//     another helper's try, 10, 35 and 38) out of memory by up to 0.65%: other
-//     under-charges hide behind it.
+//   - closed (branch h-c): a checkpointed B's recomputed graph holds the stashed input
+//     itself, now charged once (profile field saved_input_bytes; seed 0 47, folded mlp
+//     pipefb-sync-checkpoint M=1, device of F0 and B2: -14.9% -> -3.3%), with the two
+//     under-charges the double charge hid: B's copy of the stage's buffers (seed 0 35,
+//     resnet50/8 1f1b-checkpoint, out of memory by 4 KiB) and, charged whole, the
+//     recomputed output beside its gradient (gpt2-tiny's head stage, seed 0 19, 31, 43,
+//     48, 49: up to +3.6%). Both seeds then: all 50 run, none out of memory, no
+//     checkpointed B above its plan (Note [Backward layer by layer]). Seed 0 28 (alexnet/8
+//     pipefb-async-checkpoint-offload S=3 M=2) then took a 2S plan whose forward device 0
+//     peaked +14.9%: the next iteration's 2 inputs (131072) beside its 2 stashes, where
+//     the plan charges 1 input (not out of memory; pipefb-async's forward device).
 //   - pipedream's and 1f1b's device 0 (seed 1 21 and 37, -21.5%): over-charged by bounds
 //     that depend on thread timing (gradients waiting in the drain, a stash still being
 //     copied out); not found exactly.
