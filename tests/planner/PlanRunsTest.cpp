@@ -73,10 +73,11 @@
 //     resnet50/8 1f1b-checkpoint, out of memory by 4 KiB) and, charged whole, the
 //     recomputed output beside its gradient (gpt2-tiny's head stage, seed 0 19, 31, 43,
 //     48, 49: up to +3.6%). Both seeds then: all 50 run, none out of memory, no
-//     checkpointed B above its plan (Note [Backward layer by layer]). Seed 0 28 (alexnet/8
-//     pipefb-async-checkpoint-offload S=3 M=2) then took a 2S plan whose forward device 0
-//     peaked +14.9%: the next iteration's 2 inputs (131072) beside its 2 stashes, where
-//     the plan charges 1 input (not out of memory; pipefb-async's forward device).
+//     checkpointed B above its plan (Note [Backward layer by layer]). In one of two seed 0
+//     runs 28 (alexnet/8 pipefb-async-checkpoint-offload S=3 M=2) took a 2S plan whose
+//     forward device 0 peaked +14.9%: the next iteration's 2 inputs (131072) beside its 2
+//     stashes, where the plan charges 1 input (not out of memory; pipefb-async's forward
+//     device; the other run kept the folded plan, -1.1%).
 //   - pipedream's and 1f1b's device 0 (seed 1 21 and 37, -21.5%): over-charged by bounds
 //     that depend on thread timing (gradients waiting in the drain, a stash still being
 //     copied out); not found exactly.
