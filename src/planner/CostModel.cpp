@@ -734,6 +734,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // up to kOffloadsInFlight earlier ones whose D2H copy has not finished.
     const int viaCopyEngine = inputStashOnly(cluster_, shape, k) ? 0 : kOffloadsInFlight;
     const std::int64_t fstash = std::min(e.inFlight, 1 + viaCopyEngine) * e.stashBytes;
+    e.copyingOutBytes = viaCopyEngine > 0 ? e.stashBytes : 0;
     // Note [Forward peak]: the stash F is building is part of F's own peak.
     const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
     const std::int64_t fws = ckpt ? fpeak : std::max<std::int64_t>(0, fpeak - e.stashBytes);
@@ -913,8 +914,28 @@ void DecoupledDevice::addForward(const StageEstimate& e) {
   compute += e.forwardCompute;
   copy += e.forwardCopy;
   resident += total(m) - m[st] - m[ws];
-  largestA = std::max(largestA, e.stashBytes + m[ws]);
-  largestB = std::max(largestB, m[st] - e.stashBytes);
+  // Note [Decoupled devices]: F of a segment beside the stash of the device's OFF before
+  // it, the previous segment's (one copy: the pairing below assumes kOffloadsInFlight 1).
+  static_assert(schedules::kOffloadsInFlight == 1, "pair each F with as many OFFs before it");
+  // What of this segment's stashes stays beside the next microbatch's F of the range's
+  // first segment when it is the range's last (a one-segment range's own bound); an
+  // unsplit segment keeps its other stashes beside every F.
+  const std::int64_t kept = m[st] - e.stashBytes;
+  if (e.same) resident += kept;
+  const Held here{e.stashBytes, m[ws]};
+  if (forwardSegments_ == 0) {
+    wrap_ = e.same ? 0 : kept;
+  } else {  // the old first segment's F now follows this one's OFF
+    const Held h{firstF_.stashes + e.copyingOutBytes, firstF_.working};
+    if (h.total() > inside_.total()) inside_ = h;
+  }
+  firstF_ = here;
+  ++forwardSegments_;
+}
+
+std::int64_t DecoupledDevice::memoryFloor() const {
+  if (forwardSegments_ > 0) return resident + std::max(inside_.total(), firstF_.total());
+  return resident + inside_.total();
 }
 
 void DecoupledDevice::addBackward(const StageEstimate& e, const PipelineShape& shape) {
@@ -950,6 +971,10 @@ DecoupledDevice::Held DecoupledDevice::window(int q) const {
 
 DecoupledDevice::Held DecoupledDevice::peak() const {
   Held best = inside_;
+  if (forwardSegments_ > 0) {  // the range's first F beside its last segment's copies
+    const Held h{firstF_.stashes + wrap_, firstF_.working};
+    return h.total() > best.total() ? h : best;
+  }
   const int n = static_cast<int>(stashes_.size());
   for (int q = std::max(0, n - lookahead_); q < n; ++q) {  // windows into microbatch m + 1
     const Held h = window(q);
@@ -1005,13 +1030,12 @@ std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const Pipeli
       r.last = k + 1;
       r.firstLayer = cuts[r.first];
       r.lastLayer = cuts[k + 1];
-      if (!backward) r.load.addForward(stages[k]);
     }
   }
-  // A backward range's segments from its last to its first (Note [Decoupled devices]).
+  // A range's segments from its last to its first (Note [Decoupled devices]).
   for (DecoupledRange& r : out)
-    if (r.backward)
-      for (int k = r.last - 1; k >= r.first; --k) r.load.addBackward(stages[k], shape);
+    for (int k = r.last - 1; k >= r.first; --k)
+      r.backward ? r.load.addBackward(stages[k], shape) : r.load.addForward(stages[k]);
   for (DecoupledRange& r : out)
     r.boundary = r.backward ? model.backwardRangeOutput(shape, r.index, r.lastLayer,
                                                         stages[r.last - 1].policy)

@@ -490,6 +490,11 @@ struct StageEstimate {
   /// pipefb-async's SyncWeights snapshot, in backwardMemory's comm buffers (Note [Forward
   /// device memory]); a folded device holds it beside its forwards only (Note [Folded pace]).
   std::int64_t weightSnapshotBytes = 0;
+  /// Split: the stash that stays on the forward device after F while its D2H copy runs
+  /// or is held, up to the device's next OFF (Note [Offloads in flight]); 0 when the stash
+  /// is sent instead. A decoupled forward device charges it beside the next segment's F
+  /// (Note [Decoupled devices]).
+  std::int64_t copyingOutBytes = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -542,9 +547,18 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 /// through the host pool (the segment's input under a checkpoint kind, its saved graph
 /// under offload), so what a device holds at once is:
 ///   forward device: the weights (and async's old copies) and comm buffers of all its
-///     segments, plus the largest (stash being built + F's working set) of one segment,
-///     plus the largest of the copies still going out (Note [Offloads in flight]: the
-///     copy engine's bound, whichever segment they came from);
+///     segments, plus, at the F of one segment, the stash it builds, F's working set and
+///     the stash of the device's OFF before it (Note [Offloads in flight]: with
+///     kOffloadsInFlight = 1 that copy, held or still going out, is there until the next
+///     OFF, the one after this F): the previous segment's of the same microbatch, or for
+///     the range's first segment its last one's of the microbatch before (as many as a
+///     one-segment range keeps, none beside the iteration's first F under a flush), the
+///     most over the segments. The largest F beside the largest copy, charged together,
+///     over-charged resnet50/8 pipefb-sync-keep's forward device 1 (layer3.0 to the head)
+///     by 17.5%: layer3.0's 482 KiB stash beside layer3.0's own F, where that F holds only
+///     the head's 40 KiB beside it and layer3.1's F layer3.0's 482 KiB beside its 259 KiB;
+///     the rule also charges the copy going out beside the next F when M = 1. (An unsplit
+///     segment's other stashes stay beside every F: charged as resident.)
 ///   backward device: weights, gradients, optimizer state and comm buffers of all its
 ///     segments, plus, at the B of one segment, what that B holds: the stashes resident
 ///     then and its own working set (one segment's recomputed graph under a checkpoint
@@ -575,33 +589,36 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 struct DecoupledDevice {
   double compute = 0, copy = 0;
   std::int64_t resident = 0;  // summed over the segments
-  // Forward: the largest (stash built + working set) and the largest copies going out.
-  std::int64_t largestA = 0, largestB = 0;
-  /// Backward: what one segment's B holds beyond `resident`.
+  /// What one segment's F or B holds beyond `resident`.
   struct Held {
     std::int64_t stashes = 0, working = 0;
     std::int64_t total() const { return stashes + working; }
   };
+  /// Forward segments are added from the range's last to its first as well (the solver's
+  /// DP extends a range to the left).
   void addForward(const StageEstimate& e);
   /// Backward segments are added from the range's last to its first (the order B runs
   /// them); `shape` gives the lookahead and the microbatches.
   void addBackward(const StageEstimate& e, const PipelineShape& shape);
-  /// Backward: the segment's B that holds the most.
+  /// The segment's F (a forward range) or B (a backward range) that holds the most.
   Held peak() const;
   double time() const { return compute > copy ? compute : copy; }
-  std::int64_t memory() const {
-    return resident + (stashes_.empty() ? largestA + largestB : peak().total());
-  }
+  std::int64_t memory() const { return resident + peak().total(); }
   /// A part of memory() that never decreases as segments are added (the DP's floor).
-  std::int64_t memoryFloor() const {
-    return resident + (stashes_.empty() ? largestA + largestB : inside_.total());
-  }
+  std::int64_t memoryFloor() const;
 
  private:
   std::vector<std::int64_t> stashes_, working_;  // backward, in the order added
   int lookahead_ = 0, microbatches_ = 1;
-  Held inside_;  // the most over segments whose lookahead + 1 B's stay in one microbatch
+  // The most over segments whose lookahead + 1 B's stay in one microbatch (backward), or
+  // over the Fs whose OFF before them is the previous segment's (forward).
+  Held inside_;
   Held window(int q) const;
+  // Forward: the first segment's F (its stash being built, its working set) and the
+  // copies of the range's last segment beside the next microbatch's first F.
+  int forwardSegments_ = 0;
+  Held firstF_;
+  std::int64_t wrap_ = 0;
 };
 /// A range boundary's charge: the message's link time and the bytes that can wait.
 struct RangeBoundary {
