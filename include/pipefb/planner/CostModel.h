@@ -495,6 +495,15 @@ struct StageEstimate {
   /// is sent instead. A decoupled forward device charges it beside the next segment's F
   /// (Note [Decoupled devices]).
   std::int64_t copyingOutBytes = 0;
+  /// Decoupled stage 0: F(0,0)'s own input, beside it with the M - 1 others (charged in
+  /// forwardMemory's comm buffers) in place of the copy before it (a flushing kind: none
+  /// is there then), or beside that copy (firstInputBesideCopy: an asynchronous kind's
+  /// copy is held across iterations) (Note [Decoupled devices]).
+  std::int64_t firstInputBytes = 0;
+  bool firstInputBesideCopy = false;
+  /// Folded (Note [Folded pace]): of forwardMemory's and of backwardMemory's comm buffers,
+  /// the messages that wait on their device at F starts only, never beside its B.
+  std::int64_t forwardCommOnlyAtForward = 0, backwardCommOnlyAtForward = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -528,7 +537,15 @@ class CostModel;
 ///   not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0 and B2 peaked 11%
 ///   and 17% below the plan charged with the snapshot and a transient beside B2's stash;
 ///   PlanRunsTest seed 1 instance 5. Charging none at the step on every device, S=2 M=1's
-///   second device went out of memory in its STEP beside the next iteration's stash);
+///   second device went out of memory in its STEP beside the next iteration's stash).
+///   Messages (Note [Waiting messages]) are charged beside B only as many as wait at the
+///   device's B starts (WaitingMessages' counts at backward starts, and inputsAtBackward
+///   for stage 0's inputs); the rest beside F. Under a flushing kind only: its STEPs,
+///   whose transient is charged with B's working set, come after the iteration's last B,
+///   beside no message, where an asynchronous kind's next inputs may wait. (Charged
+///   beside B, mlp pipefb-sync-keep S=3 M=2, PlanRunsTest seed 1 instance 8, measured
+///   10.3% and 9.9% below the plan on the devices of F0 and B2 and of F2 and B0: an input
+///   and an activation charged beside B, where every F of the iteration runs before it);
 /// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
 /// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
 /// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the
@@ -552,13 +569,15 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 ///     kOffloadsInFlight = 1 that copy, held or still going out, is there until the next
 ///     OFF, the one after this F): the previous segment's of the same microbatch, or for
 ///     the range's first segment its last one's of the microbatch before (as many as a
-///     one-segment range keeps, none beside the iteration's first F under a flush), the
-///     most over the segments. The largest F beside the largest copy, charged together,
-///     over-charged resnet50/8 pipefb-sync-keep's forward device 1 (layer3.0 to the head)
-///     by 17.5%: layer3.0's 482 KiB stash beside layer3.0's own F, where that F holds only
-///     the head's 40 KiB beside it and layer3.1's F layer3.0's 482 KiB beside its 259 KiB;
-///     the rule also charges the copy going out beside the next F when M = 1. (An unsplit
-///     segment's other stashes stay beside every F: charged as resident.)
+///     one-segment range keeps, none beside the iteration's first F under a flush), or
+///     for stage 0 its own input where that is more (F(0,0) runs beside all M inputs and
+///     its stash's copy of the input, no copy going out; an asynchronous kind's copy is
+///     held across iterations: both), the most over the segments. The largest F
+///     beside the largest copy, charged together, over-charged resnet50/8 pipefb-sync-keep's
+///     forward device 1 (layer3.0 to the head) by 17.5%: layer3.0's 482 KiB stash beside layer3.0's
+///     own F, where that F holds only the head's 40 KiB beside it and layer3.1's F layer3.0's 482
+///     KiB beside its 259 KiB; the rule also charges the copy going out beside the next F when M
+///     = 1. (An unsplit segment's other stashes stay beside every F: charged as resident.)
 ///   backward device: weights, gradients, optimizer state and comm buffers of all its
 ///     segments, plus, at the B of one segment, what that B holds: the stashes resident
 ///     then and its own working set (one segment's recomputed graph under a checkpoint
@@ -618,7 +637,8 @@ struct DecoupledDevice {
   // copies of the range's last segment beside the next microbatch's first F.
   int forwardSegments_ = 0;
   Held firstF_;
-  std::int64_t wrap_ = 0;
+  std::int64_t wrap_ = 0, firstInput_ = 0;
+  bool firstInputBesideCopy_ = false;
 };
 /// A range boundary's charge: the message's link time and the bytes that can wait.
 struct RangeBoundary {
@@ -730,6 +750,9 @@ class CostModel {
     /// The activations of atForward alone: a stage with the forward phase first waits no
     /// gradient in its F phase (Note [Two phases]).
     std::int64_t activationsAtForward = 0;
+    /// A folded split stage (Note [Folded pace]): the activations and gradients that wait
+    /// at F starts of their device only, never at its B starts.
+    std::int64_t activationsOnlyAtForward = 0, gradientsOnlyAtForward = 0;
   };
   WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
                             bool outputTravels) const;
