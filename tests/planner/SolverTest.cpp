@@ -1226,6 +1226,7 @@ TEST(DecoupledDevice, ChargesEachSegmentsFWithTheCopyOfTheOffBeforeIt) {
   DecoupledDevice d;
   for (int k = 2; k >= 0; --k) {
     StageEstimate e;
+    e.same = false;  // split: forward and backward on two devices
     e.stashBytes = e.copyingOutBytes = stash[k];
     e.forwardMemory[index(pipefb::MemoryCategory::Stash)] = 2 * stash[k];
     e.forwardMemory[index(pipefb::MemoryCategory::WorkingSet)] = work[k];
@@ -1244,6 +1245,7 @@ TEST(DecoupledDevice, ChargesEachSegmentsFWithTheCopyOfTheOffBeforeIt) {
   DecoupledDevice one;
   for (int k = 2; k >= 0; --k) {
     StageEstimate e;
+    e.same = false;
     e.stashBytes = e.copyingOutBytes = stash[k];
     e.forwardMemory[index(pipefb::MemoryCategory::Stash)] = stash[k];
     e.forwardMemory[index(pipefb::MemoryCategory::WorkingSet)] = work[k];
