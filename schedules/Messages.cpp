@@ -60,6 +60,7 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
   for (int d = 0; d < D; ++d)
     for (int id = offset[d]; id + 1 < offset[d + 1]; ++id) edge(id, id + 1);
   std::vector<Message> messages;
+  std::vector<int> inputs;  // F(0,m) per m: its input waits from its iteration's feed
   const std::vector<int> passes = rendezvousPasses(schedule);
   for (int m = 0; m < total; ++m) {
     for (int s = 0; s < S; ++s) {
@@ -86,6 +87,7 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
                             schedule.devices[deviceOf[b]][posOf[b]].recompute))
         messages.push_back({f, b, 2, s});
     }
+    inputs.push_back(node(Node::F, 0, m));
     // An iteration's inputs are fed once the last stage's backwards of the one before ran.
     if (m >= M)
       for (int j = (m / M - 1) * M; j < (m / M) * M; ++j)
@@ -134,6 +136,34 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
     ++v[from];
     --v[to];
   }
+  // An input waits on F(0,m)'s device from its iteration's feed (the start, or once the
+  // last stage's backwards of the iteration before ran) to F(0,m).
+  std::vector<int> fed(schedule.devices.empty() ? 0 : schedule.devices[0].size() + 1, 0);
+  int inputDevice = -1;
+  for (int m = 0; m < total; ++m) {
+    const int f = inputs[m];
+    if (f < 0) continue;
+    const int d = deviceOf[f];
+    if (inputDevice != d) {
+      inputDevice = d;
+      fed.assign(schedule.devices[d].size() + 1, 0);
+    }
+    int from = 0;
+    if (m >= M)
+      for (int j = (m / M - 1) * M; j < (m / M) * M; ++j) {
+        const int b = node(Node::InputBackward, S - 1, j);
+        if (b >= 0) from = std::max(from, last[static_cast<size_t>(b) * D + d] + 1);
+      }
+    if (from >= posOf[f]) continue;
+    ++fed[from];
+    --fed[posOf[f]];
+  }
+  if (inputDevice >= 0)
+    for (int p = 0, run = 0; p + 1 < static_cast<int>(fed.size()); ++p) {
+      run += fed[p];
+      if (schedule.devices[inputDevice][p].isInputBackward())
+        out.inputsAtBackward = std::max(out.inputsAtBackward, run);
+    }
   for (const auto& [key, v] : diff) {
     const auto [d, kind, stage] = key;
     int most = 0, atBackward = 0;

@@ -548,6 +548,10 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   }
   out.activations = out.activationsAtForward = wm.activations.at(k) * input;
   out.gradients = wm.gradients.at(k) * output + outputs;
+  if (shape.folded && shape.splits(k) && isFlushing(shape.kind)) {  // Note [Folded pace]
+    out.activationsOnlyAtForward = (wm.activations.at(k) - wm.activationsAtBackward.at(k)) * input;
+    out.gradientsOnlyAtForward = (wm.gradients.at(k) - wm.gradientsAtBackward.at(k)) * output;
+  }
   return out;
 }
 
@@ -735,23 +739,44 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.backwardWorkingBytes = wsB;
     // Forward device (Note [Forward device memory]): weights, the stash until its offload
     // copy is done, F's working set; RecvWeights copies into place. pipefb-async with a
-    // graph stash keeps the old copy beside the new one (not on the backward device).
+    // graph stash keeps the old copy beside the new one (not on the backward device), its
+    // buffers too (resnet50/8 pipefb-async-keep's forward devices: 2 x Wres at the peak).
     const bool oldCopyOnForward = shape.kind == ScheduleKind::PipeFbAsync && !ckpt;
     // Note [Offloads in flight]: the stash F is building plus, through the copy engine,
     // up to kOffloadsInFlight earlier ones whose D2H copy has not finished.
     const int viaCopyEngine = inputStashOnly(cluster_, shape, k) ? 0 : kOffloadsInFlight;
     const std::int64_t fstash = std::min(e.inFlight, 1 + viaCopyEngine) * e.stashBytes;
+    e.copyingOutBytes = viaCopyEngine > 0 ? e.stashBytes : 0;
     // Note [Forward peak]: the stash F is building is part of F's own peak.
     const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
     const std::int64_t fws = ckpt ? fpeak : std::max<std::int64_t>(0, fpeak - e.stashBytes);
     w(e.forwardMemory, MemoryCategory::Weights, Wres);
-    w(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? W : 0);
+    w(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? Wres : 0);
     w(e.forwardMemory, MemoryCategory::Stash, fstash);
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
-    // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes.
+    // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes;
+    // under an asynchronous kind the next iteration's F(0,0) beside all M and the copy
+    // before it, held across iterations (Note [Held offloads] in runtime/Stash.cpp; seed 0
+    // instance 28 of PlanRunsTest, alexnet/8 pipefb-async-checkpoint-offload S=3 M=2,
+    // stage 0's forward device held 2 inputs and 2 stashes: +14.9% over the plan). A
+    // decoupled forward device pairs each F with the copy before it (Note [Decoupled
+    // devices]): the M-th input is charged there.
+    const bool heldAcross = !isFlushing(shape.kind);
     const std::int64_t earlier = fstash - e.stashBytes;
-    w(e.forwardMemory, MemoryCategory::CommBuffers,
-      std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier) + actsWaiting);
+    const std::int64_t inputs =
+        decoupled    ? (M - 1) * oneInput
+        : heldAcross ? M * oneInput
+                     : std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier);
+    e.firstInputBytes = decoupled ? oneInput : 0;
+    e.firstInputBesideCopy = heldAcross;
+    w(e.forwardMemory, MemoryCategory::CommBuffers, inputs + actsWaiting);
+    // Note [Folded pace]: what waits beside F only on a folded device.
+    if (shape.folded && isFlushing(shape.kind)) {
+      const std::int64_t inputsAtB = waitingFor(shape.kind, S, M, true).inputsAtBackward * oneInput;
+      e.forwardCommOnlyAtForward =
+          std::max<std::int64_t>(0, inputs - inputsAtB) + waiting.activationsOnlyAtForward;
+      e.backwardCommOnlyAtForward = waiting.gradientsOnlyAtForward;
+    }
     // Note [Split backward]: pipefb-zb's W runs after its I, its stash still on the device
     // beside the prefetched ones (at most one, Note [PipeFB with a split backward]).
     const int deferred =
@@ -920,8 +945,30 @@ void DecoupledDevice::addForward(const StageEstimate& e) {
   compute += e.forwardCompute;
   copy += e.forwardCopy;
   resident += total(m) - m[st] - m[ws];
-  largestA = std::max(largestA, e.stashBytes + m[ws]);
-  largestB = std::max(largestB, m[st] - e.stashBytes);
+  // Note [Decoupled devices]: F of a segment beside the stash of the device's OFF before
+  // it, the previous segment's (one copy: the pairing below assumes kOffloadsInFlight 1).
+  static_assert(schedules::kOffloadsInFlight == 1, "pair each F with as many OFFs before it");
+  // What of this segment's stashes stays beside the next microbatch's F of the range's
+  // first segment when it is the range's last (a one-segment range's own bound); an
+  // unsplit segment keeps its other stashes beside every F.
+  const std::int64_t kept = m[st] - e.stashBytes;
+  if (e.same) resident += kept;
+  const Held here{e.stashBytes, m[ws]};
+  if (forwardSegments_ == 0) {
+    wrap_ = e.same ? 0 : kept;
+  } else {  // the old first segment's F now follows this one's OFF
+    const Held h{firstF_.stashes + e.copyingOutBytes, firstF_.working};
+    if (h.total() > inside_.total()) inside_ = h;
+  }
+  firstF_ = here;
+  firstInput_ = e.firstInputBytes;
+  firstInputBesideCopy_ = e.firstInputBesideCopy;
+  ++forwardSegments_;
+}
+
+std::int64_t DecoupledDevice::memoryFloor() const {
+  if (forwardSegments_ > 0) return resident + std::max(inside_.total(), firstF_.total());
+  return resident + inside_.total();
 }
 
 void DecoupledDevice::addBackward(const StageEstimate& e, const PipelineShape& shape) {
@@ -957,6 +1004,12 @@ DecoupledDevice::Held DecoupledDevice::window(int q) const {
 
 DecoupledDevice::Held DecoupledDevice::peak() const {
   Held best = inside_;
+  if (forwardSegments_ > 0) {  // the range's first F beside its last segment's copies
+    const std::int64_t before =
+        firstInputBesideCopy_ ? wrap_ + firstInput_ : std::max(wrap_, firstInput_);
+    const Held h{firstF_.stashes + before, firstF_.working};
+    return h.total() > best.total() ? h : best;
+  }
   const int n = static_cast<int>(stashes_.size());
   for (int q = std::max(0, n - lookahead_); q < n; ++q) {  // windows into microbatch m + 1
     const Held h = window(q);
@@ -982,12 +1035,15 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
   const int ws = index(MemoryCategory::WorkingSet), st = index(MemoryCategory::Stash);
   const CategoryBytes& f = forwardPart.forwardMemory;
   const CategoryBytes& b = backwardPart.backwardMemory;
-  // Note [Folded pace]: B's weight snapshot waits beside the forwards only.
-  const std::int64_t snapshot = backwardPart.weightSnapshotBytes;
-  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws] - snapshot;
+  // Note [Folded pace]: B's weight snapshot, and the messages that wait at F starts only,
+  // wait beside the forwards only.
+  const std::int64_t besideF = backwardPart.weightSnapshotBytes +
+                               forwardPart.forwardCommOnlyAtForward +
+                               backwardPart.backwardCommOnlyAtForward;
+  const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws] - besideF;
   // Note [Folded pace]: while B runs, F is not building a stash; only the copies still
   // going out (Note [Offloads in flight]) stay beside B's working set.
-  const std::int64_t whileF = f[st] + f[ws] + snapshot;
+  const std::int64_t whileF = f[st] + f[ws] + besideF;
   const std::int64_t whileB = std::max<std::int64_t>(0, f[st] - forwardPart.stashBytes) + b[ws];
   return both + std::max(whileF, whileB);
 }
@@ -1012,13 +1068,12 @@ std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const Pipeli
       r.last = k + 1;
       r.firstLayer = cuts[r.first];
       r.lastLayer = cuts[k + 1];
-      if (!backward) r.load.addForward(stages[k]);
     }
   }
-  // A backward range's segments from its last to its first (Note [Decoupled devices]).
+  // A range's segments from its last to its first (Note [Decoupled devices]).
   for (DecoupledRange& r : out)
-    if (r.backward)
-      for (int k = r.last - 1; k >= r.first; --k) r.load.addBackward(stages[k], shape);
+    for (int k = r.last - 1; k >= r.first; --k)
+      r.backward ? r.load.addBackward(stages[k], shape) : r.load.addForward(stages[k]);
   for (DecoupledRange& r : out)
     r.boundary = r.backward ? model.backwardRangeOutput(shape, r.index, r.lastLayer,
                                                         stages[r.last - 1].policy)

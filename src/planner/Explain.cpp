@@ -77,14 +77,13 @@ std::string decoupledRangesInWords(const CostModel& model, const Plan& plan) {
       << (r.backward ? "B" : "F") << " " << formatSeconds(r.load.compute)
       << " per microbatch, holds " << formatBytes(r.load.memory() + r.boundary.bytes) << " ("
       << formatBytes(r.load.resident) << " of states and buffers, ";
-    if (r.backward) {
-      const DecoupledDevice::Held h = r.load.peak();
+    const DecoupledDevice::Held h = r.load.peak();
+    if (r.backward)
       o << formatBytes(h.stashes) << " of stashes and " << formatBytes(h.working)
         << " of working set at its fullest segment's B";
-    } else {
-      o << formatBytes(r.load.largestA) << " of stash being built and F's work, "
-        << formatBytes(r.load.largestB) << " of copies going out";
-    }
+    else
+      o << formatBytes(h.stashes) << " of stashes (built, and going out) and "
+        << formatBytes(h.working) << " of working set at its fullest segment's F";
     if (r.boundary.bytes > 0)
       o << ", " << formatBytes(r.boundary.bytes)
         << (r.backward ? " of gradients or outputs that can wait"

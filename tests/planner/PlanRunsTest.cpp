@@ -81,6 +81,15 @@
 //   - pipedream's and 1f1b's device 0 (seed 1 21 and 37, -21.5%): over-charged by bounds
 //     that depend on thread timing (gradients waiting in the drain, a stash still being
 //     copied out); not found exactly.
+// Since (2026-11-27, h-d): seed 0, 50 run, none out of memory, 1 off (47, -12.3%); seed 1,
+// 50 run, none out of memory, 2 off (2, alexnet/8 pipefb-sync-offload 2S form, device 0
+// -11.0%, unchanged plan; 37 as above). A decoupled forward device's F is charged beside
+// the OFF before it only (Note [Decoupled devices]), a folded device's messages at its B
+// starts (Note [Folded pace]: seed 1 8 now -8.7%, -7.6%), and pipefb-async's stage 0 all M
+// inputs beside the held copy (seed 0 28, alexnet/8 pipefb-async-checkpoint-offload,
+// device 0 was +14.9%, now exact). Where that pairing is tight a forward device can peak
+// a few bytes above its plan (resnet50/8 pipefb-async-keep device 0, +92 B): small tensors
+// that the profile's saved bytes leave out, which the looser charge hid.
 // Closed in this round: the offloaded stash's saved output (seed 1 7, out of memory by
 // 32 KiB; profile field saved_output_bytes), gpipe's same-device bound (seed 0 29, now
 // within 3%: Notes [Prefetches after the forward phase], [Two phases]) and the waiting

@@ -1246,3 +1246,42 @@ TEST(DecoupledDevice, ChargesEachSegmentsBWithTheStashesResidentThen) {
   EXPECT_EQ(device(4, 3).peak().total(), 64 + 384 + 256 + 32 + 2000);
   EXPECT_EQ(device(1, 3).peak().total(), 64 + 384 + 2000);
 }
+
+// Note [Decoupled devices]: a forward device holds, at each segment's F, the stash F
+// builds and its working set beside the stash of the device's OFF before it: the previous
+// segment's, or for the range's first segment the last one's of the microbatch before.
+TEST(DecoupledDevice, ChargesEachSegmentsFWithTheCopyOfTheOffBeforeIt) {
+  // Segments 0..2 of one forward range: stashes 480, 260, 40 and F's working sets 160, 1,
+  // 0 (resnet50/8's layer3.0, layer3.1 and head, in KiB, roughly); every stash leaves
+  // through the copy engine and two are in flight (M >= 2).
+  const std::int64_t stash[] = {480, 260, 40}, work[] = {160, 1, 0};
+  DecoupledDevice d;
+  for (int k = 2; k >= 0; --k) {
+    StageEstimate e;
+    e.same = false;  // split: forward and backward on two devices
+    e.stashBytes = e.copyingOutBytes = stash[k];
+    e.forwardMemory[index(pipefb::MemoryCategory::Stash)] = 2 * stash[k];
+    e.forwardMemory[index(pipefb::MemoryCategory::WorkingSet)] = work[k];
+    e.forwardMemory[index(pipefb::MemoryCategory::Weights)] = 100;
+    d.addForward(e);
+    EXPECT_LE(d.memoryFloor(), d.memory());
+  }
+  // F of segment 1 beside segment 0's copy: 260 + 1 + 480 = 741; F of segment 0 beside
+  // segment 2's (the head's) of the microbatch before: 480 + 160 + 40 = 680. The largest F
+  // beside the largest copy would be 640 + 480 = 1120.
+  EXPECT_EQ(d.peak().stashes, 260 + 480);
+  EXPECT_EQ(d.peak().working, 1);
+  EXPECT_EQ(d.memory(), 300 + 741);
+  // One microbatch (one stash in flight per segment): nothing of the last segment waits
+  // for the first one's F, but segment 0's copy may still go out beside segment 1's F.
+  DecoupledDevice one;
+  for (int k = 2; k >= 0; --k) {
+    StageEstimate e;
+    e.same = false;
+    e.stashBytes = e.copyingOutBytes = stash[k];
+    e.forwardMemory[index(pipefb::MemoryCategory::Stash)] = stash[k];
+    e.forwardMemory[index(pipefb::MemoryCategory::WorkingSet)] = work[k];
+    one.addForward(e);
+  }
+  EXPECT_EQ(one.memory(), 741);
+}

@@ -82,5 +82,26 @@ TEST(WaitingMessages, PipefbSyncSendsWithinAPassAtTheReceive) {
             (std::vector<int>{0, 0, 0, 0}));
 }
 
+TEST(WaitingMessages, InputsWaitAtStageZerosBackwardsUntilTheirForward) {
+  // 1f1b, S = 2, M = 4: device 0 runs F0.0 F0.1 B0.0 F0.2 B0.1 F0.3 B0.2 B0.3; the
+  // iteration's 4 inputs are fed at its start, so at B0.0 those of F0.2 and F0.3 wait.
+  EXPECT_EQ(of("1f1b", 2, 4).inputsAtBackward, 2);
+  // gpipe runs every forward before its first backward: none waits there.
+  EXPECT_EQ(of("gpipe", 2, 4).inputsAtBackward, 0);
+  // Folded pipefb-sync, S = 3: device 0 runs F0.j in slot j and B2.j in slot 3 + j,
+  // forwards first, so at B2.0 the inputs of F0.4 .. F0.(M-1) wait: M - S - 1 of them.
+  auto folded = [](int M) {
+    return waitingMessages(makeSchedule("pipefb-sync", 3, M, Placement::folded(3), 1).schedule);
+  };
+  EXPECT_EQ(folded(2).inputsAtBackward, 0);
+  EXPECT_EQ(folded(6).inputsAtBackward, 2);
+  // With M = 2 every forward of the iteration runs before its device's first backward:
+  // the activation that can wait for F2 on the device of F2 and B0 waits at F starts only
+  // (PlanRunsTest seed 1 instance 8, Note [Folded pace] in planner/CostModel.h).
+  const WaitingMessages two = folded(2);
+  EXPECT_GT(two.activations.at(2), two.activationsAtBackward.at(2));
+  EXPECT_EQ(two.activationsAtBackward.at(2), 0);
+}
+
 }  // namespace
 }  // namespace pipefb::schedules

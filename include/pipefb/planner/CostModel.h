@@ -508,6 +508,20 @@ struct StageEstimate {
   /// pipefb-async's SyncWeights snapshot, in backwardMemory's comm buffers (Note [Forward
   /// device memory]); a folded device holds it beside its forwards only (Note [Folded pace]).
   std::int64_t weightSnapshotBytes = 0;
+  /// Split: the stash that stays on the forward device after F while its D2H copy runs
+  /// or is held, up to the device's next OFF (Note [Offloads in flight]); 0 when the stash
+  /// is sent instead. A decoupled forward device charges it beside the next segment's F
+  /// (Note [Decoupled devices]).
+  std::int64_t copyingOutBytes = 0;
+  /// Decoupled stage 0: F(0,0)'s own input, beside it with the M - 1 others (charged in
+  /// forwardMemory's comm buffers) in place of the copy before it (a flushing kind: none
+  /// is there then), or beside that copy (firstInputBesideCopy: an asynchronous kind's
+  /// copy is held across iterations) (Note [Decoupled devices]).
+  std::int64_t firstInputBytes = 0;
+  bool firstInputBesideCopy = false;
+  /// Folded (Note [Folded pace]): of forwardMemory's and of backwardMemory's comm buffers,
+  /// the messages that wait on their device at F starts only, never beside its B.
+  std::int64_t forwardCommOnlyAtForward = 0, backwardCommOnlyAtForward = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -541,7 +555,15 @@ class CostModel;
 ///   not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0 and B2 peaked 11%
 ///   and 17% below the plan charged with the snapshot and a transient beside B2's stash;
 ///   PlanRunsTest seed 1 instance 5. Charging none at the step on every device, S=2 M=1's
-///   second device went out of memory in its STEP beside the next iteration's stash);
+///   second device went out of memory in its STEP beside the next iteration's stash).
+///   Messages (Note [Waiting messages]) are charged beside B only as many as wait at the
+///   device's B starts (WaitingMessages' counts at backward starts, and inputsAtBackward
+///   for stage 0's inputs); the rest beside F. Under a flushing kind only: its STEPs,
+///   whose transient is charged with B's working set, come after the iteration's last B,
+///   beside no message, where an asynchronous kind's next inputs may wait. (Charged
+///   beside B, mlp pipefb-sync-keep S=3 M=2, PlanRunsTest seed 1 instance 8, measured
+///   10.3% and 9.9% below the plan on the devices of F0 and B2 and of F2 and B0: an input
+///   and an activation charged beside B, where every F of the iteration runs before it);
 /// the link chain[a] -> chain[a+1] carries boundary a+1's activations and boundary
 /// S-1-a's gradients (the ring F0 -> ... -> F(S-1) -> B(S-1) -> ... -> B0 uses every link
 /// one way), and chain[S-1] -> chain[0] the last stage's output. The pace tau is the
@@ -560,9 +582,20 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 /// through the host pool (the segment's input under a checkpoint kind, its saved graph
 /// under offload), so what a device holds at once is:
 ///   forward device: the weights (and async's old copies) and comm buffers of all its
-///     segments, plus the largest (stash being built + F's working set) of one segment,
-///     plus the largest of the copies still going out (Note [Offloads in flight]: the
-///     copy engine's bound, whichever segment they came from);
+///     segments, plus, at the F of one segment, the stash it builds, F's working set and
+///     the stash of the device's OFF before it (Note [Offloads in flight]: with
+///     kOffloadsInFlight = 1 that copy, held or still going out, is there until the next
+///     OFF, the one after this F): the previous segment's of the same microbatch, or for
+///     the range's first segment its last one's of the microbatch before (as many as a
+///     one-segment range keeps, none beside the iteration's first F under a flush), or
+///     for stage 0 its own input where that is more (F(0,0) runs beside all M inputs and
+///     its stash's copy of the input, no copy going out; an asynchronous kind's copy is
+///     held across iterations: both), the most over the segments. The largest F
+///     beside the largest copy, charged together, over-charged resnet50/8 pipefb-sync-keep's
+///     forward device 1 (layer3.0 to the head) by 17.5%: layer3.0's 482 KiB stash beside layer3.0's
+///     own F, where that F holds only the head's 40 KiB beside it and layer3.1's F layer3.0's 482
+///     KiB beside its 259 KiB; the rule also charges the copy going out beside the next F when M
+///     = 1. (An unsplit segment's other stashes stay beside every F: charged as resident.)
 ///   backward device: weights, gradients, optimizer state and comm buffers of all its
 ///     segments, plus, at the B of one segment, what that B holds: the stashes resident
 ///     then and its own working set (one segment's recomputed graph under a checkpoint
@@ -593,33 +626,37 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 struct DecoupledDevice {
   double compute = 0, copy = 0;
   std::int64_t resident = 0;  // summed over the segments
-  // Forward: the largest (stash built + working set) and the largest copies going out.
-  std::int64_t largestA = 0, largestB = 0;
-  /// Backward: what one segment's B holds beyond `resident`.
+  /// What one segment's F or B holds beyond `resident`.
   struct Held {
     std::int64_t stashes = 0, working = 0;
     std::int64_t total() const { return stashes + working; }
   };
+  /// Forward segments are added from the range's last to its first as well (the solver's
+  /// DP extends a range to the left).
   void addForward(const StageEstimate& e);
   /// Backward segments are added from the range's last to its first (the order B runs
   /// them); `shape` gives the lookahead and the microbatches.
   void addBackward(const StageEstimate& e, const PipelineShape& shape);
-  /// Backward: the segment's B that holds the most.
+  /// The segment's F (a forward range) or B (a backward range) that holds the most.
   Held peak() const;
   double time() const { return compute > copy ? compute : copy; }
-  std::int64_t memory() const {
-    return resident + (stashes_.empty() ? largestA + largestB : peak().total());
-  }
+  std::int64_t memory() const { return resident + peak().total(); }
   /// A part of memory() that never decreases as segments are added (the DP's floor).
-  std::int64_t memoryFloor() const {
-    return resident + (stashes_.empty() ? largestA + largestB : inside_.total());
-  }
+  std::int64_t memoryFloor() const;
 
  private:
   std::vector<std::int64_t> stashes_, working_;  // backward, in the order added
   int lookahead_ = 0, microbatches_ = 1;
-  Held inside_;  // the most over segments whose lookahead + 1 B's stay in one microbatch
+  // The most over segments whose lookahead + 1 B's stay in one microbatch (backward), or
+  // over the Fs whose OFF before them is the previous segment's (forward).
+  Held inside_;
   Held window(int q) const;
+  // Forward: the first segment's F (its stash being built, its working set) and the
+  // copies of the range's last segment beside the next microbatch's first F.
+  int forwardSegments_ = 0;
+  Held firstF_;
+  std::int64_t wrap_ = 0, firstInput_ = 0;
+  bool firstInputBesideCopy_ = false;
 };
 /// A range boundary's charge: the message's link time and the bytes that can wait.
 struct RangeBoundary {
@@ -731,6 +768,9 @@ class CostModel {
     /// The activations of atForward alone: a stage with the forward phase first waits no
     /// gradient in its F phase (Note [Two phases]).
     std::int64_t activationsAtForward = 0;
+    /// A folded split stage (Note [Folded pace]): the activations and gradients that wait
+    /// at F starts of their device only, never at its B starts.
+    std::int64_t activationsOnlyAtForward = 0, gradientsOnlyAtForward = 0;
   };
   WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
                             bool outputTravels) const;

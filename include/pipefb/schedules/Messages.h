@@ -28,6 +28,9 @@ struct WaitingMessages {
   // outputs of F(S-1) waiting on the last stage's backward device; none are sent to a B that
   // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest
   int outputs = 0;
+  // iteration inputs waiting on stage 0's forward device at its B (or I) starts: fed at
+  // the iteration's start, or once the last stage's backwards of the one before ran
+  int inputsAtBackward = 0;
 };
 
 WaitingMessages waitingMessages(const Schedule& schedule);
