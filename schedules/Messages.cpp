@@ -88,10 +88,19 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
         messages.push_back({f, b, 2, s});
     }
     inputs.push_back(node(Node::F, 0, m));
-    // An iteration's inputs are fed once the last stage's backwards of the one before ran.
+    // An iteration's inputs are fed once the losses of the one before are known
+    // (PipelineEngine::step): each last-stage backward runs its loss first, so the feed
+    // waits for what that backward waits for (the action before it on its device, and
+    // its F), not for its end. (Fed after its end here, mlp pipedream-checkpoint S=2 M=1
+    // held the next input beside B(1,1), 256 bytes above the plan once B's recompute was
+    // charged as held; PlanRunsTest seed 0 instance 38.)
     if (m >= M)
-      for (int j = (m / M - 1) * M; j < (m / M) * M; ++j)
-        edge(node(Node::InputBackward, S - 1, j), node(Node::F, 0, m));
+      for (int j = (m / M - 1) * M; j < (m / M) * M; ++j) {
+        const int b = node(Node::InputBackward, S - 1, j), f0 = node(Node::F, 0, m);
+        if (b < 0) continue;
+        if (posOf[b] > 0) edge(b - 1, f0);
+        edge(node(Node::F, S - 1, j), f0);
+      }
   }
   for (int s = 0; s < S; ++s)
     for (int m = 0; m < width; ++m) edge(node(Node::Sync, s, m), node(Node::Recv, s, m));

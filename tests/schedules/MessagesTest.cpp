@@ -35,6 +35,17 @@ TEST(WaitingMessages, OneFOneBBoundsWhatWaitsByItsWarmUp) {
   EXPECT_EQ(w.gradients, (std::vector<int>{1, 0}));
 }
 
+TEST(WaitingMessages, NextIterationIsFedOnceTheLossesAreKnown) {
+  // pipedream, S = 2, M = 1, 3 iterations. Device 1: F1.0 B1.0 F1.1 B1.1 F1.2 B1.2. The
+  // feed of iteration k + 1 waits for B1.k's loss, which B1.k computes first: F0.(k+1)
+  // may run and send its activation while B1.k still runs, so one activation can wait at
+  // a B start on device 1 (none when the feed waited for B1.k's end).
+  const WaitingMessages w = of("pipedream", 2, 1, 3);
+  EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 1}));
+  // Within one iteration nothing is fed: no activation waits at device 1's B.
+  EXPECT_EQ(of("pipedream", 2, 1, 1).activationsAtBackward, (std::vector<int>{0, 0}));
+}
+
 TEST(WaitingMessages, PipefbLastStageOutputsWaitOnItsBackwardDevice) {
   // pipefb-sync, S = 2 on 4 devices: F(1) runs its 4 forwards without waiting for B(1),
   // so at B1.0's start the outputs of F1.1..F1.3 may wait on B(1)'s device.

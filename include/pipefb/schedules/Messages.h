@@ -15,11 +15,11 @@ namespace pipefb::schedules {
 /// and its producer does not have to wait for c (it is not reachable from c through
 /// device order and the waits: activations F(s-1,m) -> F(s,m), gradients B/I(s+1,m) ->
 /// B/I(s,m), the output and the stash F(s,m) -> B/I(s,m), SW -> RW, and for schedules
-/// that step per microbatch the feed of an iteration after the last stage's backwards of
-/// the previous one). The counts are upper bounds over the compute starts of the
-/// schedule's compute-only lists; how many do wait depends on timing. The counts at
-/// the backward starts alone are kept apart: a device that runs a stage's F and B peaks
-/// in B, and gpipe's activations, for one, wait only at forward starts.
+/// that step per microbatch the feed of an iteration once the last stage's backwards of
+/// the previous one started: each computes its loss first, PipelineEngine::step). The counts are
+/// upper bounds over the compute starts of the schedule's compute-only lists; how many do wait
+/// depends on timing. The counts at the backward starts alone are kept apart: a device that runs a
+/// stage's F and B peaks in B, and gpipe's activations, for one, wait only at forward starts.
 struct WaitingMessages {
   std::vector<int> activations;  // per stage s: inputs of F(s) waiting on its forward device
   std::vector<int> gradients;    // per stage s: output gradients waiting on its backward device
