@@ -8,6 +8,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/WeightVersions.h"
 
 namespace pipefb::schedules {
@@ -141,6 +142,7 @@ class AbstractRun {
                {{w.device, w.step}, {ip.device, ip.step}});
       }
     pc_.assign(D_, 0);
+    passes_ = rendezvousPasses(s);
     // Note [Stashed weight versions]: the copies the schedule keeps, and what needs them.
     residentW_.assign(static_cast<size_t>(D_) * S_, 0);
     stats_.peakResidentWeightVersions.assign(D_, std::vector<int>(S_, 0));
@@ -232,6 +234,9 @@ class AbstractRun {
       return "for " + toString(want) + " on device " + std::to_string(it->second.device) +
              ", which has not run";
     }
+    if (a.type == ActionType::SendAct || a.type == ActionType::SendGrad)
+      return "for device " + std::to_string(a.peer) + " to reach its receive (Note [Message " +
+             "rendezvous])";
     if (a.isInputBackward())
       return "for PRE" + std::to_string(a.stage) + "." + std::to_string(a.index) +
              " to complete (its OFF has not run)";
@@ -390,6 +395,15 @@ class AbstractRun {
     where = kNowhere;
   }
 
+  // Whether the receiver of send a, on device d, waits at the matching receive.
+  bool waitsToReceive(int d, const Action& a) const {
+    const int p = a.peer;
+    if (pc_[p] >= static_cast<int>(s_.devices[p].size())) return false;
+    const Action& r = s_.devices[p][pc_[p]];
+    return r.isRecv() && matchingType(r.type) == a.type && r.stage == a.stage &&
+           r.index == a.index && r.peer == d;
+  }
+
   // Runs the action at pc_[d] if it can; returns false when it must wait.
   bool tryStep(int d) {
     const Action& a = s_.devices[d][pc_[d]];
@@ -491,6 +505,10 @@ class AbstractRun {
                            : h == Have::Grad ? "no B"
                                              : "no STEP") +
                           std::to_string(st) + "." + std::to_string(i) + " ran here before it)");
+        // Note [Message rendezvous]: sent once the receiver waits at its receive.
+        if (a.type != ActionType::SyncWeights && rendezvous(passes_, d, a.peer) &&
+            !waitsToReceive(d, a))
+          return false;
         sent_.insert(commKey(a.type, st, i));
         return true;
       }
@@ -590,6 +608,7 @@ class AbstractRun {
   const MemoryContract* c_;
   int S_ = 0, D_ = 0, N_ = 0;
   std::vector<int> pc_;
+  std::vector<int> passes_;  // Note [Message rendezvous]
   std::vector<Position> fPos_, bPos_, iPos_, wPos_;
   std::vector<bool> fDone_, bDone_, iDone_, offInSchedule_, offDone_;
   std::vector<int> deferred_;  // [device][stage]: I ran, W not yet
