@@ -179,6 +179,8 @@ struct PipelineEngine::Impl {
   int rankOf(int d) const { return myReplica * D + d; }
   void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
   std::vector<Tensor> receive(int peer, const ChanKey& k);
+  // An activation or gradient, at its receive when rendezvous (Note [Rendezvous hand-over]).
+  void sendAt(DeviceState& dev, const Action& a, const ChanKey& key, Tensor t);
 
   // Progress, failure and losses: guarded by mu_.
   std::mutex mu;
