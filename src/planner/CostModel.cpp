@@ -743,8 +743,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
     // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes.
     const std::int64_t earlier = fstash - e.stashBytes;
-    w(e.forwardMemory, MemoryCategory::CommBuffers,
-      std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier) + actsWaiting);
+    const std::int64_t inputs = std::max<std::int64_t>((M - 1) * oneInput, M * oneInput - earlier);
+    w(e.forwardMemory, MemoryCategory::CommBuffers, inputs + actsWaiting);
+    // Note [Decoupled devices]: an asynchronous kind feeds while the range's copies go out.
+    if (decoupled && !flushing) e.fedBesideCopies = M * oneInput - inputs;
     // Note [Split backward]: pipefb-zb's W runs after its I, its stash still on the device
     // beside the prefetched ones (at most one, Note [PipeFB with a split backward]).
     const int deferred =
@@ -915,6 +917,24 @@ void DecoupledDevice::addForward(const StageEstimate& e) {
   resident += total(m) - m[st] - m[ws];
   largestA = std::max(largestA, e.stashBytes + m[ws]);
   largestB = std::max(largestB, m[st] - e.stashBytes);
+  if (e.fedBesideCopies > 0) {
+    fed_ = {e.fedBesideCopies, e.stashBytes + m[ws]};
+    fedFirst_ = copies_.empty();
+  }
+  copies_.push_back(m[st] > e.stashBytes ? e.stashBytes : 0);  // through the copy engine
+}
+
+std::int64_t DecoupledDevice::forwardMemory() const {
+  std::int64_t out = largestA + largestB;
+  if (fed_.first > 0 && !copies_.empty()) {  // Note [Decoupled devices]: F(0, kM)
+    // The last kOffloadsInFlight OFFs before it: the range's last segments, last first
+    // (added first to last, or, by the solver's scan, last to first: stage 0 comes last).
+    const int n = static_cast<int>(copies_.size());
+    std::int64_t going = 0;
+    for (int t = 0; t < kOffloadsInFlight; ++t) going += copies_[fedFirst_ ? n - 1 - t % n : t % n];
+    out = std::max(out, fed_.first + fed_.second + going);
+  }
+  return out;
 }
 
 void DecoupledDevice::addBackward(const StageEstimate& e, const PipelineShape& shape) {

@@ -84,6 +84,8 @@ std::string decoupledRangesInWords(const CostModel& model, const Plan& plan) {
     } else {
       o << formatBytes(r.load.largestA) << " of stash being built and F's work, "
         << formatBytes(r.load.largestB) << " of copies going out";
+      const std::int64_t fed = r.load.forwardMemory() - r.load.largestA - r.load.largestB;
+      if (fed > 0) o << "; " << formatBytes(fed) << " more at an iteration's first F, fed early";
     }
     if (r.boundary.bytes > 0)
       o << ", " << formatBytes(r.boundary.bytes)

@@ -490,6 +490,9 @@ struct StageEstimate {
   /// pipefb-async's SyncWeights snapshot, in backwardMemory's comm buffers (Note [Forward
   /// device memory]); a folded device holds it beside its forwards only (Note [Folded pace]).
   std::int64_t weightSnapshotBytes = 0;
+  /// A decoupled asynchronous stage 0's forward device: the fed inputs F(0, kM) holds beyond
+  /// the comm buffers charged, beside the range's copies going out (Note [Decoupled devices]).
+  std::int64_t fedBesideCopies = 0;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)
@@ -544,7 +547,14 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
 ///   forward device: the weights (and async's old copies) and comm buffers of all its
 ///     segments, plus the largest (stash being built + F's working set) of one segment,
 ///     plus the largest of the copies still going out (Note [Offloads in flight]: the
-///     copy engine's bound, whichever segment they came from);
+///     copy engine's bound, whichever segment they came from); and at least, under an
+///     asynchronous kind, whose next iteration is fed while the forward device still runs
+///     this one, F(0, kM) beside all M inputs (one more than at the later forwards), its
+///     own stash and working set, and the copies of the kOffloadsInFlight OFFs before it:
+///     the range's last segments of microbatch kM - 1, not its own (decoupled resnet50/8
+///     pipefb-async: device 0 held 4 inputs, the stem's stash and working set and the
+///     head's 32 KiB stash going out, 4319152 bytes, exactly this; charged 3 inputs and the
+///     stem's copy it went out of memory by 32 KiB at its smallest budget);
 ///   backward device: weights, gradients, optimizer state and comm buffers of all its
 ///     segments, plus, at the B of one segment, what that B holds: the stashes resident
 ///     then and its own working set (one segment's recomputed graph under a checkpoint
@@ -589,8 +599,10 @@ struct DecoupledDevice {
   /// Backward: the segment's B that holds the most.
   Held peak() const;
   double time() const { return compute > copy ? compute : copy; }
+  /// Forward: what it holds beyond `resident`.
+  std::int64_t forwardMemory() const;
   std::int64_t memory() const {
-    return resident + (stashes_.empty() ? largestA + largestB : peak().total());
+    return resident + (stashes_.empty() ? forwardMemory() : peak().total());
   }
   /// A part of memory() that never decreases as segments are added (the DP's floor).
   std::int64_t memoryFloor() const {
@@ -602,6 +614,12 @@ struct DecoupledDevice {
   int lookahead_ = 0, microbatches_ = 1;
   Held inside_;  // the most over segments whose lookahead + 1 B's stay in one microbatch
   Held window(int q) const;
+  // Forward: the first segment's fed inputs beyond its comm buffers and its (stash built +
+  // working set), and whether it was added first; each segment's stash, if its OFF goes
+  // through the copy engine, in the order added.
+  std::pair<std::int64_t, std::int64_t> fed_{0, 0};
+  bool fedFirst_ = true;
+  std::vector<std::int64_t> copies_;
 };
 /// A range boundary's charge: the message's link time and the bytes that can wait.
 struct RangeBoundary {
