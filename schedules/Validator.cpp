@@ -143,6 +143,7 @@ class AbstractRun {
       }
     pc_.assign(D_, 0);
     passes_ = rendezvousPasses(s);
+    stepAfterRecv_ = s.kind == toString(ScheduleKind::PipeFbAsync);
     // Note [Stashed weight versions]: the copies the schedule keeps, and what needs them.
     residentW_.assign(static_cast<size_t>(D_) * S_, 0);
     stats_.peakResidentWeightVersions.assign(D_, std::vector<int>(S_, 0));
@@ -237,6 +238,9 @@ class AbstractRun {
     if (a.type == ActionType::SendAct || a.type == ActionType::SendGrad)
       return "for device " + std::to_string(a.peer) + " to reach its receive (Note [Message " +
              "rendezvous])";
+    if (a.type == ActionType::Step)
+      return "for RW" + std::to_string(a.stage) + "." + std::to_string(a.index - 1) +
+             " to take the weights (Note [Weights by reference])";
     if (a.isInputBackward())
       return "for PRE" + std::to_string(a.stage) + "." + std::to_string(a.index) +
              " to complete (its OFF has not run)";
@@ -592,6 +596,12 @@ class AbstractRun {
         return true;
       }
       case ActionType::Step: {
+        // Note [Weights by reference] (runtime/WeightVersions.cpp): pipefb-async's STEP(s, k)
+        // waits until RW(s, k - 1) took the weights SW(s, k - 1) sent.
+        if (stepAfterRecv_ && i > 0) {
+          const std::uint64_t sw = commKey(ActionType::SyncWeights, st, i - 1);
+          if (sendPos_.count(sw) && !received_.count(sw)) return false;
+        }
         have_.insert(haveKey(Have::Weights, d, st, i));
         if (Stashed* w = stashedVersion(st, i); w && w->madeByStep) makeVersion(d, *w);
         curVersion(d, st) = i + 1;
@@ -608,7 +618,8 @@ class AbstractRun {
   const MemoryContract* c_;
   int S_ = 0, D_ = 0, N_ = 0;
   std::vector<int> pc_;
-  std::vector<int> passes_;  // Note [Message rendezvous]
+  std::vector<int> passes_;     // Note [Message rendezvous]
+  bool stepAfterRecv_ = false;  // Note [Weights by reference]
   std::vector<Position> fPos_, bPos_, iPos_, wPos_;
   std::vector<bool> fDone_, bDone_, iDone_, offInSchedule_, offDone_;
   std::vector<int> deferred_;  // [device][stage]: I ran, W not yet

@@ -110,7 +110,9 @@ struct StageState {
   std::set<int> away;
   // Note [Weight prediction]: split stages of pipefb-async with pipeline.weight_prediction.
   bool predict = false;
-  ReplicaPtr predicted;        // on bDev: what RecvWeights of masterVersion hands the forwards
+  ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
+  // Note [Weights by reference]: the last RecvWeights done on fDev (its index), guarded by mu.
+  int weightsReceived = -1;
   std::map<int, int> lastUse;  // version -> last microbatch whose B needs it
   // Note [Optimizer offload]: pipeline.optimizer_offload: host.
   bool optimizerOnHost = false;

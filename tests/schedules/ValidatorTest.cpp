@@ -123,6 +123,25 @@ TEST(ValidatorTest, RendezvousSendWaitsForItsReceiver) {
   EXPECT_TRUE(contains(msg, "to reach its receive")) << msg;
 }
 
+TEST(ValidatorTest, AsyncStepWaitsForThePreviousRecvWeights) {
+  // Note [Weights by reference]: pipefb-async's SW sends the weights themselves, so
+  // STEP0.1 waits until RW0.0 took them. A forward device that runs RW0.1 first waits for
+  // SW0.1, which comes after STEP0.1: a deadlock.
+  Schedule s = lower(makeSchedule("pipefb-async", 1, 1, Placement::defaultFor("pipefb-async", 1), 3),
+                     {StashPolicy::Keep}, 1)
+                   .schedule;
+  EXPECT_NO_THROW(validate(s));
+  auto& list = s.devices[0];
+  const long one = indexOfToken(list, "RW0.1<1");
+  const Action rw = list[one];
+  list.erase(list.begin() + one);
+  list.insert(list.begin() + indexOfToken(list, "RW0.0<1"), rw);
+  const std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "deadlock")) << msg;
+  EXPECT_TRUE(contains(msg, "[*STEP0.1*]")) << msg;
+  EXPECT_TRUE(contains(msg, "for RW0.0 to take the weights")) << msg;
+}
+
 TEST(ValidatorTest, PrefetchMustPrecedeUse) {
   Schedule s = lowered("pipefb-sync", 2, 2);
   removeToken(s, 3, "PRE0.1");
