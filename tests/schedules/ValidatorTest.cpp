@@ -127,9 +127,10 @@ TEST(ValidatorTest, AsyncStepWaitsForThePreviousRecvWeights) {
   // Note [Weights by reference]: pipefb-async's SW sends the weights themselves, so
   // STEP0.1 waits until RW0.0 took them. A forward device that runs RW0.1 first waits for
   // SW0.1, which comes after STEP0.1: a deadlock.
-  Schedule s = lower(makeSchedule("pipefb-async", 1, 1, Placement::defaultFor("pipefb-async", 1), 3),
-                     {StashPolicy::Keep}, 1)
-                   .schedule;
+  Schedule s =
+      lower(makeSchedule("pipefb-async", 1, 1, Placement::defaultFor("pipefb-async", 1), 3),
+            {StashPolicy::Keep}, 1)
+          .schedule;
   EXPECT_NO_THROW(validate(s));
   auto& list = s.devices[0];
   const long one = indexOfToken(list, "RW0.1<1");
