@@ -194,7 +194,9 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
 
 std::vector<int> rendezvousPasses(const Schedule& schedule) {
   std::vector<int> out(schedule.devices.size(), 0);
-  if (schedule.kind != toString(ScheduleKind::PipeFbSync)) return out;
+  if (schedule.kind != toString(ScheduleKind::PipeFbSync) &&
+      schedule.kind != toString(ScheduleKind::PipeFbAsync))
+    return out;
   for (size_t d = 0; d < schedule.devices.size(); ++d) {
     bool forward = false, backward = false;
     for (const Action& a : schedule.devices[d]) {

@@ -8,6 +8,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Lowering.h"
+#include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/WeightVersions.h"
 
 namespace pipefb::schedules {
@@ -141,6 +142,8 @@ class AbstractRun {
                {{w.device, w.step}, {ip.device, ip.step}});
       }
     pc_.assign(D_, 0);
+    passes_ = rendezvousPasses(s);
+    stepAfterRecv_ = s.kind == toString(ScheduleKind::PipeFbAsync);
     // Note [Stashed weight versions]: the copies the schedule keeps, and what needs them.
     residentW_.assign(static_cast<size_t>(D_) * S_, 0);
     stats_.peakResidentWeightVersions.assign(D_, std::vector<int>(S_, 0));
@@ -232,6 +235,12 @@ class AbstractRun {
       return "for " + toString(want) + " on device " + std::to_string(it->second.device) +
              ", which has not run";
     }
+    if (a.type == ActionType::SendAct || a.type == ActionType::SendGrad)
+      return "for device " + std::to_string(a.peer) + " to reach its receive (Note [Message " +
+             "rendezvous])";
+    if (a.type == ActionType::Step)
+      return "for RW" + std::to_string(a.stage) + "." + std::to_string(a.index - 1) +
+             " to take the weights (Note [Weights by reference])";
     if (a.isInputBackward())
       return "for PRE" + std::to_string(a.stage) + "." + std::to_string(a.index) +
              " to complete (its OFF has not run)";
@@ -390,6 +399,15 @@ class AbstractRun {
     where = kNowhere;
   }
 
+  // Whether the receiver of send a, on device d, waits at the matching receive.
+  bool waitsToReceive(int d, const Action& a) const {
+    const int p = a.peer;
+    if (pc_[p] >= static_cast<int>(s_.devices[p].size())) return false;
+    const Action& r = s_.devices[p][pc_[p]];
+    return r.isRecv() && matchingType(r.type) == a.type && r.stage == a.stage &&
+           r.index == a.index && r.peer == d;
+  }
+
   // Runs the action at pc_[d] if it can; returns false when it must wait.
   bool tryStep(int d) {
     const Action& a = s_.devices[d][pc_[d]];
@@ -491,6 +509,10 @@ class AbstractRun {
                            : h == Have::Grad ? "no B"
                                              : "no STEP") +
                           std::to_string(st) + "." + std::to_string(i) + " ran here before it)");
+        // Note [Message rendezvous]: sent once the receiver waits at its receive.
+        if (a.type != ActionType::SyncWeights && rendezvous(passes_, d, a.peer) &&
+            !waitsToReceive(d, a))
+          return false;
         sent_.insert(commKey(a.type, st, i));
         return true;
       }
@@ -574,6 +596,12 @@ class AbstractRun {
         return true;
       }
       case ActionType::Step: {
+        // Note [Weights by reference] (runtime/WeightVersions.cpp): pipefb-async's STEP(s, k)
+        // waits until RW(s, k - 1) took the weights SW(s, k - 1) sent.
+        if (stepAfterRecv_ && i > 0) {
+          const std::uint64_t sw = commKey(ActionType::SyncWeights, st, i - 1);
+          if (sendPos_.count(sw) && !received_.count(sw)) return false;
+        }
         have_.insert(haveKey(Have::Weights, d, st, i));
         if (Stashed* w = stashedVersion(st, i); w && w->madeByStep) makeVersion(d, *w);
         curVersion(d, st) = i + 1;
@@ -590,6 +618,8 @@ class AbstractRun {
   const MemoryContract* c_;
   int S_ = 0, D_ = 0, N_ = 0;
   std::vector<int> pc_;
+  std::vector<int> passes_;     // Note [Message rendezvous]
+  bool stepAfterRecv_ = false;  // Note [Weights by reference]
   std::vector<Position> fPos_, bPos_, iPos_, wPos_;
   std::vector<bool> fDone_, bDone_, iDone_, offInSchedule_, offDone_;
   std::vector<int> deferred_;  // [device][stage]: I ran, W not yet

@@ -786,15 +786,14 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
     // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.
     // Under a checkpoint kind, pipefb-async's weight prediction is that version and sends
-    // the next one by reference (Note [Forward device memory]): no snapshot beside it.
+    // the next one by reference; a graph kind sends its weights by reference too (Note
+    // [Forward device memory]): no snapshot.
     const bool async = shape.kind == ScheduleKind::PipeFbAsync;
     w(e.backwardMemory, MemoryCategory::WeightVersions, (deviceCopies + (async && ckpt)) * W);
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
-    e.weightSnapshotBytes = async && !ckpt ? W : 0;
     w(e.backwardMemory, MemoryCategory::CommBuffers,
-      e.weightSnapshotBytes +             // SyncWeights' snapshot
-          (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
+      (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
           targetsFed + gradsWaiting);
     w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
     // Note [Folded pace]: a folded pipefb-async device steps after its stage's last B of
@@ -1035,11 +1034,9 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
   const int ws = index(MemoryCategory::WorkingSet), st = index(MemoryCategory::Stash);
   const CategoryBytes& f = forwardPart.forwardMemory;
   const CategoryBytes& b = backwardPart.backwardMemory;
-  // Note [Folded pace]: B's weight snapshot, and the messages that wait at F starts only,
-  // wait beside the forwards only.
-  const std::int64_t besideF = backwardPart.weightSnapshotBytes +
-                               forwardPart.forwardCommOnlyAtForward +
-                               backwardPart.backwardCommOnlyAtForward;
+  // Note [Folded pace]: the messages that wait at F starts only wait beside the forwards.
+  const std::int64_t besideF =
+      forwardPart.forwardCommOnlyAtForward + backwardPart.backwardCommOnlyAtForward;
   const std::int64_t both = total(f) - f[ws] - f[st] + total(b) - b[ws] - besideF;
   // Note [Folded pace]: while B runs, F is not building a stash; only the copies still
   // going out (Note [Offloads in flight]) stay beside B's working set.

@@ -29,15 +29,47 @@ Message Channels::take(const ChanKey& k) {
       receiving_.erase(k);
       return m;
     }
-    if (receiving_.insert(k).second) cv_.notify_all();  // a rendezvous sender may go
+    // Note [Rendezvous hand-over]: a sender waits with it; the receiver copies it.
+    if (auto o = offered_.find(k); o != offered_.end()) {
+      Message m = std::move(o->second);
+      offered_.erase(o);
+      receiving_.erase(k);
+      return m;
+    }
+    receiving_.insert(k);
     cv_.wait(lock);
   }
 }
 
-void Channels::awaitReceiver(const ChanKey& k) {
+// Note [Rendezvous hand-over]
+// A rendezvous send (Note [Message rendezvous] in schedules/Messages.h) must not put its
+// message in the receiver's memory before the receiver waits for it. The sender used to
+// wait for the receiver to reach take() and then copy the message over, so a receiver
+// that came second slept until the sender's thread ran again, and then until its own did:
+// two thread wake-ups per message on the receiver's path (decoupled resnet50/8
+// pipefb-async on the loaded 2-core machine: the first backward range's RG waits grew 2-3x
+// and iterations 14-47% longer than sending when made). Now the sender that comes first
+// leaves the message, still in its own memory (as it held it while waiting), and waits;
+// the receiver takes it in take(), copies it into its own domain (PipelineEngine::Impl::
+// receive) and releases the sender. A receiver that comes first waits as for any message.
+bool Channels::offer(const ChanKey& k, Message& m) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return closed_ || receiving_.count(k) > 0; });
   if (closed_) throw Cancelled{};
+  if (receiving_.count(k)) return false;
+  m.offered = true;
+  offered_.emplace(k, std::move(m));
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return closed_ || released_.count(k) > 0; });
+  if (released_.erase(k) == 0) throw Cancelled{};
+  return true;
+}
+
+void Channels::release(const ChanKey& k) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_.insert(k);
+  }
+  cv_.notify_all();
 }
 
 std::optional<Message> Channels::tryTake(const ChanKey& k) {
@@ -58,10 +90,12 @@ void Channels::close() {
 }
 
 void Channels::clear() {
-  std::map<ChanKey, Message> old;
+  std::map<ChanKey, Message> old, offered;
   {
     std::lock_guard<std::mutex> lock(mu_);
     old.swap(box_);
+    offered.swap(offered_);
+    released_.clear();
   }
 }
 
@@ -92,17 +126,37 @@ void PipelineEngine::Impl::post(int peer, const ChanKey& k, std::vector<Tensor> 
 }
 
 std::vector<Tensor> PipelineEngine::Impl::receive(int peer, const ChanKey& k) {
-  if (isLocal(peer)) return channels.take(k).tensors;
+  if (isLocal(peer)) {
+    Message m = channels.take(k);
+    if (!m.offered) return m.tensors;
+    // Note [Rendezvous hand-over]: the sender's tensors, copied here; then it may go.
+    std::vector<Tensor> out;
+    for (const auto& t : m.tensors)
+      out.push_back(copyInto(t, *devices[k.device].domain, MemoryCategory::CommBuffers));
+    m.tensors.clear();
+    channels.release(k);
+    return out;
+  }
   memory::MemoryScope scope(MemoryCategory::CommBuffers);
   return options.group->recv(rankOf(peer), tagOf(k));
+}
+
+// Note [Message rendezvous] (schedules/Messages.h): an activation or gradient between two
+// devices of one PipeFB pass waits here, not on its receiver (Note [Rendezvous hand-over]).
+void PipelineEngine::Impl::sendAt(DeviceState& dev, const Action& a, const ChanKey& key, Tensor t) {
+  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) {
+    Message m;
+    m.tensors.push_back(std::move(t));
+    if (channels.offer(key, m)) return;
+    t = std::move(m.tensors.at(0));
+  }
+  post(a.peer, key, {t});
 }
 
 void PipelineEngine::Impl::execSendAct(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.acts, {a.stage, a.index}, "activation");
   const ChanKey key{Chan::Act, a.stage, a.index, a.peer};
-  // Note [Message rendezvous] (schedules/Messages.h)
-  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) channels.awaitReceiver(key);
-  post(a.peer, key, {t});
+  sendAt(dev, a, key, std::move(t));
 }
 
 void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
@@ -112,9 +166,7 @@ void PipelineEngine::Impl::execRecvAct(DeviceState& dev, const Action& a) {
 void PipelineEngine::Impl::execSendGrad(DeviceState& dev, const Action& a) {
   Tensor t = takeFrom(dev.grads, {a.stage, a.index}, "gradient");
   const ChanKey key{Chan::Grad, a.stage, a.index, a.peer};
-  // Note [Message rendezvous] (schedules/Messages.h): the gradient waits here, not there.
-  if (isLocal(a.peer) && schedules::rendezvous(passes, dev.id, a.peer)) channels.awaitReceiver(key);
-  post(a.peer, key, {t});
+  sendAt(dev, a, key, std::move(t));
 }
 
 void PipelineEngine::Impl::execRecvGrad(DeviceState& dev, const Action& a) {

@@ -57,6 +57,8 @@ struct Message {
   // What `tensors` belong to, held until the receiver is done with them (a weight
   // prediction sent by reference, Note [Weight syncs]).
   std::shared_ptr<void> owner;
+  // Channels::offer's: `tensors` are still the sender's, for the receiver to copy.
+  bool offered = false;
 };
 
 // In-process mailboxes. A receive blocks until its message is there, or throws
@@ -65,9 +67,13 @@ class Channels {
  public:
   void put(const ChanKey& k, Message m);
   Message take(const ChanKey& k);
-  // Blocks until a receiver waits in take(k) (Note [Message rendezvous] in
-  // schedules/Messages.h), or throws Cancelled once the pipeline stops.
-  void awaitReceiver(const ChanKey& k);
+  // Note [Rendezvous hand-over]: a message sent at its receive (Note [Message rendezvous]
+  // in schedules/Messages.h). Returns false at once when a receiver already waits in
+  // take(k): the caller posts m as usual. Otherwise leaves m, uncopied, for take(k) and
+  // blocks until the receiver copied it and called release(k) (or throws Cancelled once
+  // the pipeline stops).
+  bool offer(const ChanKey& k, Message& m);
+  void release(const ChanKey& k);
   std::optional<Message> tryTake(const ChanKey& k);
   void close();
   // Drops every message (their tensors are freed on the calling thread).
@@ -77,7 +83,9 @@ class Channels {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<ChanKey, Message> box_;
-  std::set<ChanKey> receiving_;  // keys a take() waits for
+  std::set<ChanKey> receiving_;         // keys a take() waits for
+  std::map<ChanKey, Message> offered_;  // Note [Rendezvous hand-over]
+  std::set<ChanKey> released_;
   bool closed_ = false;
 };
 

@@ -110,7 +110,9 @@ struct StageState {
   std::set<int> away;
   // Note [Weight prediction]: split stages of pipefb-async with pipeline.weight_prediction.
   bool predict = false;
-  ReplicaPtr predicted;        // on bDev: what RecvWeights of masterVersion hands the forwards
+  ReplicaPtr predicted;  // on bDev: what RecvWeights of masterVersion hands the forwards
+  // Note [Weights by reference]: the last RecvWeights done on fDev (its index), guarded by mu.
+  int weightsReceived = -1;
   std::map<int, int> lastUse;  // version -> last microbatch whose B needs it
   // Note [Optimizer offload]: pipeline.optimizer_offload: host.
   bool optimizerOnHost = false;
@@ -179,6 +181,8 @@ struct PipelineEngine::Impl {
   int rankOf(int d) const { return myReplica * D + d; }
   void post(int peer, const ChanKey& k, std::vector<Tensor> tensors);
   std::vector<Tensor> receive(int peer, const ChanKey& k);
+  // An activation or gradient, at its receive when rendezvous (Note [Rendezvous hand-over]).
+  void sendAt(DeviceState& dev, const Action& a, const ChanKey& key, Tensor t);
 
   // Progress, failure and losses: guarded by mu_.
   std::mutex mu;

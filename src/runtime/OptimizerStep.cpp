@@ -19,6 +19,8 @@
 // (transferStats()). The device's .grad is zeroed by the next backward, as without
 // offload. Checkpoints read and restore the host optimizer through
 // PipelineEngine::optimizerParameters() / optimizerDomain().
+#include <chrono>
+
 #include "EngineImpl.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/train/Optimizer.h"
@@ -27,6 +29,14 @@ namespace pipefb::runtime {
 
 void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
+  // Note [Weights by reference] (WeightVersions.cpp): the last SyncWeights sent these.
+  if (async && st.split && !st.recompute && isLocal(st.fDev) && a.index > 0) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (st.weightsReceived < a.index - 1) {
+      if (aborted) throw Cancelled{};  // the pipeline stops
+      cv.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
   keepVersionsBeforeStep(dev, st);  // Note [Weights, versions and replicas]
   const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
   train::setLearningRate(

@@ -235,6 +235,17 @@ void PipelineEngine::Impl::dropVersion(DeviceState& dev, const Action& a) {
 }
 
 // Note [Weight syncs]
+// Note [Weights by reference]
+// pipefb-async with a graph stash: SyncWeights(s, k) sends the weights themselves (the
+// master's, the host master's, or the prediction), not a snapshot, and STEP(s, k + 1)
+// waits until RecvWeights(s, k) copied them into the forward device's new copy (the
+// schedule's edge RW(s, k) -> STEP(s, k + 1), Note [Abstract run] in schedules/
+// Validator.h). The backwards between only add to .grad. A snapshot was held on the
+// backward device until RecvWeights, which the forward device runs after F(s, (k + 1)M):
+// whether it was still there when B(s, (k + 1)M) peaked was a race (alexnet/8
+// pipefb-async-offload S=2 M=1: exact in 4 runs, 15.9% below the plan in 2; resnet50/8
+// pipefb-async-keep S=2 M=4: the last stage's device 17% below, holding none; PlanRunsTest).
+// Only when the forward device is in this process (a message to another is a copy).
 void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
   const bool fromHost = st.optimizerOnHost && !st.predict;
@@ -254,6 +265,11 @@ void PipelineEngine::Impl::execSyncWeights(DeviceState& dev, const Action& a) {
     // beside the version and the next prediction (resnet50/8 pipefb-async-checkpoint
     // went out of memory holding all three; PlanRunsTest seed 1). Not for the graph
     // kinds, which keep no version: the prediction is reused in place at the next STEP.
+    m.tensors = w;
+    m.owner = st.predicted;
+  } else if (!st.recompute && isLocal(st.fDev)) {
+    // Note [Weights by reference]: the graph kinds' weights as they are; the next STEP
+    // waits for RecvWeights.
     m.tensors = w;
     m.owner = st.predicted;
   } else {
@@ -282,6 +298,14 @@ void PipelineEngine::Impl::execRecvWeights(DeviceState& dev, const Action& a) {
                                   MemoryCategory::Weights);
     st.previousFwd = std::move(st.fwd);
     st.fwd = std::move(next);
+    // Note [Weights by reference]: copied; the backward device's next STEP may go.
+    w.clear();
+    m = Message{};
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      st.weightsReceived = a.index;
+    }
+    cv.notify_all();
     return;
   }
   if (st.fwd.use_count() == 1) {  // into place, tensor by tensor

@@ -78,6 +78,7 @@ enum KeyKind : int {
   kPreEndW,
   kOffDone,   // = kOffEnd, waited for by the device's next OFF (Note [Offloads in flight])
   kOffDoneW,  // = kOffEndW, likewise
+  kRecvW,     // RW done: pipefb-async's next STEP may go (Note [Weights by reference])
   kNumKinds
 };
 
@@ -119,9 +120,12 @@ class Simulation {
     preIssuedOn_.assign(SN, kNowhere);
     recompute_.assign(SN, false);
     version_.assign(SN, 0);
+    recvW_.assign(SN, false);
     for (const auto& list : s.devices)
-      for (const Action& a : list)
+      for (const Action& a : list) {
         if (a.isInputBackward() && a.recompute) recompute_[at(a.stage, a.index)] = true;
+        if (a.type == ActionType::RecvWeights) recvW_[at(a.stage, a.index)] = true;
+      }
     curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
     versionRefs_.assign(S_, {});
     extraVersions_.assign(S_, 0);
@@ -369,12 +373,14 @@ class Simulation {
         // As the runtime does within one process (Note [Weight syncs] in
         // PipelineEngine.cpp): a synchronous schedule's message carries references and RW
         // copies tensor by tensor into the forward copy in place, so neither side holds a
-        // second copy; pipefb-async sends a snapshot that the sender holds as comm buffers
-        // until RW took it. (This charged W on both sides while in flight, which made
+        // second copy; pipefb-async under a checkpoint kind sends a snapshot (or the weight
+        // prediction, a version of the same size) that the sender holds as comm buffers
+        // until RW took it, and with a graph stash the weights themselves (Note [Weights by
+        // reference]). (This charged W on both sides while in flight, which made
         // pipefb-sync's forward device of fc6 peak at 1.02 GiB against the cost model's
         // 538.81 MiB on VGG16 224 px, 4x-t4-pcie.)
         sendData(d, step, a, kArrWeights, cost(st).weightVersionBytes, /*buffered=*/false);
-        if (s_.kind == "pipefb-async")
+        if (s_.kind == "pipefb-async" && !byReference(st))
           mem(threadTime_[d], d, MemoryCategory::CommBuffers, cost(st).weightVersionBytes);
         return true;
       case ActionType::RecvAct:
@@ -393,8 +399,9 @@ class Simulation {
           if (s_.placement.split(st)) replaced_.push_back({st, d, cur, end});
           cur = i + 1;
           updateVersions(end, st);
-          if (s_.kind == "pipefb-async")  // the sender's snapshot goes
+          if (s_.kind == "pipefb-async" && !byReference(st))  // the sender's snapshot goes
             mem(end, a.peer, MemoryCategory::CommBuffers, -cost(st).weightVersionBytes);
+          resolve(key(kRecvW, st, i), end);
         }
         return true;
       }
@@ -459,6 +466,13 @@ class Simulation {
         return true;
       }
       case ActionType::Step: {
+        // Note [Weights by reference] (runtime/WeightVersions.cpp): after RW(s, k - 1).
+        if (byReference(st) && i > 0 && recvW_[at(st, i - 1)]) {
+          const double taken = need(key(kRecvW, st, i - 1), agent, d, step);
+          if (taken == kUnknown) return false;
+          t = std::max(t, taken);
+          threadTime_[d] = t;
+        }
         compute(d, step, t, cost(st).step);
         // The optimizer's temporaries (Note [Step working set] in planner/CostModel.h).
         mem(t, d, MemoryCategory::OptimizerState, cost(st).stepWorkingBytes);
@@ -699,6 +713,9 @@ class Simulation {
   std::vector<int> stashAt_, preIssuedOn_, version_;
   std::vector<std::int64_t> stashBytes_;
   std::vector<bool> recompute_;
+  std::vector<bool> recvW_;  // [stage][index]: the schedule has RW s.index
+  // Note [Weights by reference]: pipefb-async with a graph stash (its B's do not recompute).
+  bool byReference(int st) const { return s_.kind == "pipefb-async" && !recompute_[at(st, 0)]; }
   std::vector<int> curVersion_;
   std::vector<std::map<int, int>> versionRefs_;
   std::vector<int> extraVersions_;

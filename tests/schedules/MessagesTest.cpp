@@ -68,26 +68,26 @@ TEST(WaitingMessages, RecomputingLastBackwardHasNoOutputWaiting) {
   EXPECT_EQ(waitingMessages(kept).outputs, 3);
 }
 
-TEST(WaitingMessages, PipefbSyncSendsWithinAPassAtTheReceive) {
+TEST(WaitingMessages, PipefbSendsWithinAPassAtTheReceive) {
   // Note [Message rendezvous]: two forward devices (0: stages 0-1, 1: stages 2-3) feed
   // two backward devices (3: stages 0-2, 2: stage 3). Device 0's forwards could run three
   // microbatches ahead of device 1's, and device 2's backwards ahead of device 3's; in
-  // pipefb-sync each such message is sent at its receive, so none waits. The last
-  // stage's outputs go from a forward to a backward device and still may.
+  // PipeFB each such message is sent at its receive, so none waits. The last stage's
+  // outputs go from a forward to a backward device and still may.
   const Placement p = Placement::parse("0/3 0/3 1/3 1/2", "test");
-  const Schedule sync = makeSchedule("pipefb-sync", 4, 4, p, 1).schedule;
-  EXPECT_EQ(rendezvousPasses(sync), (std::vector<int>{1, 1, 2, 2}));
-  const WaitingMessages w = waitingMessages(sync);
-  EXPECT_EQ(w.activations, (std::vector<int>{0, 0, 0, 0}));
-  EXPECT_EQ(w.gradients, (std::vector<int>{0, 0, 0, 0}));
-  EXPECT_EQ(w.outputs, 3);
-  // pipefb-async's messages are sent when made: its next iteration's forwards wait for
-  // the backward devices' weights while those still run this one.
-  const Schedule async = makeSchedule("pipefb-async", 4, 4, p, 3).schedule;
-  EXPECT_EQ(rendezvousPasses(async), (std::vector<int>{0, 0, 0, 0}));
-  const WaitingMessages a = waitingMessages(async);
-  EXPECT_GT(a.activations.at(2), 0);
-  EXPECT_GT(a.gradients.at(2), 0);
+  for (const std::string kind : {"pipefb-sync", "pipefb-async"}) {
+    SCOPED_TRACE(kind);
+    const Schedule s = makeSchedule(kind, 4, 4, p, kind == "pipefb-sync" ? 1 : 3).schedule;
+    EXPECT_EQ(rendezvousPasses(s), (std::vector<int>{1, 1, 2, 2}));
+    const WaitingMessages w = waitingMessages(s);
+    EXPECT_EQ(w.activations, (std::vector<int>{0, 0, 0, 0}));
+    EXPECT_EQ(w.gradients, (std::vector<int>{0, 0, 0, 0}));
+    EXPECT_GT(w.outputs, 0);
+  }
+  // Other kinds send when made: 1f1b's activations can wait.
+  const Schedule oneF = makeSchedule("1f1b", 4, 4).schedule;
+  EXPECT_EQ(rendezvousPasses(oneF), (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_GT(waitingMessages(oneF).activations.at(1), 0);
   // A folded device runs both passes: its messages are sent when made.
   EXPECT_EQ(rendezvousPasses(makeSchedule("pipefb-sync", 4, 4, Placement::folded(4), 1).schedule),
             (std::vector<int>{0, 0, 0, 0}));

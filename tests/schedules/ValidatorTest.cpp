@@ -106,6 +106,43 @@ TEST(ValidatorTest, DeadlockFromWeightSyncOrder) {
   EXPECT_TRUE(contains(msg, "[*RW0.0<1*]")) << msg;
 }
 
+TEST(ValidatorTest, RendezvousSendWaitsForItsReceiver) {
+  // Note [Message rendezvous]: devices 0 and 1 run only forwards, so SA0.0 waits until
+  // device 1 is at RA0.0. Receiving microbatch 1 first is fine for a message that waits on
+  // its receiver, and a deadlock for one sent at the receive.
+  Schedule s = lowered("pipefb-async", 2, 2, StashPolicy::Offload);
+  EXPECT_NO_THROW(validate(s));
+  auto& list = s.devices[1];
+  const long one = indexOfToken(list, "RA0.1<0");
+  const Action ra = list[one];
+  list.erase(list.begin() + one);
+  list.insert(list.begin() + indexOfToken(list, "RA0.0<0"), ra);
+  const std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "deadlock")) << msg;
+  EXPECT_TRUE(contains(msg, "[*SA0.0>1*]")) << msg;
+  EXPECT_TRUE(contains(msg, "to reach its receive")) << msg;
+}
+
+TEST(ValidatorTest, AsyncStepWaitsForThePreviousRecvWeights) {
+  // Note [Weights by reference]: pipefb-async's SW sends the weights themselves, so
+  // STEP0.1 waits until RW0.0 took them. A forward device that runs RW0.1 first waits for
+  // SW0.1, which comes after STEP0.1: a deadlock.
+  Schedule s =
+      lower(makeSchedule("pipefb-async", 1, 1, Placement::defaultFor("pipefb-async", 1), 3),
+            {StashPolicy::Keep}, 1)
+          .schedule;
+  EXPECT_NO_THROW(validate(s));
+  auto& list = s.devices[0];
+  const long one = indexOfToken(list, "RW0.1<1");
+  const Action rw = list[one];
+  list.erase(list.begin() + one);
+  list.insert(list.begin() + indexOfToken(list, "RW0.0<1"), rw);
+  const std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "deadlock")) << msg;
+  EXPECT_TRUE(contains(msg, "[*STEP0.1*]")) << msg;
+  EXPECT_TRUE(contains(msg, "for RW0.0 to take the weights")) << msg;
+}
+
 TEST(ValidatorTest, PrefetchMustPrecedeUse) {
   Schedule s = lowered("pipefb-sync", 2, 2);
   removeToken(s, 3, "PRE0.1");

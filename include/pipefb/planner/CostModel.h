@@ -137,9 +137,12 @@
 // no message is held on the forward device (it used to be, and pipefb-sync's forward
 // device then peaked at exactly 2 W). pipefb-async with a graph stash still has stashes
 // referring to the old copy, so RecvWeights builds a new copy: the old copy stays until
-// its stashes are consumed, so F runs beside 2 W. pipefb-async's SyncWeights sends a
-// snapshot that the sender holds until RW took it: W of comm_buffers on the backward
-// device (charged beside its other terms). The backward device also keeps the version
+// its stashes are consumed, so F runs beside 2 W. There pipefb-async's SyncWeights sends
+// the weights themselves and the next STEP waits for RW (Note [Weights by reference] in
+// runtime/WeightVersions.cpp): no snapshot. It sent a snapshot, held on the backward
+// device until RW took it, and whether it was still there at B's peak was a race
+// (resnet50/8 pipefb-async-keep S=2 M=4: the last stage's backward device peaked 17% below
+// a plan that charged it; PlanRunsTest seed 0 21). The backward device also keeps the version
 // B(s,m) runs on when a STEP came after F(s,m) (keepVersionsBeforeStep), old forward
 // copy or not: charged as its weight copies on both kinds of stash (charged only on the
 // forward device with a graph stash, resnet50/8 pipefb-async-keep's last backward device
@@ -505,9 +508,6 @@ struct StageEstimate {
   /// last B or W (Note [Stashes held together]).
   std::int64_t backwardWorkingBytes = 0;
   std::int64_t stepWorkingBytes = 0;
-  /// pipefb-async's SyncWeights snapshot, in backwardMemory's comm buffers (Note [Forward
-  /// device memory]); a folded device holds it beside its forwards only (Note [Folded pace]).
-  std::int64_t weightSnapshotBytes = 0;
   /// Split: the stash that stays on the forward device after F while its D2H copy runs
   /// or is held, up to the device's next OFF (Note [Offloads in flight]); 0 when the stash
   /// is sent instead. A decoupled forward device charges it beside the next segment's F
@@ -549,13 +549,12 @@ class CostModel;
 ///   steps after B(S-1-d)'s last microbatch of the iteration, so its step transient is
 ///   charged beside only the stashes prefetched before that STEP, counted on the lowered
 ///   schedule (Note [Stashes at a step]; none on the first half's devices, whose next
-///   prefetches go behind the next forwards' offloads, Note [Folded lookahead]), and its
-///   weight snapshot (Note [Forward device memory]), made after the step, waits for RW on
-///   F(S-1-d)'s device, which runs it among its next forwards: it is charged beside F(d),
-///   not beside B (vgg16/8 pipefb-async-keep S=3 M=4, the device of F0 and B2 peaked 11%
-///   and 17% below the plan charged with the snapshot and a transient beside B2's stash;
-///   PlanRunsTest seed 1 instance 5. Charging none at the step on every device, S=2 M=1's
-///   second device went out of memory in its STEP beside the next iteration's stash).
+///   prefetches go behind the next forwards' offloads, Note [Folded lookahead]) (vgg16/8
+///   pipefb-async-keep S=3 M=4, the device of F0 and B2 peaked 11% and 17% below the plan
+///   charged a transient beside B2's stash; PlanRunsTest seed 1 instance 5. Charging none
+///   at the step on every device, S=2 M=1's second device went out of memory in its STEP
+///   beside the next iteration's stash); it holds no weight snapshot (Note [Forward device
+///   memory]).
 ///   Messages (Note [Waiting messages]) are charged beside B only as many as wait at the
 ///   device's B starts (WaitingMessages' counts at backward starts, and inputsAtBackward
 ///   for stage 0's inputs); the rest beside F. Under a flushing kind only: its STEPs,

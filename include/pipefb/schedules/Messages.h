@@ -36,23 +36,29 @@ struct WaitingMessages {
 WaitingMessages waitingMessages(const Schedule& schedule);
 
 /// Note [Message rendezvous]
-/// In pipefb-sync, an activation sent from one device that runs only forwards to another
-/// such device, or a gradient from one that runs only backwards to another (the ranges of
-/// the 2S form or of a decoupled placement, Note [Decoupled partitions] in Placement.h),
-/// is sent only once its receiver waits for it (the runtime's SA or SG waits for the
-/// matching RA or RG): none waits on the receiver. Such a message was otherwise up to
-/// M - 1 messages early, counted at every compute start of the receiver (Note [Waiting
+/// In PipeFB (pipefb-sync, pipefb-async), an activation sent from one device that runs only
+/// forwards to another such device, or a gradient from one that runs only backwards to
+/// another (the ranges of the 2S form or of a decoupled placement, Note [Decoupled
+/// partitions] in Placement.h), is sent only once its receiver waits for it (the runtime's
+/// SA or SG waits for the matching RA or RG): none waits on the receiver. Such a message was
+/// otherwise up to M - 1 messages early (2M - 1 in pipefb-async, whose backward devices
+/// run an iteration behind), counted at every compute start of the receiver (Note [Waiting
 /// messages]) and charged beside its fullest F or B, where on virtual devices none ever
 /// waited at the peak (resnet50/8 pipefb-sync: 3 of layer2.0's input gradients on the first
 /// backward range, 768 KiB of a 3.6 MiB plan, device 31% below it; 3 of layer2.2's inputs on
-/// the second forward range, 384 KiB, 15% below). The sender holds the message while it
-/// waits, as it did from the end of the F or B that made it: within that action's peak.
-/// Deadlock-free: within an iteration a forward-only device waits only for forwards
-/// before it and a backward-only device only for backwards after it and for stashes, and
-/// the receiver reaches its receive through messages sent before this one. Not for
-/// pipefb-async, whose forwards of the next iteration wait for the backward devices'
-/// weights while those still run this one. Per device: 1 when it runs only forwards, 2
-/// only backwards, 0 otherwise (and for every device of other kinds).
+/// the second forward range, 384 KiB, 15% below; pipefb-async, decoupled 1 + 3 devices: 7
+/// of layer3.1's output gradients, 448 KiB, first backward range 20% below it). The sender
+/// holds the message while it waits, as it did from the end of the F or B that made it:
+/// within that action's peak.
+/// Deadlock-free: a forward-only device waits only for forwards before it and, in
+/// pipefb-async, for RW(s, k), which follows F(s, (k + 1)M) and needs B(s, kM + M - 1):
+/// the backwards of iterations the forwards before it finished; a backward-only device
+/// waits only for backwards after it and for stashes, whose forwards come before its
+/// receive's in every forward device's list; and the receiver reaches its receive through
+/// messages sent before this one. The validator runs the sends so (validate()), over every
+/// generated shape and every decoupled placement of 3 and 4 stages on 3 devices. Per device:
+/// 1 when it runs only forwards, 2 only backwards, 0 otherwise (and for every device of
+/// other kinds).
 std::vector<int> rendezvousPasses(const Schedule& schedule);
 /// Whether a message from device `from` to device `to` is sent at its receive.
 inline bool rendezvous(const std::vector<int>& passes, int from, int to) {

@@ -9,7 +9,11 @@
 //  * F needs its input on the device (local F(s-1,m) or RA(s-1).m), B needs its gradient
 //    (local B(s+1,m) or RG(s+1).m; for the last stage the output of F(S-1,m)); a missing
 //    one is an error at once ("missing receive"), not a deadlock;
-//  * a send needs the data it sends to have been produced on its device;
+//  * a send needs the data it sends to have been produced on its device, and a send
+//    between two devices of one PipeFB pass waits until its receiver is at the receive
+//    (Note [Message rendezvous] in Messages.h);
+//  * pipefb-async's STEP(s, k) waits until RW(s, k - 1) ran (Note [Weights by reference] in
+//    src/runtime/WeightVersions.cpp: SW sends the weights themselves);
 //  * I(s,m) is checked as B is and leaves the stash for W(s,m), which must follow it on the
 //    same device (Note [Split backward]); the stash is in flight and resident until W.
 // When no device can advance and some are not done, that is a deadlock. Afterwards every
