@@ -71,14 +71,14 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
         edge(from, f);
         // Note [Message rendezvous]: sent when its receiver waits for it.
         if (from >= 0 && f >= 0 && deviceOf[from] != deviceOf[f] &&
-            !rendezvous(passes, deviceOf[from], deviceOf[f]))
+            !rendezvous(passes, deviceOf[from], deviceOf[f], false))
           messages.push_back({from, f, 0, s});
       }
       if (s + 1 < S) {
         const int from = node(Node::InputBackward, s + 1, m);
         edge(from, b);
         if (from >= 0 && b >= 0 && deviceOf[from] != deviceOf[b] &&
-            !rendezvous(passes, deviceOf[from], deviceOf[b]))
+            !rendezvous(passes, deviceOf[from], deviceOf[b], true))
           messages.push_back({from, b, 1, s});
       }
       // Note [Recomputed last output]
@@ -194,6 +194,12 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
 
 std::vector<int> rendezvousPasses(const Schedule& schedule) {
   std::vector<int> out(schedule.devices.size(), 0);
+  if (schedule.kind == toString(ScheduleKind::OneFOneB) ||
+      schedule.kind == toString(ScheduleKind::GPipe) ||
+      schedule.kind == toString(ScheduleKind::PipeDream)) {
+    std::fill(out.begin(), out.end(), 3);
+    return out;
+  }
   if (schedule.kind != toString(ScheduleKind::PipeFbSync) &&
       schedule.kind != toString(ScheduleKind::PipeFbAsync))
     return out;

@@ -510,8 +510,8 @@ class AbstractRun {
                                              : "no STEP") +
                           std::to_string(st) + "." + std::to_string(i) + " ran here before it)");
         // Note [Message rendezvous]: sent once the receiver waits at its receive.
-        if (a.type != ActionType::SyncWeights && rendezvous(passes_, d, a.peer) &&
-            !waitsToReceive(d, a))
+        if (a.type != ActionType::SyncWeights &&
+            rendezvous(passes_, d, a.peer, a.type == ActionType::SendGrad) && !waitsToReceive(d, a))
           return false;
         sent_.insert(commKey(a.type, st, i));
         return true;

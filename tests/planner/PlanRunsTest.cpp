@@ -28,19 +28,18 @@
 // stashed input is charged once (profile field saved_input_bytes) with its buffers' copy
 // and recomputed output, a decoupled forward device's F beside the OFF before it only,
 // pipefb-async's sends within a pass rendezvous and its graph kinds send weights by
-// reference, and the next iteration is fed once the losses are known): seed 0, all 50
-// plan and run, none out of memory, every device within +-10% (worst 7.1%): the property
-// holds; seed 1, all 50 run, none out of memory, 3 off:
-//   - 21 and 37, alexnet/8 pipedream-checkpoint-offload, device 0 -15.4% (over-charged):
-//     pipedream's and 1f1b's device 0 are charged every gradient that can wait in the
-//     drain (a bound over the schedule's DAG, Note [Waiting messages]); how many wait is
-//     thread timing. Only a rendezvous for those sends (as pipefb's) would make it exact.
+// reference, the next iteration is fed once the losses are known, and 1f1b's, gpipe's
+// and pipedream's gradients are sent at their receive): seed 0, all 50 plan and run, none
+// out of memory, every device within +-10% (worst 9.1%): the property holds; seed 1, all
+// 50 run, none out of memory, 1 off:
 //   - 14, gpt2-tiny pipefb-async-keep S=3 M=1 (2S form): the head's backward device -10.5%
 //     (over), and the two other backward devices +2.8% and +2.6% ABOVE their plan (under
 //     their budget here; at the smallest budget this would be out of memory): at B's start
 //     they hold 393216 bytes more working set and a 131072-byte message beyond the charge,
-//     262144 of stash fewer. Before the rendezvous, the one gradient charged as waiting
-//     covered this. Not found yet.
+//     262144 of stash fewer. Before pipefb-async's rendezvous, the one gradient charged as
+//     waiting covered this. Not found yet.
+// (Before the gradients' rendezvous, seed 1's 21 and 37, alexnet/8 pipedream-checkpoint-
+// offload, had device 0 -15.4%: charged every gradient that can wait in the drain.)
 // Earlier rounds closed (see the Notes named): held offload copies, planned prefetch
 // destinations, pipefb-async's old weight copy on its forward device, B layer by layer, B's
 // fresh gradients and the loss, the weight prediction by reference, a split last stage's

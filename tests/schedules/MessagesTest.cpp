@@ -12,27 +12,27 @@ WaitingMessages of(const std::string& kind, int S, int M, int K = 1) {
   return waitingMessages(makeSchedule(kind, S, M, K).schedule);
 }
 
-TEST(WaitingMessages, GpipeSendsEveryGradientAheadOfTheUpstreamBackwards) {
-  // Device 1 runs F1.0..F1.3 then B1.3..B1.0 without waiting for device 0 after its
-  // inputs: when B0.3 starts, the gradients of B0.2, B0.1, B0.0 may all be there; and
-  // device 0's forwards run ahead of F1.0, so 3 activations may wait on device 1.
+TEST(WaitingMessages, GpipeActivationsRunAheadItsGradientsAreSentAtTheReceive) {
+  // Device 0's forwards run ahead of F1.0, so 3 activations may wait on device 1. Device 1
+  // runs B1.3..B1.0 without waiting for device 0's backwards, but each gradient goes out
+  // only when B0's device waits for it (Note [Message rendezvous]): none waits there.
   const WaitingMessages w = of("gpipe", 2, 4);
   EXPECT_EQ(w.activations, (std::vector<int>{0, 3}));
-  EXPECT_EQ(w.gradients, (std::vector<int>{3, 0}));
+  EXPECT_EQ(w.gradients, (std::vector<int>{0, 0}));
   EXPECT_EQ(w.outputs, 0);
-  // At B starts alone: the gradients still wait at B0.3, but device 1's B's come after all
-  // of its forwards, so no activation waits there (Note [Forward beside backward]).
-  EXPECT_EQ(w.gradientsAtBackward, (std::vector<int>{3, 0}));
+  // At B starts alone: device 1's B's come after all of its forwards, so no activation
+  // waits there (Note [Forward beside backward]).
+  EXPECT_EQ(w.gradientsAtBackward, (std::vector<int>{0, 0}));
   EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 0}));
 }
 
 TEST(WaitingMessages, OneFOneBBoundsWhatWaitsByItsWarmUp) {
-  // Device 0: F0.0 F0.1 B0.0 F0.2 B0.1 ...; at B0.0's start B1.1 may have run (it waits
-  // only for F0.1), so one gradient beyond B0.0's own can wait. F0.2 waits for B0.0, so
-  // no more than one activation waits on device 1 either.
+  // Device 0: F0.0 F0.1 B0.0 F0.2 B0.1 ...; F0.2 waits for B0.0, so no more than one
+  // activation waits on device 1. B1.1 may run before B0.0 starts (it waits only for
+  // F0.1), but its gradient goes out at RG0.1: none waits on device 0.
   const WaitingMessages w = of("1f1b", 2, 4);
   EXPECT_EQ(w.activations, (std::vector<int>{0, 1}));
-  EXPECT_EQ(w.gradients, (std::vector<int>{1, 0}));
+  EXPECT_EQ(w.gradients, (std::vector<int>{0, 0}));
 }
 
 TEST(WaitingMessages, NextIterationIsFedOnceTheLossesAreKnown) {
@@ -84,10 +84,15 @@ TEST(WaitingMessages, PipefbSendsWithinAPassAtTheReceive) {
     EXPECT_EQ(w.gradients, (std::vector<int>{0, 0, 0, 0}));
     EXPECT_GT(w.outputs, 0);
   }
-  // Other kinds send when made: 1f1b's activations can wait.
+  // 1f1b sends its gradients at the receive, its activations when made: they can wait.
   const Schedule oneF = makeSchedule("1f1b", 4, 4).schedule;
-  EXPECT_EQ(rendezvousPasses(oneF), (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(rendezvousPasses(oneF), (std::vector<int>{3, 3, 3, 3}));
   EXPECT_GT(waitingMessages(oneF).activations.at(1), 0);
+  EXPECT_EQ(waitingMessages(oneF).gradients, (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_TRUE(rendezvous(rendezvousPasses(oneF), 1, 0, true));
+  EXPECT_FALSE(rendezvous(rendezvousPasses(oneF), 0, 1, false));
+  // Interleaved and zero-bubble kinds send when made.
+  EXPECT_EQ(rendezvousPasses(makeSchedule("zb-h1", 4, 4).schedule), (std::vector<int>{0, 0, 0, 0}));
   // A folded device runs both passes: its messages are sent when made.
   EXPECT_EQ(rendezvousPasses(makeSchedule("pipefb-sync", 4, 4, Placement::folded(4), 1).schedule),
             (std::vector<int>{0, 0, 0, 0}));

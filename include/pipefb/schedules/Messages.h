@@ -56,12 +56,21 @@ WaitingMessages waitingMessages(const Schedule& schedule);
 /// waits only for backwards after it and for stashes, whose forwards come before its
 /// receive's in every forward device's list; and the receiver reaches its receive through
 /// messages sent before this one. The validator runs the sends so (validate()), over every
-/// generated shape and every decoupled placement of 3 and 4 stages on 3 devices. Per device:
-/// 1 when it runs only forwards, 2 only backwards, 0 otherwise (and for every device of
-/// other kinds).
+/// generated shape and every decoupled placement of 3 and 4 stages on 3 devices.
+/// 1f1b, gpipe and pipedream (one stage per device, F and B on it) send their gradients
+/// the same way: B(s+1, m)'s gradient goes out when stage s waits for it at RG(s, m). The
+/// sender holds it meanwhile, as it would have; the receiver holds nothing early. Stage s
+/// reaches RG only through sends to stages below it (stage 0 sends none) and activations,
+/// which are sent when made, so the waits cannot close a cycle. Before, every gradient
+/// that can wait was charged at the receiver's B (resnet50/8 1f1b and gpipe at their
+/// smallest budgets, 64 px: device 0 charged 3 of layer1.1's input gradients, 768 KiB,
+/// where none waited at its peak: 17.8% below the plan). Per device: 1 when it runs only
+/// forwards, 2 only backwards, 3 for a device of those three kinds, 0 otherwise.
 std::vector<int> rendezvousPasses(const Schedule& schedule);
-/// Whether a message from device `from` to device `to` is sent at its receive.
-inline bool rendezvous(const std::vector<int>& passes, int from, int to) {
+/// Whether a message from device `from` to device `to` (a gradient, or an activation or
+/// output) is sent at its receive.
+inline bool rendezvous(const std::vector<int>& passes, int from, int to, bool gradient) {
+  if (passes[from] == 3) return gradient && passes[to] == 3;
   return passes[from] != 0 && passes[from] == passes[to];
 }
 
