@@ -384,8 +384,8 @@ TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
   // target 1 per sample. Stage 0 has 2 microbatches in flight when B peaks, so the inputs
   // of the other 2 still wait (2 x 8); the last stage holds all 4 targets (4 x 2). Each B
   // holds its output's gradient (output 3 per sample: 6) beside its working set. Note
-  // [Waiting messages]: one gradient (6) can wait on device 0 and one activation (6) on
-  // device 1; with gpipe, 3 gradients on device 0.
+  // [Message rendezvous]: 1f1b's and gpipe's gradients are sent at their receive, so none
+  // waits on device 0 (one activation, 6, can wait on device 1).
   Profile p = timesProfile({1, 1});
   p.inputBytes = 4;
   p.targetBytes = 1;
@@ -396,17 +396,18 @@ TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
   StageEstimate first = m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint);
   StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint);
-  EXPECT_EQ(first.backwardMemory[index(MemoryCategory::CommBuffers)], 2 * 8 + 6);
+  EXPECT_EQ(first.backwardMemory[index(MemoryCategory::CommBuffers)], 2 * 8);
   EXPECT_EQ(last.backwardMemory[index(MemoryCategory::CommBuffers)], 4 * 2 + 6);
   // B's working set: the input gradient at its end (stage 1: 6) plus the output's (6),
   // beside the recomputed output it holds until autograd is done (6, Note [Backward layer
   // by layer]).
   EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6 + 6);
-  // gpipe runs every F before the first B: no input waits then.
+  // gpipe runs every F before the first B: no input waits then, and no gradient waits
+  // either; its forward phase holds the 4 inputs (Note [Two phases]).
   PipelineShape gp = shapeOf(ScheduleKind::GPipe, 2, 4, {0, 1}, 2);
   EXPECT_EQ(m.stage(gp, 0, 0, 1, StashPolicy::Checkpoint)
                 .backwardMemory[index(MemoryCategory::CommBuffers)],
-            3 * 6);
+            4 * 8);
 }
 
 TEST(SolverLiteral, KeptGraphHoldsTheStageOutput) {
