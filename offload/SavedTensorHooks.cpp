@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "pipefb/common/Error.h"
@@ -82,18 +83,65 @@ std::vector<at::Tensor> SavedTensorGroup::take() {
   std::lock_guard<std::mutex> lock(mu_);
   PIPEFB_ASSERT(!taken_, "stash taken twice");
   taken_ = true;
+  // Note [Views of one storage]: the collected views of a storage that they cover at
+  // least whole go as that storage, once.
+  struct Group {
+    std::vector<size_t> slots;
+    int64_t viewBytes = 0;
+  };
+  std::vector<std::pair<std::pair<const void*, int>, Group>> groups;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const at::Tensor& t = tensors_[i];
+    if (!t.defined() || !slots_[i].data) continue;
+    const std::pair<const void*, int> key{slots_[i].data, slots_[i].dtype};
+    auto g =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == key; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {key, Group{}});
+    g->second.slots.push_back(i);
+    g->second.viewBytes += static_cast<int64_t>(t.numel()) * t.element_size();
+  }
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    slots_[i].base = -1;
+    out.push_back(tensors_[i]);
+  }
+  for (auto& [key, g] : groups) {
+    if (g.slots.size() < 2) continue;
+    const at::Tensor& t = tensors_[g.slots.front()];
+    const int64_t item = t.element_size();
+    const int64_t nbytes = static_cast<int64_t>(t.storage().nbytes());
+    if (nbytes % item != 0 || g.viewBytes < nbytes) continue;
+    at::Tensor base = at::empty({0}, t.options()).set_(t.storage(), 0, {nbytes / item}, {1});
+    const int b = static_cast<int>(g.slots.front());
+    out[static_cast<size_t>(b)] = base;
+    for (size_t i : g.slots) {
+      slots_[i].base = b;
+      if (static_cast<int>(i) != b) out[i] = at::Tensor();
+    }
+  }
   for (auto& s : slots_) s.data = nullptr;  // the pointers may be reused after the copy
-  return std::move(tensors_);
+  tensors_.clear();
+  return out;
 }
 
 void SavedTensorGroup::restore(std::vector<at::Tensor> tensors) {
   std::lock_guard<std::mutex> lock(mu_);
   PIPEFB_ASSERT(taken_ && tensors.size() == slots_.size(),
                 "restore of " << tensors.size() << " tensors into a stash of " << slots_.size());
+  // Note [Views of one storage]: each view again, on its storage's copy.
+  std::vector<at::Tensor> views(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.base < 0)
+      views[i] = tensors[i];
+    else if (tensors[static_cast<size_t>(s.base)].defined())
+      views[i] = tensors[static_cast<size_t>(s.base)].as_strided(s.sizes, s.strides, s.offset);
+  }
+  tensors.clear();
   // Users that went while the stash was away (a dropped graph) need nothing back.
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].users == 0) tensors[i] = at::Tensor();
-  tensors_ = std::move(tensors);
+    if (slots_[i].users == 0) views[i] = at::Tensor();
+  tensors_ = std::move(views);
   restored_ = true;
 }
 

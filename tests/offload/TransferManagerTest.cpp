@@ -293,3 +293,39 @@ TEST(SavedTensorHooks, OffloadedSavedTensorsGiveTheSameGradients) {
   f(x.clone().requires_grad_(true)).backward();
   EXPECT_EQ(g2->size(), 0u);
 }
+
+// Note [Views of one storage]: mm saves b.t() and b, two views of one 512-byte storage.
+TEST(SavedTensorHooks, ViewsOfOneStorageGoOnce) {
+  ASSERT_TRUE(offload::savedTensorHooksInstalled());
+  torch::manual_seed(5);
+  auto f = [](const torch::Tensor& in) {
+    auto b = in * 2;
+    return b.t().mm(b).pow(2).sum();  // pow saves mm's 16x16 result (1024 bytes)
+  };
+  auto x = torch::randn({8, 16});
+  auto xr = x.clone().requires_grad_(true);
+  f(xr).backward();
+  auto& dev = freshDomain("test-dev6");
+  auto& host = freshDomain("test-host6");
+  offload::TransferManager mgr(host, {1, false});
+  auto group = std::make_shared<offload::SavedTensorGroup>();
+  auto xi = x.clone().requires_grad_(true);
+  torch::Tensor loss;
+  {
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    offload::StashScope scope(group);
+    loss = f(xi);
+  }
+  ASSERT_EQ(group->size(), 3u);
+  auto taken = group->take();
+  ASSERT_EQ(taken.size(), 3u);
+  mgr.offload(0, {0, 0, 0}, std::move(taken));
+  mgr.synchronize();
+  EXPECT_EQ(host.liveBytes(), 512 + 1024) << "a storage's views were copied each on its own";
+  const int64_t base = dev.liveBytes(MemoryCategory::Stash);
+  group->restore(mgr.acquire(0, {0, 0, 0}, dev));
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), base + 512 + 1024);
+  auto g = torch::autograd::grad({loss}, {xi});
+  EXPECT_TRUE(torch::allclose(g[0], xr.grad()));
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), base);
+}

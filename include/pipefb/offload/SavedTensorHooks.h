@@ -23,6 +23,20 @@
 // `keep` does, instead of staying whole until the graph is gone; and a tensor whose
 // users all went before take() (a graph branch freed during F) is not copied at all
 // (take() hands an undefined tensor in its place).
+//
+// Note [Views of one storage]
+// Deduplication is by view (storage, offset, sizes, strides): views of one storage that
+// differ, e.g. a transformer block's saved attention operands, were copied each on its
+// own, and overlapping ones more than once. The profiler measures saved bytes per storage
+// (Note [Measured saved bytes] in planner/Profiler.h), so the restored stash came back
+// larger than the stash the cost model charges: gpt2-tiny block0 and block1, 2233344
+// saved bytes each, came back 2364416 (+131072) from the host (PlanRunsTest seed 1
+// instance 14, pipefb-async-keep S=3 M=1 under offload: both backward devices of the
+// blocks peaked 2.6-2.8% above the plan, two prefetched stashes each). So take() hands
+// over, for a storage whose collected views together cover at least its bytes, the
+// storage once (in the slot of its first view; undefined in the others), and restore()
+// makes each view again on its copy. A view that alone or with others covers less of
+// its storage still goes by itself (never more bytes than before).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -62,6 +76,8 @@ class SavedTensorGroup {
     std::vector<int64_t> sizes, strides;
     int dtype;
     int users = 0;  // hooks that may still unpack it
+    int base =
+        -1;  // after take(): the slot whose tensor is its storage (Note [Views of one storage])
   };
   std::vector<Slot> slots_;
   std::vector<at::Tensor> tensors_;
