@@ -33,11 +33,10 @@
 // out of memory, every device within +-10% (worst 9.1%): the property holds; seed 1, all
 // 50 run, none out of memory, 1 off:
 //   - 14, gpt2-tiny pipefb-async-keep S=3 M=1 (2S form): the head's backward device -10.5%
-//     (over), and the two other backward devices +2.8% and +2.6% ABOVE their plan (under
-//     their budget here; at the smallest budget this would be out of memory): at B's start
-//     they hold 393216 bytes more working set and a 131072-byte message beyond the charge,
-//     262144 of stash fewer. Before pipefb-async's rendezvous, the one gradient charged as
-//     waiting covered this. Not found yet.
+//     (over): the plan charges the logits it is sent twice, in B's working set and as a
+//     waiting output (Note [Waiting messages], a bound over timing); one was there. Its
+//     two other backward devices were +2.8% and +2.6% above the plan until offload copied
+//     the views of one saved storage once (Note [Views of one storage]); now exact.
 // (Before the gradients' rendezvous, seed 1's 21 and 37, alexnet/8 pipedream-checkpoint-
 // offload, had device 0 -15.4%: charged every gradient that can wait in the drain.)
 // Earlier rounds closed (see the Notes named): held offload copies, planned prefetch
