@@ -696,10 +696,18 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // last stage F's output as well; the last stage's loss reads the recomputed one, and
     // its F keeps none (Note [Recomputed last output]). A split last stage that does not
     // recompute reads the output it was sent (its stash is the graph alone).
-    const std::int64_t recomputed = ckpt ? graph - onStash + output + buffersCopy : 0;
+    // Note [Loss in the recomputed graph]: a last stage's B that recomputes (not I) lets
+    // the output go once the loss is taken in its graph; the loss's transient with the
+    // output until then is the profile's recomputedLossBytes.
+    const bool lossInGraph =
+        k == S - 1 && schedules::lossInRecomputedGraph(ckpt, splitsBackward(shape.kind));
+    const std::int64_t recomputedGraph = ckpt ? graph - onStash + buffersCopy : 0;
+    const std::int64_t recomputed = recomputedGraph + (ckpt && !lossInGraph ? output : 0);
     const std::int64_t whole =
         std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last, inPlace)) +
         recomputed + output;
+    if (lossInGraph)
+      return std::max(whole, recomputedGraph + scaled(profile_.recomputedLossBytes, f));
     return std::max(whole, ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss
                                 : (outputTravels ? output : 0) + loss);
   };

@@ -16,11 +16,12 @@ namespace pipefb::planner {
 // last layer's working set, B's fresh parameter gradients, B accumulating them into .grad
 // in place as the runtime's B on the master does, and gathered beside, since method 3; the
 // output bytes the layer's own graph keeps, since method 4; the input bytes it keeps,
-// since method 5); a profile cached by an older
+// since method 5; the loss a recomputing last stage's B takes in its graph,
+// recomputed_loss_bytes, since method 6); a profile cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 5;
+constexpr int kProfileMethod = 6;
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -40,6 +41,7 @@ std::string profileToYaml(const Profile& p) {
   o << "input_bytes: " << p.inputBytes << "\n";
   o << "target_bytes: " << p.targetBytes << "\n";
   o << "loss_working_bytes: " << p.lossWorkingBytes << "\n";
+  o << "recomputed_loss_bytes: " << p.recomputedLossBytes << "\n";
   o << "layers:\n";
   for (const auto& l : p.layers) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
@@ -69,6 +71,8 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
     p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;
     p.targetBytes = n["target_bytes"] ? n["target_bytes"].as<std::int64_t>() : 0;
     p.lossWorkingBytes = n["loss_working_bytes"] ? n["loss_working_bytes"].as<std::int64_t>() : 0;
+    p.recomputedLossBytes =
+        n["recomputed_loss_bytes"] ? n["recomputed_loss_bytes"].as<std::int64_t>() : 0;
     for (const auto& l : n["layers"]) {
       LayerCost c;
       c.name = l["name"].as<std::string>();

@@ -438,6 +438,34 @@ TEST(PipelineEngine, RecomputingLastStageKeepsNoOutputOnItsForwardDevice) {
   }
 }
 
+// Note [Loss in the recomputed graph] (schedules/Lowering.h): a recomputing head's B takes
+// the loss inside its graph and lets the logits go before autograd runs, so it peaks at the
+// loss's transient (log_softmax's result, its gradient and the logits' gradient: 3 logits)
+// and not with the logits beside it (4, as when the loss read a detached copy). GPT-2 tiny
+// with a vocabulary large enough for the logits to dominate the head stage alone.
+TEST(PipelineEngine, RecomputingHeadHoldsNoLogitsBesideTheLoss) {
+  model::ModelOptions m = gpt2Options();
+  m.input_size = 64;     // T
+  m.num_classes = 4096;  // V
+  const int64_t batch = 8, M = 2;
+  for (const std::string schedule : {"1f1b", "pipefb-sync"}) {
+    SCOPED_TRACE(schedule);
+    auto cfg = makeConfig(m, schedule, 2, M, "checkpoint", batch);
+    cfg.pipeline.partition = {3};  // embed, block0, block1 | head
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+    ASSERT_EQ(e.partition().back().first, 3);
+    const int bd = e.backwardDevice(1);
+    const int64_t logits = batch / M * m.input_size * m.num_classes * 4;
+    const int64_t before = e.deviceStats()[bd].live;
+    e.step(makeBatch(*model, batch, 100, 3));
+    e.finish();
+    const int64_t above = e.deviceStats()[bd].peak - before;
+    EXPECT_GE(above, 3 * logits) << "the loss's transient";
+    EXPECT_LT(above, 3 * logits + logits / 2) << "device " << bd << ", logits " << logits;
+  }
+}
+
 // Note [Forward device memory] (planner/CostModel.h) and Note [Old forward copies in the
 // simulator]: pipefb-async with a graph stash (offload) builds a new forward copy at RW while
 // stashes made on the old one wait for their B, so a forward device's weights peak at twice

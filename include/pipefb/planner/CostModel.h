@@ -127,7 +127,11 @@
 // 48 and 19, gpt2-tiny's head stage under pipefb-sync-checkpoint, gpipe-checkpoint and
 // pipedream-checkpoint, peaked 1.8% to 3.6% above the plan once the stash was charged
 // once: the logits beside their gradient in the head's B, or in block1's B beside its
-// output's gradient, which the freed graph of the head had covered).
+// output's gradient, which the freed graph of the head had covered). Not the last stage's
+// B (BR, not IR): it takes the loss in its recomputed graph and lets the output go before
+// autograd runs (Note [Loss in the recomputed graph] in schedules/Lowering.h), so it is
+// charged the graph beside the larger of the loss with the output until then
+// (Profile::recomputedLossBytes) and the rest of B with the output's gradient.
 //
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash

@@ -76,6 +76,13 @@ struct Profile {
   /// starts (Note [Backward layer by layer] in CostModel.h): the peak above the output and
   /// the targets, the gradient included. 0 = not measured (the analytic profile).
   std::int64_t lossWorkingBytes = 0;
+  /// The loss as a recomputing last stage's B runs it (Note [Loss in the recomputed graph]
+  /// in schedules/Lowering.h): taken on the output inside its graph, the output let go
+  /// once the loss is computed, then autograd from the loss down to the output's gradient.
+  /// The peak above what was live before the output was made: the output (until it is let
+  /// go) and the output's gradient included. 0 = not measured (the analytic profile, whose
+  /// head layer counts log_softmax's result in its saved bytes instead).
+  std::int64_t recomputedLossBytes = 0;
   std::vector<LayerCost> layers;
 
   int numLayers() const { return static_cast<int>(layers.size()); }
