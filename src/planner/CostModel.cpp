@@ -538,7 +538,9 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
   const schedules::WaitingMessages& wm =
       waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
-  const std::int64_t outputs = outputTravels ? wm.outputs * output : 0;
+  // Note [Outputs at the loss]: those of the next iteration come after B's loss.
+  const std::int64_t outputs = outputTravels ? wm.outputsAtLoss * output : 0;
+  out.outputsAfterLoss = outputTravels ? (wm.outputs - wm.outputsAtLoss) * output : 0;
   if (forwardBesideBackward(shape)) {  // Note [Forward beside backward]
     out.activations = wm.activationsAtBackward.at(k) * input;
     out.gradients = wm.gradientsAtBackward.at(k) * output + outputs;
@@ -708,8 +710,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         recomputed + output;
     if (lossInGraph)
       return std::max(whole, recomputedGraph + scaled(profile_.recomputedLossBytes, f));
-    return std::max(whole, ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss
-                                : (outputTravels ? output : 0) + loss);
+    // Note [Outputs at the loss]: the outputs that arrive only after the loss wait beside
+    // the rest of B (comm buffers, charged here as B's).
+    return std::max(
+        whole + waiting.outputsAfterLoss,
+        ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss : (outputTravels ? output : 0) + loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
@@ -812,7 +817,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
             ? std::min(resident, foldedStashesAtStep(shape.kind, S, M, shape.lookahead).at(k))
         : flushing ? 0
                    : resident;
-    w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident, atStep, wsB));
+    // (The outputs in wsB that arrive after B's loss may still wait at the step.)
+    w(e.backwardMemory, MemoryCategory::WorkingSet,
+      wsB + stepExcess(resident, atStep, wsB - waiting.outputsAfterLoss));
   } else {
     e.forwardCompute = e.backwardCompute =
         e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;

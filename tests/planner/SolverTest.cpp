@@ -477,6 +477,32 @@ TEST(SolverLiteral, RecomputingLastStageTakesTheLossInItsGraph) {
   EXPECT_EQ(m.stage(zb, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 66);
 }
 
+TEST(SolverLiteral, NextIterationsOutputWaitsBesideTheRestOfTheLastBackward) {
+  // Note [Outputs at the loss]: pipefb-async, S = 2 on 4 devices, M = 1, keep (offload on
+  // the split stages). The last stage's backward device can hold the next iteration's
+  // output (3) at its B's start, but not beside the loss (20 above the output B read, 3):
+  // step() feeds that iteration once B reported its loss, after the loss's gradient. B's
+  // charge is the larger of 3 + 20 and the rest of B (its output's gradient 3 and at its
+  // end its input's, 3) with the waiting output, 9; no output in the comm buffers (it was 3
+  // there beside the loss: 26 in all).
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) {
+    l.savedBytes = 4;
+    l.outputBytes = 3;
+    l.workingBytes = 2;
+  }
+  p.lossWorkingBytes = 20;
+  CostModel m(p, freeCluster(4));
+  PipelineShape sh = shapeOf(ScheduleKind::PipeFbAsync, 2, 1, {0, 1, 2, 3});
+  const StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Keep);
+  EXPECT_EQ(last.backwardMemory[index(pipefb::MemoryCategory::CommBuffers)], 0);
+  EXPECT_EQ(last.backwardWorkingBytes, 3 + 20);
+  // With the loss no larger than the rest of B, the waiting output is charged beside that.
+  p.lossWorkingBytes = 1;
+  CostModel small(p, freeCluster(4));
+  EXPECT_EQ(small.stage(sh, 1, 1, 2, StashPolicy::Keep).backwardWorkingBytes, 3 + 3 + 3);
+}
+
 TEST(SolverLiteral, ForwardDevicePeaksLayerByLayer) {
   // Note [Forward peak]: pipefb-sync, M = 1, two layers with saved 50, 10, outputs 5, 5 and
   // forward working sets 40, 2 (microbatch 1). F peaks in layer 0 at 50 + 5 + 40 = 95 or in

@@ -774,6 +774,10 @@ class CostModel {
     /// A folded split stage (Note [Folded pace]): the activations and gradients that wait
     /// at F starts of their device only, never at its B starts.
     std::int64_t activationsOnlyAtForward = 0, gradientsOnlyAtForward = 0;
+    /// The last stage's outputs that can wait at its B starts but not beside its loss
+    /// (Note [Outputs at the loss] in schedules/Messages.h): charged beside the rest of B
+    /// only; `gradients` holds the others.
+    std::int64_t outputsAfterLoss = 0;
   };
   WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
                             bool outputTravels) const;
