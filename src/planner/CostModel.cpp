@@ -538,9 +538,11 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
   const schedules::WaitingMessages& wm =
       waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
-  // Note [Outputs at the loss]: those of the next iteration come after B's loss.
-  const std::int64_t outputs = outputTravels ? wm.outputsAtLoss * output : 0;
-  out.outputsAfterLoss = outputTravels ? (wm.outputs - wm.outputsAtLoss) * output : 0;
+  // Note [Outputs at the loss]: those of the next iteration come after B's loss. A folded
+  // device also runs forwards, beside which they may wait as well: charged whole there.
+  const int atLoss = shape.folded ? wm.outputs : wm.outputsAtLoss;
+  const std::int64_t outputs = outputTravels ? atLoss * output : 0;
+  out.outputsAfterLoss = outputTravels ? (wm.outputs - atLoss) * output : 0;
   if (forwardBesideBackward(shape)) {  // Note [Forward beside backward]
     out.activations = wm.activationsAtBackward.at(k) * input;
     out.gradients = wm.gradientsAtBackward.at(k) * output + outputs;

@@ -497,6 +497,12 @@ TEST(SolverLiteral, NextIterationsOutputWaitsBesideTheRestOfTheLastBackward) {
   const StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Keep);
   EXPECT_EQ(last.backwardMemory[index(pipefb::MemoryCategory::CommBuffers)], 0);
   EXPECT_EQ(last.backwardWorkingBytes, 3 + 20);
+  EXPECT_EQ(m.waitingBytes(sh, 1, 1, 2, true).outputsAfterLoss, 3);
+  // Folded, the last stage's backward device runs forwards too: the outputs wait beside
+  // those as well, so they stay in the comm buffers.
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbAsync, 2, 1, {0, 1});
+  folded.folded = true;
+  EXPECT_EQ(m.waitingBytes(folded, 1, 1, 2, true).outputsAfterLoss, 0);
   // With the loss no larger than the rest of B, the waiting output is charged beside that.
   p.lossWorkingBytes = 1;
   CostModel small(p, freeCluster(4));

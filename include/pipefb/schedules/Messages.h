@@ -43,7 +43,8 @@ struct WaitingMessages {
 /// asynchronous ones included), and that B reports its loss only after it took the
 /// loss's gradient, the peak of its loss (startBackward). So of the outputs waiting at
 /// B(S-1,m)'s start only those of m's own iteration are there at that peak; the others
-/// can arrive during the rest of B, which the cost model charges them beside. Charged
+/// can arrive during the rest of B, which the cost model charges them beside (on a folded
+/// device, which runs forwards too, they are charged beside everything as before). Charged
 /// beside the loss as well, gpt2-tiny pipefb-async-keep S=3 M=1 (2S form; PlanRunsTest
 /// seed 1 instance 14) had the head's backward device 10.5% below its plan: one logits
 /// at its peak (the one B read) where two were charged.
