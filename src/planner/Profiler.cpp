@@ -134,8 +134,9 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
                          : b * static_cast<std::int64_t>(sizeof(std::int64_t));
   const int runs = o.warmup + o.repeats;
   // Note [Microbatch scaling] in LayerCost.h: layer i's input at a second microbatch size,
-  // 1, or the whole batch when the profile's is 1 (none when that is 1 too).
-  const std::int64_t b2 = b > 1 ? 1 : cfg.training.batch;
+  // 2 (not 1: BatchNorm on a 1x1 map needs two samples in training), or the whole batch
+  // when the profile's is 1 or 2 (none when that is no larger).
+  const std::int64_t b2 = b > 2 ? 2 : std::max(cfg.training.batch, b);
   torch::Tensor input2;
   if (b2 != b) input2 = sampleInput(*model, b2);
 

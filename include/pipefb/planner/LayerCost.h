@@ -76,11 +76,13 @@ struct LayerCost {
 /// whole model at microbatch 1 against 22.44 / 16 = 1.40 ms scaled down from microbatch
 /// 16 (fc6: 3.28 ms against 0.79 ms), so the planner chose 64 microbatches of 1, predicted
 /// 1048 samples/s and ran at 198. The measured profiler times every layer at a second
-/// microbatch size too and fits `fixed` from the two (fitFixedTime); the analytic profile's
-/// fixed part is its device's layerOverhead. The fit interpolates exactly at both sizes;
-/// between them it over-estimates a little (time is concave in the microbatch: at
-/// microbatch 4, B 6.70 ms from the fit of 1 and 16 against 5.74 ms measured), which
-/// errs toward fewer, larger microbatches rather than toward an under-estimate.
+/// microbatch size too (2, or the batch when the profile's is 1 or 2; not 1: BatchNorm on
+/// a 1x1 map needs two samples in training) and fits `fixed` from the two (fitFixedTime);
+/// the analytic profile's fixed part is its device's layerOverhead. The fit is exact at
+/// both sizes; between them it over-estimates a little (time is concave in the
+/// microbatch: at microbatch 4, B 6.70 ms from a fit through 1 and 16 against 5.74 ms
+/// measured), which errs toward fewer, larger microbatches rather than toward an
+/// under-estimate.
 /// Seconds of a pass that takes `time` at the profile's microbatch, `fixed` of it per
 /// pass, at f x that microbatch.
 inline double scaledTime(double time, double fixed, double f) { return fixed + (time - fixed) * f; }
