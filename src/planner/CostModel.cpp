@@ -248,7 +248,9 @@ double PipelineShape::slots() const {
 double CostModel::fill(const PipelineShape& shape) const {
   const ScheduleKind k = shape.kind;
   const int L = numLayers();
-  const double F = F_[L], B = B_[L];
+  // At the shape's microbatch: with fixed costs F : B depends on it (Note [Microbatch scaling]).
+  const double f = scale(shape);
+  const double F = forwardTime(0, L, f), B = backwardTime(0, L, f);
   if (k == ScheduleKind::ZbH2) return 0;
   if (F + B <= 0) return 1;
   if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb) {
@@ -258,11 +260,10 @@ double CostModel::fill(const PipelineShape& shape) const {
     double copy = 0, sync = 0;
     const int S = shape.stages;
     if (isSplit(k) && static_cast<int>(shape.chain.size()) >= shape.chainLength()) {
-      const double f = scale(shape);
       const int fd = shape.forwardDevice(0), bd = shape.backwardDevice(0);
       const double sp = cluster_.devices[fd].speed;
-      copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp / f;
-      sync = cluster_.link(bd, fd).time(param_[L] / S) * sp / f;
+      copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp;
+      sync = cluster_.link(bd, fd).time(param_[L] / S) * sp;
     }
     return simulatedFill(k, S, shape.microbatches, F, B, copy, sync);
   }
@@ -280,7 +281,7 @@ double CostModel::corePace(const PipelineShape& shape) const {
   double slowest = cluster_.devices[shape.chain[0]].speed;
   for (int d : shape.chain) slowest = std::min(slowest, cluster_.devices[d].speed);
   const double excess = std::max(0.0, afterStep_[L] - B_[L]);
-  const double work = (F_[L] + B_[L]) * scale(shape) +
+  const double work = forwardTime(0, L, scale(shape)) + backwardTime(0, L, scale(shape)) +
                       (step_[L] + excess) * stepsPerMicrobatch(shape.kind, shape.microbatches);
   return work / (C * slowest);
 }
@@ -350,7 +351,7 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   if (profile_.microbatch < 1) throw UserError("profile microbatch must be >= 1");
   const size_t L = profile_.layers.size();
   F_.assign(L + 1, 0);
-  B_ = R_ = step_ = afterStep_ = snapshot_ = F_;
+  B_ = R_ = Ffixed_ = Bfixed_ = Rfixed_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
   param_ = buffer_ = grad_ = opt_ = states_ = saved_;
   std::vector<std::int64_t> stepWs(L), fws(L), fpeak(L), noGrad(L);
@@ -359,6 +360,9 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     F_[l + 1] = F_[l] + c.forward;
     B_[l + 1] = B_[l] + c.backward;
     R_[l + 1] = R_[l] + c.recompute;
+    Ffixed_[l + 1] = Ffixed_[l] + c.forwardFixed;
+    Bfixed_[l + 1] = Bfixed_[l] + c.backwardFixed;
+    Rfixed_[l + 1] = Rfixed_[l] + c.recomputeFixed;
     step_[l + 1] = step_[l] + c.step;
     // Note [Backward after a step]: B after a step (B when not measured). The excess is
     // taken over a whole stage, so that the noise of small layers cancels.
@@ -504,7 +508,7 @@ double CostModel::linkTime(const PipelineShape& shape, int k, int first) const {
 
 double CostModel::computeLowerBound(const PipelineShape& shape, int k, int first, int last) const {
   const double f = scale(shape);
-  const double fw = range(F_, first, last) * f, bw = range(B_, first, last) * f;
+  const double fw = forwardTime(first, last, f), bw = backwardTime(first, last, f);
   const double step =
       range(step_, first, last) * stepsPerMicrobatch(shape.kind, shape.microbatches);
   const double sf = speed(shape, shape.forwardDevice(k));
@@ -640,8 +644,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
 
   // Times (Note [Planner cost model]).
   const double fspeed = speed(shape, fd), bspeed = speed(shape, bd);
-  e.forwardTime = range(F_, first, last) * f / fspeed;
-  e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f / bspeed;
+  e.forwardTime = forwardTime(first, last, f) / fspeed;
+  e.backwardTime =
+      (backwardTime(first, last, f) + (ckpt ? recomputeTime(first, last, f) : 0.0)) / bspeed;
   e.stepTime = range(step_, first, last) / bspeed +
                (shape.optimizerOnHost ? bdev.host.time(G) + bdev.host.time(W) : 0.0);
   // Not scaled by the microbatch: the excess is parameter-sized.

@@ -17,11 +17,13 @@ namespace pipefb::planner {
 // in place as the runtime's B on the master does, and gathered beside, since method 3; the
 // output bytes the layer's own graph keeps, since method 4; the input bytes it keeps,
 // since method 5; the loss a recomputing last stage's B takes in its graph,
-// recomputed_loss_bytes, since method 6); a profile cached by an older
+// recomputed_loss_bytes, since method 6; each pass's fixed time per pass, from a second
+// microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h); a profile
+// cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 6;
+constexpr int kProfileMethod = 7;
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -45,9 +47,10 @@ std::string profileToYaml(const Profile& p) {
   o << "layers:\n";
   for (const auto& l : p.layers) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
-      << ", recompute: " << l.recompute << ", step: " << l.step
-      << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
-      << ", saved_output_bytes: " << l.savedOutputBytes
+      << ", recompute: " << l.recompute << ", forward_fixed: " << l.forwardFixed
+      << ", backward_fixed: " << l.backwardFixed << ", recompute_fixed: " << l.recomputeFixed
+      << ", step: " << l.step << ", output_bytes: " << l.outputBytes
+      << ", saved_bytes: " << l.savedBytes << ", saved_output_bytes: " << l.savedOutputBytes
       << ", saved_input_bytes: " << l.savedInputBytes << ", working_bytes: " << l.workingBytes
       << ", gathered_working_bytes: " << l.gatheredWorkingBytes << ", param_bytes: " << l.paramBytes
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
@@ -79,6 +82,10 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.forward = l["forward"].as<double>();
       c.backward = l["backward"].as<double>();
       c.recompute = l["recompute"] ? l["recompute"].as<double>() : c.forward;
+      // Older profiles (method < 6): 0, every time scales (Note [Microbatch scaling]).
+      c.forwardFixed = l["forward_fixed"] ? l["forward_fixed"].as<double>() : 0;
+      c.backwardFixed = l["backward_fixed"] ? l["backward_fixed"].as<double>() : 0;
+      c.recomputeFixed = l["recompute_fixed"] ? l["recompute_fixed"].as<double>() : 0;
       c.step = l["step"] ? l["step"].as<double>() : 0;
       c.outputBytes = l["output_bytes"].as<std::int64_t>();
       c.savedBytes = l["saved_bytes"].as<std::int64_t>();

@@ -592,6 +592,50 @@ TEST(SolverLiteral, SnapshotAndBackwardAfterStepTimes) {
   EXPECT_DOUBLE_EQ(m.stage(fb, 0, 0, 1, StashPolicy::Keep).time, 2 * 1 + 2 * 2 + (3 + 0.5) / 4);
 }
 
+TEST(SolverLiteral, FixedTimeIsTheInterceptOfTheTwoSizes) {
+  // Note [Microbatch scaling]: vgg16/8's fc6 B measured 2.534 ms at 1 and 9.324 ms at 16:
+  // slope 0.4527 ms per sample, fixed 2.081 ms, whichever size is the profile's.
+  EXPECT_NEAR(fitFixedTime(9.324, 16, 2.534, 1), 2.0813, 1e-4);
+  EXPECT_NEAR(fitFixedTime(2.534, 1, 9.324, 16), 2.0813, 1e-4);
+  EXPECT_DOUBLE_EQ(scaledTime(9.324, fitFixedTime(9.324, 16, 2.534, 1), 1.0 / 16), 2.534);
+  // Pure linear: no fixed part; noise that implies a negative slope or intercept is clamped.
+  EXPECT_DOUBLE_EQ(fitFixedTime(8, 4, 2, 1), 0);
+  EXPECT_DOUBLE_EQ(fitFixedTime(8, 4, 1, 1), 0);  // intercept -4/3
+  EXPECT_DOUBLE_EQ(fitFixedTime(8, 4, 9, 1), 8);  // slope < 0: none of it scales
+}
+
+TEST(SolverLiteral, FixedTimesFavourFewerLargerMicrobatches) {
+  // Four layers of F = 1, B = 2 measured at microbatch 4, three quarters of it per pass
+  // (forwardFixed 0.75, backwardFixed 1.5); 1f1b on 4 devices, batch 4. At 4 microbatches
+  // of 1 a layer costs 0.8125 + 1.625 = 2.4375 per microbatch: 4 stages take
+  // (4 + 3) x 2.4375 = 17.06. One microbatch of 4 takes 12 (one stage, or (1 + 3) x 3);
+  // 2 of 2: 2.625 per layer, 5 x 2.625 = 13.1 on 4 stages, 3 x 5.25 on 2.
+  Profile p = timesProfile({1, 1, 1, 1});
+  p.microbatch = 4;
+  for (auto& l : p.layers) l.backward = 2;
+  CostModel linear(p, freeCluster(4));
+  SolveResult r0 = solve(linear, only("1f1b-keep", 4));
+  ASSERT_TRUE(r0.feasible);  // all of it scales: (4 + 3) x 0.75 = 5.25
+  EXPECT_EQ(r0.best.shape.microbatches, 4);
+  EXPECT_DOUBLE_EQ(r0.best.iterationTime, 5.25);
+  for (auto& l : p.layers) {
+    l.forwardFixed = l.recomputeFixed = 0.75;
+    l.backwardFixed = 1.5;
+  }
+  CostModel fixed(p, freeCluster(4));
+  EXPECT_DOUBLE_EQ(fixed.forwardTime(0, 4, 0.25), 4 * 0.8125);
+  EXPECT_DOUBLE_EQ(fixed.backwardTime(0, 4, 0.25), 4 * 1.625);
+  auto p4 = solveShape(fixed, shapeOf(ScheduleKind::OneFOneB, 4, 4, {0, 1, 2, 3}),
+                       {StashPolicy::Keep}, unlimited(4), -1, Objective::Time);
+  ASSERT_TRUE(p4);
+  EXPECT_DOUBLE_EQ(p4->tau, 2.4375);
+  EXPECT_DOUBLE_EQ(p4->iterationTime, 7 * 2.4375);
+  SolveResult r = solve(fixed, only("1f1b-keep", 4));
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best.shape.microbatches, 1);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 12);
+}
+
 TEST(SolverLiteral, SharedCoresBoundThePaceByTheWholeWork) {
   // Note [Shared cores]: 3 devices on 2 cores, layers F = 2, 2, 0.5 (no B, no step).
   Cluster c = freeCluster(3);

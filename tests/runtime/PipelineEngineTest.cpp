@@ -1059,6 +1059,44 @@ TEST(PipelineAsync, PipedreamFeedsAnIterationWhenDeviceZeroReachesIt) {
   EXPECT_LT(comm, 4 * input) << "device 0 was fed an iteration before it reached it";
 }
 
+// Note [Busy seconds]: pipefb-async's STEP on a split stage waits for its forward device
+// to receive the previous weights. On 2S devices (0/3 1/2) with one microbatch, cpu:2's
+// STEP1.k waits for cpu:1's RW1.(k-1), which follows F1.k: held up 200 ms before each RW
+// there, the STEPs wait, and the backward device's busy seconds leave that wait out.
+TEST(PipelineAsync, BusySecondsLeaveOutTheStepsWaitForTheForwardDevice) {
+  constexpr int S = 2, kIters = 4;
+  auto cfg = makeConfig(mlpOptions(), "pipefb-async", S, 1, "offload", 8);
+  test::place(cfg, "0/3 1/2");
+  auto model = buildSeeded(cfg.model);
+  auto o = quietOptions(kIters);
+  std::atomic<const runtime::PipelineEngine*> engine{nullptr};
+  o.beforeAction = [&](int d, int i) {
+    while (!engine.load()) std::this_thread::yield();
+    const runtime::PipelineEngine& en = *engine.load();
+    if (d == en.forwardDevice(S - 1) &&
+        en.schedule().devices[d][i].type == schedules::ActionType::RecvWeights)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  runtime::PipelineEngine e(*model, cfg, o);
+  engine.store(&e);
+  for (int k = 0; k < kIters; ++k) e.step(makeBatch(*model, 8, 5, 60 + k));
+  e.finish();
+  const int bd = e.backwardDevice(S - 1);
+  const auto& list = e.schedule().devices[bd];
+  const auto spans = e.records()[bd];
+  double inside = 0, longestStep = 0;
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (!list[j].isCompute() && list[j].type != schedules::ActionType::Step) continue;
+    inside += spans[j].seconds();
+    if (list[j].type == schedules::ActionType::Step)
+      longestStep = std::max(longestStep, spans[j].seconds());
+  }
+  ASSERT_GE(longestStep, 0.15) << "no STEP waited for the forward device";
+  const double busy = e.deviceStats()[bd].busySeconds;
+  EXPECT_GT(busy, 0);
+  EXPECT_LT(busy, inside - 0.15);
+}
+
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {
   config::Config base = makeConfig(mlpOptions(), "1f1b", 2, 4, "keep", 32);
   base.model.input_size = 8;

@@ -818,9 +818,18 @@ class CostModel {
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 
+  /// Seconds of F, B and a checkpointed B's recompute of layers [first, last) on the
+  /// profile's device at f x its microbatch (Note [Microbatch scaling]).
+  double forwardTime(int first, int last, double f) const {
+    return scaledTime(range(F_, first, last), range(Ffixed_, first, last), f);
+  }
+  double backwardTime(int first, int last, double f) const {
+    return scaledTime(range(B_, first, last), range(Bfixed_, first, last), f);
+  }
+  double recomputeTime(int first, int last, double f) const {
+    return scaledTime(range(R_, first, last), range(Rfixed_, first, last), f);
+  }
   /// Unscaled sums over layers [first, last) at the profile's microbatch and device.
-  double forwardSum(int first, int last) const { return range(F_, first, last); }
-  double backwardSum(int first, int last) const { return range(B_, first, last); }
   double stepSum(int first, int last) const { return range(step_, first, last); }
   std::int64_t paramSum(int first, int last) const { return range(param_, first, last); }
   std::int64_t savedSum(int first, int last) const { return range(saved_, first, last); }
@@ -857,7 +866,7 @@ class CostModel {
   static std::int64_t rangeMax(const SparseMax& t, int first, int last);
   Profile profile_;
   Cluster cluster_;
-  std::vector<double> F_, B_, R_, step_, afterStep_, snapshot_;
+  std::vector<double> F_, B_, R_, Ffixed_, Bfixed_, Rfixed_, step_, afterStep_, snapshot_;
   std::vector<std::int64_t> saved_, param_, buffer_, grad_, opt_, states_;
   SparseMax stepWorkingMax_, forwardWorkingMax_;
   // Note [Forward peak]: per layer l, saved(0 .. l+1) + output(l) + F's working set(l)
