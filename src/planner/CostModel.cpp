@@ -660,8 +660,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.allReduceTime = 2.0 * (R - 1) * ring.latency +
                       (ring.bandwidth > 0 ? 2.0 * (R - 1) / R * double(G) / ring.bandwidth : 0.0);
   }
-  const double stepPerMb =
+  e.stepShare =
       (e.stepTime + e.afterStepTime + e.allReduceTime) * stepsPerMicrobatch(shape.kind, M);
+  const double stepPerMb = e.stepShare;
   // Note [Weight snapshots]: one per F when PipeDream keeps copies (a STEP after every B).
   if (shape.kind == ScheduleKind::PipeDream && copies > 0)
     e.snapshotTime = range(snapshot_, first, last) / fspeed;

@@ -79,6 +79,8 @@ std::string planToYaml(const CostModel& model, const Plan& plan, const PlanConte
     o << "    predicted:\n";
     o << "      forward_time: " << e.forwardTime << "      # s per microbatch\n";
     o << "      backward_time: " << e.backwardTime << "\n";
+    o << "      step_time: " << e.stepShare
+      << "      # the optimizer step's share per microbatch, on the backward device\n";
     o << "      pace: " << e.time << "              # set by " << toString(e.binding) << "\n";
     o << "      stash_bytes: " << e.stashBytes << "       # one stash; " << e.inFlight
       << " in flight\n";
@@ -262,6 +264,9 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
         st.optimizerOnHost = where == "host";
         p.optimizerGiven = true;
       }
+      // The step's share per microbatch; plan files before it do not say (0).
+      if (s["predicted"] && s["predicted"]["step_time"])
+        st.predictedStepTime = s["predicted"]["step_time"].as<double>();
       if (st.first != expect || st.last <= st.first)
         throw UserError(source + ": stages[" + std::to_string(p.stages.size()) +
                         "].layers must start at " + std::to_string(expect) +

@@ -357,12 +357,15 @@ std::string jsonScalar(const json& v) {
 // The warning names the busiest and the idlest device (busy seconds of the run). When the
 // run folder has the plan its partition came from (pipefb_plan's, or the one pipefb_train
 // chose itself, both saved as plan.yaml), it also says why the plan has the imbalance,
-// from the plan's predicted time per microbatch and device (a split stage's F on its
-// forward device and B on its backward device; a same-device stage's pace):
-//   PipeFB on 2S devices (some device runs only forwards): forward devices run only F
-//     and backward devices only B, and B is about 2F, so the imbalance is the design; the
-//     warning gives the plan's B/F. Folded PipeFB has no such device (each also runs
-//     another stage's B) and is judged as below;
+// from the plan's predicted time per microbatch and device: a split stage's F on its
+// forward device, and its B plus its step's share (`step_time`, 0 in plan files before
+// it) on its backward device, where the runtime runs its STEP; a same-device stage's pace
+// (F + B + the step's share when compute sets it). Then:
+//   the idlest device runs only forwards and the busiest backwards (PipeFB on 2S devices,
+//     or a decoupled plan's forward device): backward devices run only B, and B is about
+//     2F, so the imbalance is the design; the warning gives the plan's B/F. Folded PipeFB
+//     has no such device (each also runs another stage's B), and two backward devices (a
+//     decoupled plan's) are judged as below;
 //   otherwise, when the plan predicted about this imbalance (within 1.25x of the measured
 //     ratio), the planner's cut minimises the slowest stage at layer granularity under
 //     devices.memory, so every other cut is slower or does not fit;
@@ -385,26 +388,30 @@ std::optional<std::string> imbalanceWarning(const std::map<std::string, double>&
   std::map<std::string, double> predicted;
   double forward = 0, backward = 0;
   // Devices that run a split stage's forward, and devices that run some backward: PipeFB
-  // on 2S devices has forward-only devices; folded PipeFB (Note [Folded placements]) has
-  // none, as each device also runs another stage's backward.
-  std::set<int> forwardDevices, backwardDevices;
+  // on 2S devices and decoupled plans have forward-only devices; folded PipeFB (Note
+  // [Folded placements]) has none, as each device also runs another stage's backward.
+  std::set<std::string> forwardDevices, backwardDevices;
+  bool stepsMissing = false;  // a split stage without step_time (a plan file before it)
   try {
     const YAML::Node stages = YAML::LoadFile(planPath.string())["stages"];
     if (!stages || !stages.IsSequence()) return noPlan;
     for (const auto& st : stages) {
       const YAML::Node p = st["predicted"];
       if (!p || !p["forward_time"] || !p["backward_time"]) return noPlan;
-      const int fd = st["forward_device"].as<int>(), bd = st["backward_device"].as<int>();
+      const std::string fd = "cpu:" + std::to_string(st["forward_device"].as<int>()),
+                        bd = "cpu:" + std::to_string(st["backward_device"].as<int>());
       const double f = p["forward_time"].as<double>(), b = p["backward_time"].as<double>();
+      const double step = p["step_time"] ? p["step_time"].as<double>() : 0.0;
       if (fd != bd) {
-        predicted["cpu:" + std::to_string(fd)] += f;
-        predicted["cpu:" + std::to_string(bd)] += b;
-      } else {  // the pace: F + B + the step's share when compute sets it
-        predicted["cpu:" + std::to_string(fd)] += p["pace"] ? p["pace"].as<double>() : f + b;
+        predicted[fd] += f;
+        predicted[bd] += b + step;
+        stepsMissing = stepsMissing || !p["step_time"];
+        forwardDevices.insert(fd);
+      } else {
+        predicted[fd] += p["pace"] ? p["pace"].as<double>() : f + b + step;
       }
       forward += f;
       backward += b;
-      if (fd != bd) forwardDevices.insert(fd);
       backwardDevices.insert(bd);
     }
   } catch (const YAML::Exception&) {
@@ -412,22 +419,25 @@ std::optional<std::string> imbalanceWarning(const std::map<std::string, double>&
   }
   const std::string planned =
       "; the planner chose this partition (" + planPath.filename().string() + ")";
-  bool forwardOnly = false;
-  for (int d : forwardDevices) forwardOnly = forwardOnly || !backwardDevices.count(d);
-  if (forwardOnly && forward > 0)
-    return head + planned +
-           ": PipeFB runs only F on the forward devices and only B on the backward " +
-           "devices, and B is " + fmt(backward / forward, "%.1f") +
+  const bool forwardOnlyIdle = forwardDevices.count(loName) && !backwardDevices.count(loName);
+  if (forwardOnlyIdle && backwardDevices.count(hiName) && forward > 0)
+    return head + planned + ": PipeFB runs only F on " + loName + " and only B on " + hiName +
+           ", and B is " + fmt(backward / forward, "%.1f") +
            "x F in this plan (B is about 2F), so the backward devices compute more by design";
   if (!predicted.count(hiName) || !predicted.count(loName) || !(predicted[loName] > 0))
     return noPlan;
   const double ratio = predicted[hiName] / predicted[loName];
+  const std::string what =
+      fmt(ratio, "%.2f") + "x" +
+      (stepsMissing ? " (optimizer steps left out: the plan file has no step_time; re-plan to "
+                      "count them)"
+                    : " (optimizer steps included)");
   if (ratio * 1.25 >= hi / lo)
-    return head + planned + ", which predicted " + fmt(ratio, "%.2f") +
-           "x: its cut minimises the slowest stage at layer granularity under devices.memory, "
+    return head + planned + ", which predicted " + what +
+           ": its cut minimises the slowest stage at layer granularity under devices.memory, "
            "so every other cut has a slower stage or does not fit";
-  return head + planned + ", which predicted only " + fmt(ratio, "%.2f") +
-         "x: its profile misjudges these stages; re-measure it (pipefb_profile --force) or set "
+  return head + planned + ", which predicted only " + what +
+         ": its profile misjudges these stages; re-measure it (pipefb_profile --force) or set "
          "pipeline.partition";
 }
 

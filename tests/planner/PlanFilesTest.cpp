@@ -163,6 +163,7 @@ TEST(PlanFiles, SolvedPlansRoundTrip) {
       c.savedBytes = std::int64_t(uni(1000, 20000));
       c.paramBytes = c.gradBytes = std::int64_t(uni(100, 5000));
       c.optimizerBytes = 2 * c.paramBytes;
+      c.step = 0.1 * c.forward;  // plan files carry each stage's share (step_time)
       p.layers.push_back(c);
     }
     Cluster cl = Cluster::uniform(4, 1.0, -1, Link{1e4, 1e-3}, Link{2e4, 1e-3});
@@ -195,8 +196,17 @@ TEST(PlanFiles, SolvedPlansRoundTrip) {
       EXPECT_EQ(back.stages[k].forwardDevice, plan.stages[k].forwardDevice) << what;
       EXPECT_EQ(back.stages[k].backwardDevice, plan.stages[k].backwardDevice) << what;
       EXPECT_EQ(back.stages[k].policy, plan.stages[k].policy) << what;
+      const double share = plan.stages[k].estimate.stepShare;
+      EXPECT_GT(share, 0) << what;
+      EXPECT_NEAR(spec.stages[k].predictedStepTime, share, 1e-5 * share) << what;
+      EXPECT_NEAR(back.stages[k].estimate.stepShare, share, 1e-12 * share) << what;
       isMixed = isMixed || plan.stages[k].policy != plan.stages[0].policy;
     }
+    // Plan files written before step_time still load, their step shares 0.
+    const PlanSpec old =
+        parsePlan(std::regex_replace(yaml, std::regex(" *step_time:[^\n]*\n"), ""), "old.yaml");
+    ASSERT_EQ(old.stages.size(), spec.stages.size()) << what;
+    for (const PlanStage& st : old.stages) EXPECT_EQ(st.predictedStepTime, 0) << what;
     EXPECT_EQ(back.iterationTime, plan.iterationTime) << what;
     EXPECT_EQ(back.deviceMemory, plan.deviceMemory) << what;
     EXPECT_EQ(back.hostBytes, plan.hostBytes) << what;

@@ -394,6 +394,66 @@ TEST(ReportTest, ImbalanceWarningSaysWhyWhenThePlannerChoseThePartition) {
   EXPECT_NE(w.find("pipefb_profile --force"), std::string::npos) << w;
 }
 
+// Note [Why stages are imbalanced]: a decoupled PipeFB plan (F of every stage on cpu:0, B
+// of stages 0-1 on cpu:2 and of stage 2 on cpu:1) has a forward-only device and two
+// backward devices; the plan's prediction counts each stage's step on its backward device.
+TEST(ReportTest, ImbalanceWarningJudgesBackwardDevicesByThePlanStepsIncluded) {
+  const std::string src = train("why-decoupled-src",
+                                "--set pipeline.schedule=1f1b --set pipeline.stages=2 "
+                                "--set devices.count=2 --set pipeline.microbatches=2 "
+                                "--set training.iterations=2");
+  const json base = json::parse(slurp(fs::path(src) / "summary.json"));
+  bool withSteps = true;  // false: a plan file written before step_time
+  auto stage = [&](int bd, double f, double b, double step) {
+    return "  - forward_device: 0\n    backward_device: " + std::to_string(bd) +
+           "\n    predicted: {forward_time: " + std::to_string(f) +
+           ", backward_time: " + std::to_string(b) +
+           (withSteps ? ", step_time: " + std::to_string(step) : "") +
+           ", pace: " + std::to_string(b + step) + "}\n";
+  };
+  // Predicted per microbatch: cpu:0 0.018 (F), cpu:2 0.018 (B 0.016 + steps 0.002),
+  // cpu:1 0.032 (B 0.020 + step 0.012): 1.78x between the backward devices (1.25x without
+  // the step).
+  auto plan = [&] {
+    return "stages:\n" + stage(2, 0.004, 0.008, 0.001) + stage(2, 0.004, 0.008, 0.001) +
+           stage(1, 0.010, 0.020, 0.012);
+  };
+  auto warningWith = [&](const std::string& name, double busy0) {
+    const std::string dir = runDir(name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const char* f : {"metrics.csv", "config.yaml", "trace.json"})
+      fs::copy_file(fs::path(src) / f, fs::path(dir) / f);
+    json s = base;
+    s["pipeline"]["devices"][0]["busy_seconds"] = busy0;
+    s["pipeline"]["devices"][1]["busy_seconds"] = 3.8;
+    s["pipeline"]["devices"].push_back({{"name", "cpu:2"}, {"busy_seconds", 2.0}});
+    std::ofstream(fs::path(dir) / "summary.json") << s.dump();
+    std::ofstream(fs::path(dir) / "plan.yaml") << plan();
+    for (const auto& w : writeReport(dir).warnings)
+      if (w.find("imbalanced stages: cpu:1") != std::string::npos) return w;
+    return std::string("(no imbalance warning)");
+  };
+  // cpu:1 against cpu:2 (1.90x), both backward devices: not the design; the plan predicted
+  // 1.78x with the steps, close enough to the run's 1.90x to be the cut's.
+  std::string w = warningWith("why-decoupled-backward", 2.5);
+  EXPECT_NE(w.find("cpu:2 2.000 s (1.90x)"), std::string::npos) << w;
+  EXPECT_EQ(w.find("by design"), std::string::npos) << w;
+  EXPECT_EQ(w.find("B is"), std::string::npos) << w;
+  EXPECT_NE(w.find("which predicted 1.78x (optimizer steps included)"), std::string::npos) << w;
+  EXPECT_NE(w.find("minimises the slowest stage"), std::string::npos) << w;
+  // cpu:1 against the forward-only cpu:0 (3.80x): the design, B/F = 0.036 / 0.018.
+  w = warningWith("why-decoupled-forward", 1.0);
+  EXPECT_NE(w.find("cpu:0 1.000 s (3.80x)"), std::string::npos) << w;
+  EXPECT_NE(w.find("by design"), std::string::npos) << w;
+  EXPECT_NE(w.find("B is 2.0x F"), std::string::npos) << w;
+  // Without step_time the prediction is B alone, 1.25x, and the warning says so.
+  withSteps = false;
+  w = warningWith("why-decoupled-old-plan", 2.5);
+  EXPECT_EQ(w.find("by design"), std::string::npos) << w;
+  EXPECT_NE(w.find("which predicted only 1.25x (optimizer steps left out"), std::string::npos) << w;
+}
+
 TEST(ReportTest, PlanFileFillsThePredictedColumns) {
   const std::string dir = train("predicted",
                                 "--set pipeline.schedule=1f1b --set pipeline.stages=2 "

@@ -494,6 +494,9 @@ struct StageEstimate {
   double allReduceTime =
       0;  // replicas > 1: the gradient all-reduce before each step (Note [Replicated pipelines])
   double snapshotTime = 0;  // weight snapshot per microbatch (Note [Weight snapshots])
+  /// The step's share per microbatch on the backward device: (stepTime + afterStepTime +
+  /// allReduceTime) x stepsPerMicrobatch(); part of backwardCompute (plan files' step_time).
+  double stepShare = 0;
   double forwardCompute = 0, backwardCompute = 0;  // busy time per microbatch per device
   double forwardCopy = 0, backwardCopy = 0;        // copy-engine time per microbatch
   double linkIn = 0;   // boundary with the previous stage (0 for stage 0)

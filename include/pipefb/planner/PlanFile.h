@@ -32,6 +32,7 @@ struct PlanStage {
   int forwardDevice = 0, backwardDevice = 0;
   schedules::StashPolicy policy = schedules::StashPolicy::Keep;
   bool optimizerOnHost = false;  // `optimizer: host` (Note [Optimizer placement search])
+  double predictedStepTime = 0;  // `predicted.step_time`: s per microbatch; absent: 0
 };
 struct PlanSpec {
   std::string model;     // the profile's model key ("vgg16 width=0.25 ... [optimizer=sgd]")
