@@ -65,6 +65,8 @@ placement = next((o.split("=", 1)[1] for o in plan.get("overrides", [])
 peaks = {d["name"]: d["peak_bytes"] for d in json.load(open(summary))["devices"]}
 with open(out + "/devices.csv", "a") as f:
     for i, want in enumerate(predicted):
+        if want == 0 and "cpu:%d" % i not in peaks:  # a device the plan leaves unused
+            continue
         got = peaks["cpu:%d" % i]
         f.write("%s,%d,%d,%d,%.1f\n" % (fam, i, want, got, 100.0 * (got - want) / want))
 top = max(v for k, v in peaks.items() if k.startswith("cpu:"))
