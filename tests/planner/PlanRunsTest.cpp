@@ -198,13 +198,19 @@ class PlanRuns : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // The measured profile of the instance's model at its microbatch size, measured once.
+  // The measured profile of the instance's model at its microbatch size, measured once:
+  // every byte measured, the times analytic unless PIPEFB_PLAN_RUNS_TIMES=measured (Note
+  // [Analytic times in a measured profile] in planner/Profiler.h).
   std::string profile(const Instance& x) {
     const std::string key = x.model->name + "-mb" + std::to_string(x.model->batch / x.microbatches);
     std::string path = dir_ + "/profile-" + std::regex_replace(key, std::regex("/"), "_") + ".yaml";
     if (!fs::exists(path)) {
-      auto r =
-          test::runProgram("pipefb_profile " + x.sets() + " --repeats 3 --warmup 1 --out " + path);
+      const char* times = std::getenv("PIPEFB_PLAN_RUNS_TIMES");
+      const bool measured = times && std::string(times) == "measured";
+      auto r = test::runProgram(
+          "pipefb_profile " + x.sets() +
+          (measured ? " --repeats 3 --warmup 1" : " --times analytic --repeats 1 --warmup 1") +
+          " --out " + path);
       EXPECT_EQ(r.code, 0) << x.describe() << "\n" << r.out;
     }
     return path;
