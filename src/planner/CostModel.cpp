@@ -830,7 +830,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const bool twoPhases = phased && !shape.sharesDevices();
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, Wres);
-    w(m, MemoryCategory::WeightVersions, deviceCopies * W);
+    // Note [Versions being copied out] (Lowering.h): one more while an OFFW's copy waits.
+    const int heldCopies =
+        movesCopies ? schedules::heldStashedVersions(copies, shape.lookahead) : deviceCopies;
+    w(m, MemoryCategory::WeightVersions, heldCopies * W);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     const std::int64_t buckets = shape.replicas > 1 ? G : 0;  // Note [Gradient buckets]
