@@ -113,7 +113,9 @@ int residentStashedVersions(int versions, int lookahead);
 /// offload/TransferManager.h), and that engine also runs the stage's OFFs, PREs and PREWs
 /// in order, so a PipeDream stage whose versions move holds one more while an OFFW waits:
 /// min(versions, lookahead + 2), the count its stashes take (lookahead + 1 near B plus the
-/// one being copied out, residentOffloadedStashes). The planner's cost model charges it.
+/// one being copied out, residentOffloadedStashes). A device has at most kOffloadsInFlight
+/// (1) copies going out, stash or version, so where its stashes are charged that slot the
+/// planner's cost model charges a version going out only beyond it: max(0, W - stash).
 /// Measured: gpt2-tiny pipedream-offload S=3 M=4 at its smallest budget (analytic times,
 /// lookahead 1), the embedding's device held 3 versions at the end of F0.13 (OFFW0.10's
 /// copy ran after it), 1116672 bytes where the plan said 1084672 (+3.0%, 2 charged);
