@@ -42,9 +42,10 @@
 //     OFFW is copying out is there only when the copy engine lags (gpt2-tiny's embedding:
 //     3 versions at the end of F0.13 in one run, +3.0% over the plan that charged 2; 2 in
 //     the next, -12.1% under the plan that charges 3). Next: count the stashes, versions
-//     and inputs together per B and F start of the lowered schedule, and hold a same-device
-//     OFFW's device copy until the next OFF (Note [Held offload copies]) so that the
-//     version going out is there every time.
+//     and inputs together per B and F start of the lowered schedule, and make the version
+//     going out there every time or never. (Holding a same-device OFFW's device copy until
+//     the device's next offload, Note [Held offload copies], was tried: stage 0 then held
+//     lookahead + 3 versions in WeightOffloadTest, one more than charged.)
 //   - the head's backward device in PipeFB (2S form), as seed 1's 14 below: seed 1's 14
 //     (-10.5%), seed 3's 24 (gpt2-tiny pipefb-async-offload M=4, -19.9%), seed 4's 32
 //     (pipefb-sync-offload M=4, -17.5%) and 39 (pipefb-async-offload, -19.9%): its comm

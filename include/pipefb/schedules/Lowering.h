@@ -119,7 +119,8 @@ int residentStashedVersions(int versions, int lookahead);
 /// Measured: gpt2-tiny pipedream-offload S=3 M=4 at its smallest budget (analytic times,
 /// lookahead 1), the embedding's device held 3 versions at the end of F0.13 (OFFW0.10's
 /// copy ran after it), 1116672 bytes where the plan said 1084672 (+3.0%, 2 charged);
-/// resnet50/8 pipedream-offload S=3 M=2 held 3 in its drain, before B0.3.
+/// resnet50/8 pipedream-offload S=3 M=2 held 3 in its drain, before B0.3. (The runtime's
+/// own bound, WeightOffloadTest.ResidentVersionsFollowTheLookahead, was lookahead + 2.)
 int heldStashedVersions(int versions, int lookahead);
 
 /// Note [Stashes at a step]
