@@ -145,6 +145,21 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
     ++v[from];
     --v[to];
   }
+  // Note [Outputs at the loss]: at a last-stage B (or I), the outputs of its own iteration.
+  std::map<std::pair<int, int>, int> atLoss;  // (device, position) -> outputs waiting
+  for (const Message& msg : messages) {
+    if (msg.kind != 2) continue;
+    const int d = deviceOf[msg.consumer];
+    const int from = last[static_cast<size_t>(msg.producer) * D + d] + 1, to = posOf[msg.consumer];
+    const int iteration = schedule.devices[d][to].index / M;
+    for (int p = from; p < to; ++p) {
+      const Action& c = schedule.devices[d][p];
+      if (c.isInputBackward() && c.stage == S - 1 && c.index / M == iteration) {
+        const int n = ++atLoss[{d, p}];
+        out.outputsAtLoss = std::max(out.outputsAtLoss, n);
+      }
+    }
+  }
   // An input waits on F(0,m)'s device from its iteration's feed (the start, or once the
   // last stage's backwards of the iteration before ran) to F(0,m).
   std::vector<int> fed(schedule.devices.empty() ? 0 : schedule.devices[0].size() + 1, 0);

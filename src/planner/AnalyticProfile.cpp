@@ -300,6 +300,9 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.forward = layerTime(w.flops * mb, fwdBytes, d) + d.layerOverhead;
     c.backward = layerTime(2 * w.flops * mb, 2 * fwdBytes, d) + 2 * d.layerOverhead;
     c.recompute = c.forward;
+    // Note [Microbatch scaling]: the overhead is per pass, whatever the microbatch.
+    c.forwardFixed = c.recomputeFixed = d.layerOverhead;
+    c.backwardFixed = 2 * d.layerOverhead;
     c.paramBytes = w.params * kF;
     c.gradBytes = c.paramBytes;
     c.optimizerBytes = c.paramBytes * statesPerParam;

@@ -248,7 +248,9 @@ double PipelineShape::slots() const {
 double CostModel::fill(const PipelineShape& shape) const {
   const ScheduleKind k = shape.kind;
   const int L = numLayers();
-  const double F = F_[L], B = B_[L];
+  // At the shape's microbatch: with fixed costs F : B depends on it (Note [Microbatch scaling]).
+  const double f = scale(shape);
+  const double F = forwardTime(0, L, f), B = backwardTime(0, L, f);
   if (k == ScheduleKind::ZbH2) return 0;
   if (F + B <= 0) return 1;
   if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb) {
@@ -258,11 +260,10 @@ double CostModel::fill(const PipelineShape& shape) const {
     double copy = 0, sync = 0;
     const int S = shape.stages;
     if (isSplit(k) && static_cast<int>(shape.chain.size()) >= shape.chainLength()) {
-      const double f = scale(shape);
       const int fd = shape.forwardDevice(0), bd = shape.backwardDevice(0);
       const double sp = cluster_.devices[fd].speed;
-      copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp / f;
-      sync = cluster_.link(bd, fd).time(param_[L] / S) * sp / f;
+      copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp;
+      sync = cluster_.link(bd, fd).time(param_[L] / S) * sp;
     }
     return simulatedFill(k, S, shape.microbatches, F, B, copy, sync);
   }
@@ -280,7 +281,7 @@ double CostModel::corePace(const PipelineShape& shape) const {
   double slowest = cluster_.devices[shape.chain[0]].speed;
   for (int d : shape.chain) slowest = std::min(slowest, cluster_.devices[d].speed);
   const double excess = std::max(0.0, afterStep_[L] - B_[L]);
-  const double work = (F_[L] + B_[L]) * scale(shape) +
+  const double work = forwardTime(0, L, scale(shape)) + backwardTime(0, L, scale(shape)) +
                       (step_[L] + excess) * stepsPerMicrobatch(shape.kind, shape.microbatches);
   return work / (C * slowest);
 }
@@ -350,7 +351,7 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   if (profile_.microbatch < 1) throw UserError("profile microbatch must be >= 1");
   const size_t L = profile_.layers.size();
   F_.assign(L + 1, 0);
-  B_ = R_ = step_ = afterStep_ = snapshot_ = F_;
+  B_ = R_ = Ffixed_ = Bfixed_ = Rfixed_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
   param_ = buffer_ = grad_ = opt_ = states_ = saved_;
   std::vector<std::int64_t> stepWs(L), fws(L), fpeak(L), noGrad(L);
@@ -359,6 +360,9 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     F_[l + 1] = F_[l] + c.forward;
     B_[l + 1] = B_[l] + c.backward;
     R_[l + 1] = R_[l] + c.recompute;
+    Ffixed_[l + 1] = Ffixed_[l] + c.forwardFixed;
+    Bfixed_[l + 1] = Bfixed_[l] + c.backwardFixed;
+    Rfixed_[l + 1] = Rfixed_[l] + c.recomputeFixed;
     step_[l + 1] = step_[l] + c.step;
     // Note [Backward after a step]: B after a step (B when not measured). The excess is
     // taken over a whole stage, so that the noise of small layers cancels.
@@ -504,7 +508,7 @@ double CostModel::linkTime(const PipelineShape& shape, int k, int first) const {
 
 double CostModel::computeLowerBound(const PipelineShape& shape, int k, int first, int last) const {
   const double f = scale(shape);
-  const double fw = range(F_, first, last) * f, bw = range(B_, first, last) * f;
+  const double fw = forwardTime(first, last, f), bw = backwardTime(first, last, f);
   const double step =
       range(step_, first, last) * stepsPerMicrobatch(shape.kind, shape.microbatches);
   const double sf = speed(shape, shape.forwardDevice(k));
@@ -538,7 +542,11 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
   const schedules::WaitingMessages& wm =
       waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
-  const std::int64_t outputs = outputTravels ? wm.outputs * output : 0;
+  // Note [Outputs at the loss]: those of the next iteration come after B's loss. A folded
+  // device also runs forwards, beside which they may wait as well: charged whole there.
+  const int atLoss = shape.folded ? wm.outputs : wm.outputsAtLoss;
+  const std::int64_t outputs = outputTravels ? atLoss * output : 0;
+  out.outputsAfterLoss = outputTravels ? (wm.outputs - atLoss) * output : 0;
   if (forwardBesideBackward(shape)) {  // Note [Forward beside backward]
     out.activations = wm.activationsAtBackward.at(k) * input;
     out.gradients = wm.gradientsAtBackward.at(k) * output + outputs;
@@ -636,8 +644,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
 
   // Times (Note [Planner cost model]).
   const double fspeed = speed(shape, fd), bspeed = speed(shape, bd);
-  e.forwardTime = range(F_, first, last) * f / fspeed;
-  e.backwardTime = (range(B_, first, last) + (ckpt ? range(R_, first, last) : 0.0)) * f / bspeed;
+  e.forwardTime = forwardTime(first, last, f) / fspeed;
+  e.backwardTime =
+      (backwardTime(first, last, f) + (ckpt ? recomputeTime(first, last, f) : 0.0)) / bspeed;
   e.stepTime = range(step_, first, last) / bspeed +
                (shape.optimizerOnHost ? bdev.host.time(G) + bdev.host.time(W) : 0.0);
   // Not scaled by the microbatch: the excess is parameter-sized.
@@ -696,12 +705,23 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // last stage F's output as well; the last stage's loss reads the recomputed one, and
     // its F keeps none (Note [Recomputed last output]). A split last stage that does not
     // recompute reads the output it was sent (its stash is the graph alone).
-    const std::int64_t recomputed = ckpt ? graph - onStash + output + buffersCopy : 0;
+    // Note [Loss in the recomputed graph]: a last stage's B that recomputes (not I) lets
+    // the output go once the loss is taken in its graph; the loss's transient with the
+    // output until then is the profile's recomputedLossBytes.
+    const bool lossInGraph =
+        k == S - 1 && schedules::lossInRecomputedGraph(ckpt, splitsBackward(shape.kind));
+    const std::int64_t recomputedGraph = ckpt ? graph - onStash + buffersCopy : 0;
+    const std::int64_t recomputed = recomputedGraph + (ckpt && !lossInGraph ? output : 0);
     const std::int64_t whole =
         std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last, inPlace)) +
         recomputed + output;
-    return std::max(whole, ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss
-                                : (outputTravels ? output : 0) + loss);
+    if (lossInGraph)
+      return std::max(whole, recomputedGraph + scaled(profile_.recomputedLossBytes, f));
+    // Note [Outputs at the loss]: the outputs that arrive only after the loss wait beside
+    // the rest of B (comm buffers, charged here as B's).
+    return std::max(
+        whole + waiting.outputsAfterLoss,
+        ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss : (outputTravels ? output : 0) + loss);
   };
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
@@ -804,7 +824,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
             ? std::min(resident, foldedStashesAtStep(shape.kind, S, M, shape.lookahead).at(k))
         : flushing ? 0
                    : resident;
-    w(e.backwardMemory, MemoryCategory::WorkingSet, wsB + stepExcess(resident, atStep, wsB));
+    // (The outputs in wsB that arrive after B's loss may still wait at the step.)
+    w(e.backwardMemory, MemoryCategory::WorkingSet,
+      wsB + stepExcess(resident, atStep, wsB - waiting.outputsAfterLoss));
   } else {
     e.forwardCompute = e.backwardCompute =
         e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;

@@ -16,11 +16,14 @@ namespace pipefb::planner {
 // last layer's working set, B's fresh parameter gradients, B accumulating them into .grad
 // in place as the runtime's B on the master does, and gathered beside, since method 3; the
 // output bytes the layer's own graph keeps, since method 4; the input bytes it keeps,
-// since method 5); a profile cached by an older
+// since method 5; the loss a recomputing last stage's B takes in its graph,
+// recomputed_loss_bytes, since method 6; each pass's fixed time per pass, from a second
+// microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h); a profile
+// cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 5;
+constexpr int kProfileMethod = 7;
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -40,12 +43,14 @@ std::string profileToYaml(const Profile& p) {
   o << "input_bytes: " << p.inputBytes << "\n";
   o << "target_bytes: " << p.targetBytes << "\n";
   o << "loss_working_bytes: " << p.lossWorkingBytes << "\n";
+  o << "recomputed_loss_bytes: " << p.recomputedLossBytes << "\n";
   o << "layers:\n";
   for (const auto& l : p.layers) {
     o << "  - {name: \"" << l.name << "\", forward: " << l.forward << ", backward: " << l.backward
-      << ", recompute: " << l.recompute << ", step: " << l.step
-      << ", output_bytes: " << l.outputBytes << ", saved_bytes: " << l.savedBytes
-      << ", saved_output_bytes: " << l.savedOutputBytes
+      << ", recompute: " << l.recompute << ", forward_fixed: " << l.forwardFixed
+      << ", backward_fixed: " << l.backwardFixed << ", recompute_fixed: " << l.recomputeFixed
+      << ", step: " << l.step << ", output_bytes: " << l.outputBytes
+      << ", saved_bytes: " << l.savedBytes << ", saved_output_bytes: " << l.savedOutputBytes
       << ", saved_input_bytes: " << l.savedInputBytes << ", working_bytes: " << l.workingBytes
       << ", gathered_working_bytes: " << l.gatheredWorkingBytes << ", param_bytes: " << l.paramBytes
       << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
@@ -69,12 +74,18 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
     p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;
     p.targetBytes = n["target_bytes"] ? n["target_bytes"].as<std::int64_t>() : 0;
     p.lossWorkingBytes = n["loss_working_bytes"] ? n["loss_working_bytes"].as<std::int64_t>() : 0;
+    p.recomputedLossBytes =
+        n["recomputed_loss_bytes"] ? n["recomputed_loss_bytes"].as<std::int64_t>() : 0;
     for (const auto& l : n["layers"]) {
       LayerCost c;
       c.name = l["name"].as<std::string>();
       c.forward = l["forward"].as<double>();
       c.backward = l["backward"].as<double>();
       c.recompute = l["recompute"] ? l["recompute"].as<double>() : c.forward;
+      // Older profiles (method < 6): 0, every time scales (Note [Microbatch scaling]).
+      c.forwardFixed = l["forward_fixed"] ? l["forward_fixed"].as<double>() : 0;
+      c.backwardFixed = l["backward_fixed"] ? l["backward_fixed"].as<double>() : 0;
+      c.recomputeFixed = l["recompute_fixed"] ? l["recompute_fixed"].as<double>() : 0;
       c.step = l["step"] ? l["step"].as<double>() : 0;
       c.outputBytes = l["output_bytes"].as<std::int64_t>();
       c.savedBytes = l["saved_bytes"].as<std::int64_t>();

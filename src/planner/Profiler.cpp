@@ -138,6 +138,12 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
                          ? prof.inputBytes
                          : b * static_cast<std::int64_t>(sizeof(std::int64_t));
   const int runs = o.warmup + o.repeats;
+  // Note [Microbatch scaling] in LayerCost.h: layer i's input at a second microbatch size,
+  // 2 (not 1: BatchNorm on a 1x1 map needs two samples in training), or the whole batch
+  // when the profile's is 1 or 2 (none when that is no larger).
+  const std::int64_t b2 = b > 2 ? 2 : std::max(cfg.training.batch, b);
+  torch::Tensor input2;
+  if (b2 != b) input2 = sampleInput(*model, b2);
 
   for (size_t i = 0; i < model->numLayers(); ++i) {
     auto& layer = *model->layer(i);
@@ -149,32 +155,50 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     // Layer 0's input is data (no gradient), as in a pipeline's first stage.
     const bool inputGrad = i > 0 && input.is_floating_point();
 
-    // Times. Also makes the parameter gradients exist before the memory pass.
-    std::vector<double> tf, tb, tr;
-    torch::Tensor gy;
-    for (int r = 0; r < runs; ++r) {
-      torch::Tensor x = input.detach();
-      if (inputGrad) x.requires_grad_(true);
-      auto t0 = Clock::now();
-      torch::Tensor y = layer.forward(x);
-      auto t1 = Clock::now();
-      if (!gy.defined()) gy = torch::randn_like(y);
-      torch::autograd::backward({y}, {gy});
-      auto t2 = Clock::now();
-      y = torch::Tensor();
-      auto t3 = Clock::now();
-      torch::Tensor y2 = layer.forward(x);  // recompute: forward with grad again
-      auto t4 = Clock::now();
-      y2 = torch::Tensor();
-      if (r >= o.warmup) {
-        tf.push_back(seconds(t0, t1));
-        tb.push_back(seconds(t1, t2));
-        tr.push_back(seconds(t3, t4));
+    // Times: F, B and the recompute (F with grad again) on `in`, medians of `repeats`.
+    // Also makes the parameter gradients exist before the memory pass. `gy` is B's output
+    // gradient, made at the first run.
+    struct Times {
+      double forward, backward, recompute;
+    };
+    auto timePasses = [&](const torch::Tensor& in, torch::Tensor& gy) {
+      std::vector<double> tf, tb, tr;
+      for (int r = 0; r < runs; ++r) {
+        torch::Tensor x = in.detach();
+        if (inputGrad) x.requires_grad_(true);
+        auto t0 = Clock::now();
+        torch::Tensor y = layer.forward(x);
+        auto t1 = Clock::now();
+        if (!gy.defined()) gy = torch::randn_like(y);
+        torch::autograd::backward({y}, {gy});
+        auto t2 = Clock::now();
+        y = torch::Tensor();
+        auto t3 = Clock::now();
+        torch::Tensor y2 = layer.forward(x);  // recompute: forward with grad again
+        auto t4 = Clock::now();
+        y2 = torch::Tensor();
+        if (r >= o.warmup) {
+          tf.push_back(seconds(t0, t1));
+          tb.push_back(seconds(t1, t2));
+          tr.push_back(seconds(t3, t4));
+        }
       }
+      return Times{median(tf), median(tb), median(tr)};
+    };
+    torch::Tensor gy;
+    const Times t = timePasses(input, gy);
+    c.forward = t.forward;
+    c.backward = t.backward;
+    c.recompute = t.recompute;
+    // Note [Microbatch scaling] in LayerCost.h: the same at the second size, for each
+    // pass's fixed time per pass (the intercept of a line through both).
+    if (input2.defined()) {
+      torch::Tensor gy2;
+      const Times t2 = timePasses(input2, gy2);
+      c.forwardFixed = fitFixedTime(t.forward, double(b), t2.forward, double(b2));
+      c.backwardFixed = fitFixedTime(t.backward, double(b), t2.backward, double(b2));
+      c.recomputeFixed = fitFixedTime(t.recompute, double(b), t2.recompute, double(b2));
     }
-    c.forward = median(tf);
-    c.backward = median(tb);
-    c.recompute = median(tr);
     std::vector<torch::Tensor> grads;
     for (const auto& p : params) grads.push_back(p.grad());
     c.gradBytes = tensorBytes(grads);
@@ -347,6 +371,7 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     {
       torch::NoGradGuard noGrad;
       input = layer.forward(input.detach()).detach();
+      if (input2.defined()) input2 = layer.forward(input2.detach()).detach();
     }
     prof.layers.push_back(c);
   }
@@ -366,6 +391,20 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       torch::Tensor l = model->loss(out, target);
       torch::Tensor g = torch::autograd::grad({l}, {out})[0];
       prof.lossWorkingBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
+    }
+    // Note [Loss in the recomputed graph] (schedules/Lowering.h): the loss inside the
+    // output's graph, the output let go before autograd runs. The output here is made by
+    // an add that saves nothing of it (as the head's matmul), so it is freed as in B.
+    out = torch::Tensor();
+    torch::Tensor leaf = torch::zeros({}, input.options()).requires_grad_(true);
+    const std::int64_t live1 = dom.liveBytes();
+    dom.resetPeak();
+    {
+      torch::Tensor y = input.detach() + leaf;
+      torch::Tensor l = model->loss(y, target) * 1.0;  // scaled, as B does
+      y = torch::Tensor();
+      torch::Tensor g = torch::autograd::grad({l}, {leaf})[0];
+      prof.recomputedLossBytes = std::max<std::int64_t>(0, dom.peakBytes() - live1);
     }
   }
   if (o.times == "analytic") {

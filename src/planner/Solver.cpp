@@ -818,7 +818,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   }
   constexpr double kShave = 1 - 1e-12;
   auto timeLb = [&](int st, int i, int j) {
-    const double fw = model.forwardSum(i, j) * f, bw = model.backwardSum(i, j) * f;
+    const double fw = model.forwardTime(i, j, f), bw = model.backwardTime(i, j, f);
     const double step = model.stepSum(i, j) * stepShare;
     return kShave *
            (split ? std::max(fw * invF[st], (bw + step) * invB[st]) : (fw + bw + step) * invF[st]);
@@ -1302,12 +1302,10 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
   const int D = model.cluster().numDevices(), L = model.numLayers();
   if (!options.decoupledPlacements || (options.maxStages > 0 && options.maxStages < L)) return;
   const Profile& prof = model.profile();
-  double sumF = 0, sumB = 0, sumStep = 0;
+  double sumStep = 0;
   std::int64_t sumStatic = 0, sumW = 0;
   for (const auto& l : prof.layers) {
     sumW += l.paramBytes;
-    sumF += l.forward;
-    sumB += l.backward;
     sumStep += l.step;
     sumStatic += l.paramBytes + l.gradBytes +
                  (options.optimizerOffload == OptimizerOffload::None ? l.optimizerBytes : 0);
@@ -1336,12 +1334,13 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
             sh.fill = model.fill(sh);          // Note [Zero-bubble fill]
             double bound;
             if (options.objective == Objective::Time) {
-              const double f = double(sh.microbatchSize) / double(prof.microbatch);
+              const double f = model.scale(sh);
               double sf = 0, sb = 0;
               for (int a = 0; a < Df; ++a) sf += model.speed(sh, sh.forwardRangeDevice(a));
               for (int r = 0; r < n - Df; ++r) sb += model.speed(sh, sh.backwardRangeDevice(r));
               const double step = sumStep * stepsPerMicrobatch(fam.kind, M);
-              bound = sh.iterationTime(std::max(sumF * f / sf, (sumB * f + step) / sb));
+              bound = sh.iterationTime(std::max(model.forwardTime(0, L, f) / sf,
+                                                (model.backwardTime(0, L, f) + step) / sb));
             } else {
               // The backward devices hold every W + G (+ O), the forward ones every W.
               bound = std::max(double(sumStatic) / (n - Df), double(sumW) / Df);
@@ -1362,11 +1361,9 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   const Cluster& cl = model.cluster();
   const int D = cl.numDevices(), L = model.numLayers();
   const Profile& prof = model.profile();
-  double sumF = 0, sumB = 0, sumStep = 0;
+  double sumStep = 0;
   std::int64_t sumStatic = 0;
   for (const auto& l : prof.layers) {
-    sumF += l.forward;
-    sumB += l.backward;
     sumStep += l.step;
     // (The optimizer state may live in the host pool: then it bounds nothing.)
     sumStatic += l.paramBytes + l.gradBytes +
@@ -1416,7 +1413,9 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
             // Note [Optimizer placement search]
             sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
             sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
-            const double f = double(sh.microbatchSize) / double(prof.microbatch);
+            // Note [Microbatch scaling]: the whole model's F and B at this microbatch.
+            const double sumF = model.forwardTime(0, L, model.scale(sh));
+            const double sumB = model.backwardTime(0, L, model.scale(sh));
             for (const auto& ch : chains(sh.chainLength())) {
               sh.chain = ch;
               sh.corePace = model.corePace(sh);  // Note [Shared cores]
@@ -1433,8 +1432,8 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
                   for (int d : sh.chain) sf += model.speed(sh, d);
                 }
                 const double step = sumStep * stepsPerMicrobatch(fam.kind, M);
-                double tau = split && !folded ? std::max(sumF * f / sf, (sumB * f + step) / sb)
-                                              : ((sumF + sumB) * f + step) / sf;
+                double tau = split && !folded ? std::max(sumF / sf, (sumB + step) / sb)
+                                              : (sumF + sumB + step) / sf;
                 bound = sh.iterationTime(tau);
               } else {
                 // (every device holds its stages' states: the fullest at least the mean)
@@ -1620,13 +1619,8 @@ void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int
     sim::StageCosts c;
     c.forward = e.forwardTime + e.snapshotTime;  // Note [Weight snapshots]
     const double sb = model.speed(sh, st.backwardDevice);
-    double b = 0, r = 0;
-    for (int l = st.first; l < st.last; ++l) {
-      b += model.profile().layers[l].backward;
-      r += model.profile().layers[l].recompute;
-    }
-    c.backward = b * f / sb;
-    c.recompute = r * f / sb;
+    c.backward = model.backwardTime(st.first, st.last, f) / sb;
+    c.recompute = model.recomputeTime(st.first, st.last, f) / sb;
     // Note [Backward after a step]: the first B after a STEP pays the excess; charged to
     // the STEP, on the same device and once per step.
     c.step = e.stepTime + e.afterStepTime + e.allReduceTime;  // Note [Replicated pipelines]

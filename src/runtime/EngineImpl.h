@@ -75,7 +75,16 @@ struct DeviceState {
   // Stage inputs coming from another process (Note [Channels across processes]).
   std::map<Key, std::future<std::vector<Tensor>>> remoteStash;
   std::vector<schedules::ActionSpan> records;  // [j]: action j of its list  // guarded by Impl::mu_
-  double busy = 0;                             // guarded by Impl::mu_
+  // Note [Busy seconds]
+  // The wall time of the device's compute actions and STEPs (memory.json's busy_seconds,
+  // which the report's imbalance warning compares across devices, Note [Why stages are
+  // imbalanced]), less what they waited for another device: pipefb-async's STEP on a
+  // split stage waits until the forward device has received the previous weights, and
+  // counted whole it made a backward device that steps fc8 look busy for 53 ms per step
+  // (decoupled vgg16/8, 1 microbatch of 64). waitedNs is the running action's wait; only
+  // this device's thread touches it.
+  double busy = 0;  // guarded by Impl::mu_
+  int64_t waitedNs = 0;
   // Note [Optimizer offload]: when compute waited for its own copies (guarded by Impl::mu_).
   std::vector<offload::CopyInterval> waits;
 };

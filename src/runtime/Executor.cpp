@@ -26,6 +26,7 @@ void PipelineEngine::Impl::workerMain(int d) {
     try {
       fetchExternal(dev, a);  // waiting for step() is not part of the action
       if (options.beforeAction) options.beforeAction(d, i);
+      dev.waitedNs = 0;
       int64_t start = memory::nowNs();
       execute(dev, a);
       int64_t end = memory::nowNs();
@@ -36,7 +37,9 @@ void PipelineEngine::Impl::workerMain(int d) {
       {
         std::lock_guard<std::mutex> lock(mu);
         dev.records.push_back(r);
-        if (a.isCompute() || a.type == ActionType::Step) dev.busy += (end - start) * 1e-9;
+        // Note [Busy seconds]: without the action's waits for other devices.
+        if (a.isCompute() || a.type == ActionType::Step)
+          dev.busy += static_cast<double>(end - start - dev.waitedNs) * 1e-9;
         done[d] = i + 1;
         ++progress;
       }

@@ -31,11 +31,13 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
   // Note [Weights by reference] (WeightVersions.cpp): the last SyncWeights sent these.
   if (async && st.split && !st.recompute && isLocal(st.fDev) && a.index > 0) {
+    const int64_t start = memory::nowNs();
     std::unique_lock<std::mutex> lock(mu);
     while (st.weightsReceived < a.index - 1) {
       if (aborted) throw Cancelled{};  // the pipeline stops
       cv.wait_for(lock, std::chrono::milliseconds(100));
     }
+    dev.waitedNs += memory::nowNs() - start;  // not compute: Note [Busy seconds]
   }
   keepVersionsBeforeStep(dev, st);  // Note [Weights, versions and replicas]
   const int64_t iteration = schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;

@@ -7,6 +7,7 @@
 
 #include "EngineImpl.h"
 #include "pipefb/memory/MemoryScope.h"
+#include "pipefb/schedules/Lowering.h"
 
 namespace pipefb::runtime {
 
@@ -80,6 +81,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
   const ReplicaPtr& rep = b.rep;
   Tensor &input = b.input, &output = b.output;
   std::vector<Tensor>& savedBuffers = b.savedBuffers;
+  const bool recomputes = !e->graph;
   if (e->graph) {
     input = e->input;
     output = e->output;
@@ -104,19 +106,29 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
   if (a.stage == S - 1) {
     // The loss, scaled so that the summed gradients are those of the batch mean.
     Tensor target = takeFrom(dev.targets, {S - 1, mb}, "target");
-    Tensor o;
+    const int64_t n = static_cast<int64_t>(M) * target.size(0);  // microbatches are equal
+    const double scale = static_cast<double>(target.size(0)) / n;
     // Received (or made here), or else recomputed just now (Note [Recomputed last output]).
     auto it = dev.acts.find({S - 1, mb});
-    if (it != dev.acts.end()) {
-      o = it->second.detach();
-      dev.acts.erase(it);
+    Tensor l;
+    if (it == dev.acts.end() &&
+        schedules::lossInRecomputedGraph(recomputes, a.type == ActionType::InputGrad)) {
+      // Note [Loss in the recomputed graph]: B's root is the loss; the output goes now.
+      l = model.loss(output, target) * scale;
+      output = l;
+      gradOut = torch::ones_like(l);
     } else {
-      o = output.detach();
+      Tensor o;
+      if (it != dev.acts.end()) {
+        o = it->second.detach();
+        dev.acts.erase(it);
+      } else {
+        o = output.detach();
+      }
+      o.requires_grad_(true);
+      l = model.loss(o, target) * scale;
+      gradOut = torch::autograd::grad({l}, {o})[0];
     }
-    o.requires_grad_(true);
-    const int64_t n = static_cast<int64_t>(M) * target.size(0);  // microbatches are equal
-    Tensor l = model.loss(o, target) * (static_cast<double>(target.size(0)) / n);
-    gradOut = torch::autograd::grad({l}, {o})[0];
     double v = l.item<double>();
     if (checkLoss() && !std::isfinite(v)) check(l, "loss", a.stage, mb);
     {

@@ -37,6 +37,17 @@ Instance randomInstance(std::mt19937& rng, int id) {
   for (int l = 0; l < L; ++l) {
     p.layers.push_back(pipefb::planner::testing::randomLayer(rng));
   }
+  // Note [Microbatch scaling]: on half the instances a random part of each pass is fixed
+  // per pass. Drawn from a generator of its own so that the rest of each instance stays
+  // as it was.
+  std::mt19937 frng(104729u * static_cast<unsigned>(id) + 3u);
+  if (frng() % 2 == 0)
+    for (LayerCost& c : p.layers) {
+      auto part = [&] { return static_cast<double>(frng() % 1001) / 1000.0; };
+      c.forwardFixed = part() * c.forward;
+      c.backwardFixed = part() * c.backward;
+      c.recomputeFixed = part() * c.recompute;
+    }
   Cluster& cl = in.cluster;
   cl.name = "random";
   const bool identical = pick(0, 3) == 0;

@@ -13,6 +13,7 @@
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/DeviceSpec.h"
 #include "pipefb/planner/PlanFile.h"
+#include "pipefb/planner/ProfileFile.h"
 
 namespace pipefb::planner {
 namespace {
@@ -32,6 +33,37 @@ void expectSameDevice(const DeviceSpec& a, const DeviceSpec& b, const std::strin
   EXPECT_EQ(a.hostLatency, b.hostLatency) << what;
   EXPECT_EQ(a.efficiency, b.efficiency) << what;
   EXPECT_EQ(a.layerOverhead, b.layerOverhead) << what;
+}
+
+// Note [Microbatch scaling]: the fixed time per pass round-trips; a profile written before
+// profile method 7 has none, and scales as a whole as it did.
+TEST(ProfileFiles, FixedTimesRoundTripAndOlderFilesScaleWhole) {
+  Profile p = pipefb::planner::testing::timesProfile({0.004, 0.002});
+  p.device = "cpu";
+  p.microbatch = 16;
+  p.layers[0].backward = 0.009;
+  p.layers[0].forwardFixed = 0.0007;
+  p.layers[0].backwardFixed = 0.0021;
+  p.layers[0].recomputeFixed = 0.0006;
+  const Profile q = parseProfile(profileToYaml(p), "round trip");
+  ASSERT_EQ(q.numLayers(), 2);
+  EXPECT_DOUBLE_EQ(q.layers[0].forwardFixed, 0.0007);
+  EXPECT_DOUBLE_EQ(q.layers[0].backwardFixed, 0.0021);
+  EXPECT_DOUBLE_EQ(q.layers[0].recomputeFixed, 0.0006);
+  EXPECT_DOUBLE_EQ(q.layers[1].forwardFixed, 0);
+  const std::string older =
+      "model: \"m\"\ndevice: \"cpu\"\nmicrobatch: 16\nlayers:\n"
+      "  - {name: \"l0\", forward: 0.004, backward: 0.009, output_bytes: 8, saved_bytes: 8, "
+      "param_bytes: 4}\n";
+  const Profile o = parseProfile(older, "older");
+  EXPECT_DOUBLE_EQ(o.layers[0].forwardFixed, 0);
+  EXPECT_DOUBLE_EQ(o.layers[0].backwardFixed, 0);
+  EXPECT_DOUBLE_EQ(o.layers[0].recomputeFixed, 0);
+  // At 1/16 of the microbatch: all of it scales in the older file, the fixed part not here.
+  const CostModel whole(o, pipefb::planner::testing::freeCluster(1));
+  const CostModel affine(q, pipefb::planner::testing::freeCluster(1));
+  EXPECT_DOUBLE_EQ(whole.backwardTime(0, 1, 1.0 / 16), 0.009 / 16);
+  EXPECT_DOUBLE_EQ(affine.backwardTime(0, 1, 1.0 / 16), 0.0021 + (0.009 - 0.0021) / 16);
 }
 
 TEST(SpecFiles, EveryDeviceSpecRoundTrips) {

@@ -421,10 +421,10 @@ TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
   StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint);
   EXPECT_EQ(first.backwardMemory[index(MemoryCategory::CommBuffers)], 2 * 8);
   EXPECT_EQ(last.backwardMemory[index(MemoryCategory::CommBuffers)], 4 * 2 + 6);
-  // B's working set: the input gradient at its end (stage 1: 6) plus the output's (6),
-  // beside the recomputed output it holds until autograd is done (6, Note [Backward layer
-  // by layer]).
-  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6 + 6);
+  // B's working set: the input gradient at its end (stage 1: 6) plus the output's (6); the
+  // last stage's B lets go of its recomputed output once it took the loss (Note [Loss in
+  // the recomputed graph]).
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6);
   // gpipe runs every F before the first B: no input waits then, and no gradient waits
   // either; its forward phase holds the 4 inputs (Note [Two phases]).
   PipelineShape gp = shapeOf(ScheduleKind::GPipe, 2, 4, {0, 1}, 2);
@@ -453,8 +453,9 @@ TEST(SolverLiteral, CheckpointedBackwardHoldsItsStashOnce) {
   // layer) recomputes on its stash: the graph less the stash, 60, plus the recomputed
   // output and its gradient, 65 at most (F with autograd: 105 - 40 = 65), plus the
   // recomputed output held to B's end (5) and the buffers' copy (6): 76. The last stage
-  // (whole): its input gradient 5 + the graph less the stash 45 + the recomputed output 3
-  // + the output's gradient 3: 56.
+  // (whole): its input gradient 5 + the graph less the stash 45 + the output's gradient 3:
+  // 53 (it lets go of its recomputed output once it took the loss, Note [Loss in the
+  // recomputed graph]).
   Profile p = timesProfile({1, 1});
   p.inputBytes = 40;
   const std::int64_t saved[] = {100, 50}, savedInput[] = {40, 5}, out[] = {5, 3};
@@ -467,12 +468,68 @@ TEST(SolverLiteral, CheckpointedBackwardHoldsItsStashOnce) {
   CostModel m(p, freeCluster(2));
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 1, {0, 1});
   EXPECT_EQ(m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint).backwardWorkingBytes, 76);
-  EXPECT_EQ(m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 56);
+  EXPECT_EQ(m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 53);
   // Not measured (0): the recomputed graph is charged whole beside the stash.
   for (auto& l : p.layers) l.savedInputBytes = 0;
   CostModel whole(p, freeCluster(2));
   EXPECT_EQ(whole.stage(sh, 0, 0, 1, StashPolicy::Checkpoint).backwardWorkingBytes, 76 + 40);
-  EXPECT_EQ(whole.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 56 + 5);
+  EXPECT_EQ(whole.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 53 + 5);
+}
+
+TEST(SolverLiteral, RecomputingLastStageTakesTheLossInItsGraph) {
+  // Note [Loss in the recomputed graph]: the profile of CheckpointedBackwardHoldsItsStashOnce
+  // with the loss measured both ways: 18 above an output that is held (lossWorkingBytes),
+  // 20 with the recomputed output (3) until B lets it go (recomputedLossBytes). The last
+  // stage's B (1f1b, checkpoint) takes the loss in its graph: the graph less the stash 45
+  // beside 20, 65 (more than the rest of B, 53). I (zb-h1) still reads a detached copy:
+  // the graph 45 and the recomputed output 3 beside 18, 66.
+  Profile p = timesProfile({1, 1});
+  p.inputBytes = 40;
+  const std::int64_t saved[] = {100, 50}, savedInput[] = {40, 5}, out[] = {5, 3};
+  for (int l = 0; l < 2; ++l) {
+    p.layers[l].savedBytes = saved[l];
+    p.layers[l].savedInputBytes = savedInput[l];
+    p.layers[l].outputBytes = out[l];
+  }
+  p.lossWorkingBytes = 18;
+  p.recomputedLossBytes = 20;
+  CostModel m(p, freeCluster(2));
+  PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 1, {0, 1});
+  EXPECT_EQ(m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 65);
+  PipelineShape zb = shapeOf(ScheduleKind::ZbH1, 2, 2, {0, 1});
+  EXPECT_EQ(m.stage(zb, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 66);
+}
+
+TEST(SolverLiteral, NextIterationsOutputWaitsBesideTheRestOfTheLastBackward) {
+  // Note [Outputs at the loss]: pipefb-async, S = 2 on 4 devices, M = 1, keep (offload on
+  // the split stages). The last stage's backward device can hold the next iteration's
+  // output (3) at its B's start, but not beside the loss (20 above the output B read, 3):
+  // step() feeds that iteration once B reported its loss, after the loss's gradient. B's
+  // charge is the larger of 3 + 20 and the rest of B (its output's gradient 3 and at its
+  // end its input's, 3) with the waiting output, 9; no output in the comm buffers (it was 3
+  // there beside the loss: 26 in all).
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) {
+    l.savedBytes = 4;
+    l.outputBytes = 3;
+    l.workingBytes = 2;
+  }
+  p.lossWorkingBytes = 20;
+  CostModel m(p, freeCluster(4));
+  PipelineShape sh = shapeOf(ScheduleKind::PipeFbAsync, 2, 1, {0, 1, 2, 3});
+  const StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Keep);
+  EXPECT_EQ(last.backwardMemory[index(pipefb::MemoryCategory::CommBuffers)], 0);
+  EXPECT_EQ(last.backwardWorkingBytes, 3 + 20);
+  EXPECT_EQ(m.waitingBytes(sh, 1, 1, 2, true).outputsAfterLoss, 3);
+  // Folded, the last stage's backward device runs forwards too: the outputs wait beside
+  // those as well, so they stay in the comm buffers.
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbAsync, 2, 1, {0, 1});
+  folded.folded = true;
+  EXPECT_EQ(m.waitingBytes(folded, 1, 1, 2, true).outputsAfterLoss, 0);
+  // With the loss no larger than the rest of B, the waiting output is charged beside that.
+  p.lossWorkingBytes = 1;
+  CostModel small(p, freeCluster(4));
+  EXPECT_EQ(small.stage(sh, 1, 1, 2, StashPolicy::Keep).backwardWorkingBytes, 3 + 3 + 3);
 }
 
 TEST(SolverLiteral, ForwardDevicePeaksLayerByLayer) {
@@ -556,6 +613,50 @@ TEST(SolverLiteral, SnapshotAndBackwardAfterStepTimes) {
   EXPECT_DOUBLE_EQ(s1.time, 2 * 1 + 2 * 2 + 3 + 0.5);
   PipelineShape fb = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
   EXPECT_DOUBLE_EQ(m.stage(fb, 0, 0, 1, StashPolicy::Keep).time, 2 * 1 + 2 * 2 + (3 + 0.5) / 4);
+}
+
+TEST(SolverLiteral, FixedTimeIsTheInterceptOfTheTwoSizes) {
+  // Note [Microbatch scaling]: vgg16/8's fc6 B measured 2.534 ms at 1 and 9.324 ms at 16:
+  // slope 0.4527 ms per sample, fixed 2.081 ms, whichever size is the profile's.
+  EXPECT_NEAR(fitFixedTime(9.324, 16, 2.534, 1), 2.0813, 1e-4);
+  EXPECT_NEAR(fitFixedTime(2.534, 1, 9.324, 16), 2.0813, 1e-4);
+  EXPECT_DOUBLE_EQ(scaledTime(9.324, fitFixedTime(9.324, 16, 2.534, 1), 1.0 / 16), 2.534);
+  // Pure linear: no fixed part; noise that implies a negative slope or intercept is clamped.
+  EXPECT_DOUBLE_EQ(fitFixedTime(8, 4, 2, 1), 0);
+  EXPECT_DOUBLE_EQ(fitFixedTime(8, 4, 1, 1), 0);  // intercept -4/3
+  EXPECT_DOUBLE_EQ(fitFixedTime(8, 4, 9, 1), 8);  // slope < 0: none of it scales
+}
+
+TEST(SolverLiteral, FixedTimesFavourFewerLargerMicrobatches) {
+  // Four layers of F = 1, B = 2 measured at microbatch 4, three quarters of it per pass
+  // (forwardFixed 0.75, backwardFixed 1.5); 1f1b on 4 devices, batch 4. At 4 microbatches
+  // of 1 a layer costs 0.8125 + 1.625 = 2.4375 per microbatch: 4 stages take
+  // (4 + 3) x 2.4375 = 17.06. One microbatch of 4 takes 12 (one stage, or (1 + 3) x 3);
+  // 2 of 2: 2.625 per layer, 5 x 2.625 = 13.1 on 4 stages, 3 x 5.25 on 2.
+  Profile p = timesProfile({1, 1, 1, 1});
+  p.microbatch = 4;
+  for (auto& l : p.layers) l.backward = 2;
+  CostModel linear(p, freeCluster(4));
+  SolveResult r0 = solve(linear, only("1f1b-keep", 4));
+  ASSERT_TRUE(r0.feasible);  // all of it scales: (4 + 3) x 0.75 = 5.25
+  EXPECT_EQ(r0.best.shape.microbatches, 4);
+  EXPECT_DOUBLE_EQ(r0.best.iterationTime, 5.25);
+  for (auto& l : p.layers) {
+    l.forwardFixed = l.recomputeFixed = 0.75;
+    l.backwardFixed = 1.5;
+  }
+  CostModel fixed(p, freeCluster(4));
+  EXPECT_DOUBLE_EQ(fixed.forwardTime(0, 4, 0.25), 4 * 0.8125);
+  EXPECT_DOUBLE_EQ(fixed.backwardTime(0, 4, 0.25), 4 * 1.625);
+  auto p4 = solveShape(fixed, shapeOf(ScheduleKind::OneFOneB, 4, 4, {0, 1, 2, 3}),
+                       {StashPolicy::Keep}, unlimited(4), -1, Objective::Time);
+  ASSERT_TRUE(p4);
+  EXPECT_DOUBLE_EQ(p4->tau, 2.4375);
+  EXPECT_DOUBLE_EQ(p4->iterationTime, 7 * 2.4375);
+  SolveResult r = solve(fixed, only("1f1b-keep", 4));
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best.shape.microbatches, 1);
+  EXPECT_DOUBLE_EQ(r.best.iterationTime, 12);
 }
 
 TEST(SolverLiteral, SharedCoresBoundThePaceByTheWholeWork) {
@@ -1160,10 +1261,11 @@ Plan threeSegmentPlan(const CostModel& m, int lookahead) {
 // prefetched stashes (lookahead + 1 of the largest) and ONE segment's recomputed graph, not
 // the range's: 3 layers of W = G = 10, saved 100, input and output 5 per sample, one sample
 // per microbatch, M = 4, checkpoint-offload. The last segment's B, charged whole (Note
-// [Backward layer by layer]), holds its graph 100, its recomputed output 5, its output's
-// gradient 5 and its input's gradient 5: 115 (the others, layer by layer, 110; each adds
-// its weight gradients into .grad in place, Note [Gathered weight gradients]); the range's
-// states 3 x 20 = 60; 2 input stashes of 5: 60 + 10 + 115 = 185. No model output waits there: the
+// [Backward layer by layer]), holds its graph 100, its output's gradient 5 and its input's
+// gradient 5, not its recomputed output (Note [Loss in the recomputed graph]): 110, as the
+// others, layer by layer (each adds its weight gradients into .grad in place, Note
+// [Gathered weight gradients]); the range's states 3 x 20 = 60; 2 input stashes of 5:
+// 60 + 10 + 110 = 180. No model output waits there: the
 // last segment's B recomputes it (Note [Recomputed last output]); under offload 3 of them could
 // (Note [Waiting messages], 3 of 5 at M = 4). The same layers as one split stage recompute all
 // three layers' graphs at once (300 of them).
@@ -1172,7 +1274,7 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
   const Plan plan = threeSegmentPlan(m, 1);
   EXPECT_EQ(plan.stages[2].forwardDevice, 0);
   EXPECT_EQ(plan.stages[0].backwardDevice, 1);
-  EXPECT_EQ(plan.deviceMemory[1], 185);
+  EXPECT_EQ(plan.deviceMemory[1], 180);
   std::vector<StageEstimate> est;
   for (const StagePlan& st : plan.stages) est.push_back(st.estimate);
   EXPECT_EQ(decoupledRanges(m, plan.shape, est, {0, 1, 2, 3}).back().boundary.bytes, 0);
@@ -1186,15 +1288,15 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
 }
 
 // Note [Prefetch distance zero]: the same three segments with a host link of 1 byte/s. At
-// lookahead 1 the backward device holds two input stashes of 5 (185, as above) and each
-// PRE (5 s) hides beside the device's B; at lookahead 0 it holds one (180) and every B
+// lookahead 1 the backward device holds two input stashes of 5 (180, as above) and each
+// PRE (5 s) hides beside the device's B; at lookahead 0 it holds one (175) and every B
 // waits for its copy: 3 x (2 + 1 + 5) = 24 against the forward device's 15 s of copies
 // out. The smallest budget takes lookahead 0, the fastest plan without a budget keeps 1.
 TEST(SolverLiteral, DecoupledLookaheadZeroHoldsOneStashAndWaitsForItsCopy) {
   CostModel m(threeSegmentProfile(), Cluster::uniform(2, 1.0, -1, Link{}, Link{1.0, 0.0}));
   const Plan one = threeSegmentPlan(m, 1), zero = threeSegmentPlan(m, 0);
-  EXPECT_EQ(one.deviceMemory[1], 185);
-  EXPECT_EQ(zero.deviceMemory[1], 180);
+  EXPECT_EQ(one.deviceMemory[1], 180);
+  EXPECT_EQ(zero.deviceMemory[1], 175);
   EXPECT_DOUBLE_EQ(one.tau, 15);
   EXPECT_DOUBLE_EQ(zero.tau, 24);
   SolverOptions o = testing::only("pipefb-sync-checkpoint-offload", 4);

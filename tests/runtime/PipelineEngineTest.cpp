@@ -438,6 +438,34 @@ TEST(PipelineEngine, RecomputingLastStageKeepsNoOutputOnItsForwardDevice) {
   }
 }
 
+// Note [Loss in the recomputed graph] (schedules/Lowering.h): a recomputing head's B takes
+// the loss inside its graph and lets the logits go before autograd runs, so it peaks at the
+// loss's transient (log_softmax's result, its gradient and the logits' gradient: 3 logits)
+// and not with the logits beside it (4, as when the loss read a detached copy). GPT-2 tiny
+// with a vocabulary large enough for the logits to dominate the head stage alone.
+TEST(PipelineEngine, RecomputingHeadHoldsNoLogitsBesideTheLoss) {
+  model::ModelOptions m = gpt2Options();
+  m.input_size = 64;     // T
+  m.num_classes = 4096;  // V
+  const int64_t batch = 8, M = 2;
+  for (const std::string schedule : {"1f1b", "pipefb-sync"}) {
+    SCOPED_TRACE(schedule);
+    auto cfg = makeConfig(m, schedule, 2, M, "checkpoint", batch);
+    cfg.pipeline.partition = {3};  // embed, block0, block1 | head
+    auto model = buildSeeded(cfg.model);
+    runtime::PipelineEngine e(*model, cfg, quietOptions(1));
+    ASSERT_EQ(e.partition().back().first, 3);
+    const int bd = e.backwardDevice(1);
+    const int64_t logits = batch / M * m.input_size * m.num_classes * 4;
+    const int64_t before = e.deviceStats()[bd].live;
+    e.step(makeBatch(*model, batch, 100, 3));
+    e.finish();
+    const int64_t above = e.deviceStats()[bd].peak - before;
+    EXPECT_GE(above, 3 * logits) << "the loss's transient";
+    EXPECT_LT(above, 3 * logits + logits / 2) << "device " << bd << ", logits " << logits;
+  }
+}
+
 // Note [Forward device memory] (planner/CostModel.h) and Note [Old forward copies in the
 // simulator]: pipefb-async with a graph stash (offload) builds a new forward copy at RW while
 // stashes made on the old one wait for their B, so a forward device's weights peak at twice
@@ -1029,6 +1057,44 @@ TEST(PipelineAsync, PipedreamFeedsAnIterationWhenDeviceZeroReachesIt) {
   const int64_t comm = e.deviceStats()[0].peakByCategory[index(MemoryCategory::CommBuffers)];
   EXPECT_GE(comm, 3 * input);  // two stashes' inputs beside the next one
   EXPECT_LT(comm, 4 * input) << "device 0 was fed an iteration before it reached it";
+}
+
+// Note [Busy seconds]: pipefb-async's STEP on a split stage waits for its forward device
+// to receive the previous weights. On 2S devices (0/3 1/2) with one microbatch, cpu:2's
+// STEP1.k waits for cpu:1's RW1.(k-1), which follows F1.k: held up 200 ms before each RW
+// there, the STEPs wait, and the backward device's busy seconds leave that wait out.
+TEST(PipelineAsync, BusySecondsLeaveOutTheStepsWaitForTheForwardDevice) {
+  constexpr int S = 2, kIters = 4;
+  auto cfg = makeConfig(mlpOptions(), "pipefb-async", S, 1, "offload", 8);
+  test::place(cfg, "0/3 1/2");
+  auto model = buildSeeded(cfg.model);
+  auto o = quietOptions(kIters);
+  std::atomic<const runtime::PipelineEngine*> engine{nullptr};
+  o.beforeAction = [&](int d, int i) {
+    while (!engine.load()) std::this_thread::yield();
+    const runtime::PipelineEngine& en = *engine.load();
+    if (d == en.forwardDevice(S - 1) &&
+        en.schedule().devices[d][i].type == schedules::ActionType::RecvWeights)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  runtime::PipelineEngine e(*model, cfg, o);
+  engine.store(&e);
+  for (int k = 0; k < kIters; ++k) e.step(makeBatch(*model, 8, 5, 60 + k));
+  e.finish();
+  const int bd = e.backwardDevice(S - 1);
+  const auto& list = e.schedule().devices[bd];
+  const auto spans = e.records()[bd];
+  double inside = 0, longestStep = 0;
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (!list[j].isCompute() && list[j].type != schedules::ActionType::Step) continue;
+    inside += spans[j].seconds();
+    if (list[j].type == schedules::ActionType::Step)
+      longestStep = std::max(longestStep, spans[j].seconds());
+  }
+  ASSERT_GE(longestStep, 0.15) << "no STEP waited for the forward device";
+  const double busy = e.deviceStats()[bd].busySeconds;
+  EXPECT_GT(busy, 0);
+  EXPECT_LT(busy, inside - 0.15);
 }
 
 TEST(PipelineAsync, PipedreamAndPipefbAsyncConverge) {

@@ -58,6 +58,22 @@ TEST(WaitingMessages, PipefbLastStageOutputsWaitOnItsBackwardDevice) {
   EXPECT_EQ(one.gradients, (std::vector<int>{0, 0}));
 }
 
+TEST(WaitingMessages, OutputsOfTheNextIterationWaitOnlyAfterTheLoss) {
+  // Note [Outputs at the loss]: pipefb-async, S = 3 (2S form), 3 iterations. With M = 1,
+  // F2.1 may send its output while B2.0 runs (fed once B2.0's loss is known), but not
+  // before that loss: one output waits at B2.0's start, none beside its loss.
+  const WaitingMessages one = of("pipefb-async", 3, 1, 3);
+  EXPECT_EQ(one.outputs, 1);
+  EXPECT_EQ(one.outputsAtLoss, 0);
+  // M = 2: at B2.0 the output of F2.1 (the same iteration) can wait beside its loss.
+  const WaitingMessages two = of("pipefb-async", 3, 2, 3);
+  EXPECT_EQ(two.outputs, 2);
+  EXPECT_EQ(two.outputsAtLoss, 1);
+  // pipefb-sync, one iteration: every output that waits is of B's own iteration.
+  const WaitingMessages sync = of("pipefb-sync", 2, 4);
+  EXPECT_EQ(sync.outputsAtLoss, sync.outputs);
+}
+
 TEST(WaitingMessages, RecomputingLastBackwardHasNoOutputWaiting) {
   // Note [Recomputed last output]: a B(S-1) marked recompute is sent no output.
   const Schedule marked =

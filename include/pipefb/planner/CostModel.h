@@ -128,7 +128,11 @@
 // 48 and 19, gpt2-tiny's head stage under pipefb-sync-checkpoint, gpipe-checkpoint and
 // pipedream-checkpoint, peaked 1.8% to 3.6% above the plan once the stash was charged
 // once: the logits beside their gradient in the head's B, or in block1's B beside its
-// output's gradient, which the freed graph of the head had covered).
+// output's gradient, which the freed graph of the head had covered). Not the last stage's
+// B (BR, not IR): it takes the loss in its recomputed graph and lets the output go before
+// autograd runs (Note [Loss in the recomputed graph] in schedules/Lowering.h), so it is
+// charged the graph beside the larger of the loss with the output until then
+// (Profile::recomputedLossBytes) and the rest of B with the output's gradient.
 //
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash
@@ -771,6 +775,10 @@ class CostModel {
     /// A folded split stage (Note [Folded pace]): the activations and gradients that wait
     /// at F starts of their device only, never at its B starts.
     std::int64_t activationsOnlyAtForward = 0, gradientsOnlyAtForward = 0;
+    /// The last stage's outputs that can wait at its B starts but not beside its loss
+    /// (Note [Outputs at the loss] in schedules/Messages.h): charged beside the rest of B
+    /// only; `gradients` holds the others.
+    std::int64_t outputsAfterLoss = 0;
   };
   WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
                             bool outputTravels) const;
@@ -811,9 +819,18 @@ class CostModel {
   /// Capacity of a device under a per-device budget (-1 = none): min(budget, capacity).
   std::int64_t limit(int device, std::int64_t budget) const;
 
+  /// Seconds of F, B and a checkpointed B's recompute of layers [first, last) on the
+  /// profile's device at f x its microbatch (Note [Microbatch scaling]).
+  double forwardTime(int first, int last, double f) const {
+    return scaledTime(range(F_, first, last), range(Ffixed_, first, last), f);
+  }
+  double backwardTime(int first, int last, double f) const {
+    return scaledTime(range(B_, first, last), range(Bfixed_, first, last), f);
+  }
+  double recomputeTime(int first, int last, double f) const {
+    return scaledTime(range(R_, first, last), range(Rfixed_, first, last), f);
+  }
   /// Unscaled sums over layers [first, last) at the profile's microbatch and device.
-  double forwardSum(int first, int last) const { return range(F_, first, last); }
-  double backwardSum(int first, int last) const { return range(B_, first, last); }
   double stepSum(int first, int last) const { return range(step_, first, last); }
   std::int64_t paramSum(int first, int last) const { return range(param_, first, last); }
   std::int64_t savedSum(int first, int last) const { return range(saved_, first, last); }
@@ -850,7 +867,7 @@ class CostModel {
   static std::int64_t rangeMax(const SparseMax& t, int first, int last);
   Profile profile_;
   Cluster cluster_;
-  std::vector<double> F_, B_, R_, step_, afterStep_, snapshot_;
+  std::vector<double> F_, B_, R_, Ffixed_, Bfixed_, Rfixed_, step_, afterStep_, snapshot_;
   std::vector<std::int64_t> saved_, param_, buffer_, grad_, opt_, states_;
   SparseMax stepWorkingMax_, forwardWorkingMax_;
   // Note [Forward peak]: per layer l, saved(0 .. l+1) + output(l) + F's working set(l)

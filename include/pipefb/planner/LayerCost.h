@@ -15,7 +15,12 @@ struct LayerCost {
   double forward = 0;    // F
   double backward = 0;   // B without recompute
   double recompute = 0;  // extra time of re-running F inside a checkpointed B
-  double step = 0;       // optimizer step of this layer's parameters, per iteration
+  /// Of forward, backward and recompute, the seconds per pass that do not scale with the
+  /// microbatch (Note [Microbatch scaling]); 0 = not measured: all of it scales.
+  double forwardFixed = 0;
+  double backwardFixed = 0;
+  double recomputeFixed = 0;
+  double step = 0;  // optimizer step of this layer's parameters, per iteration
   /// B of the first microbatch after an optimizer step, the way the runtime's B on the
   /// master runs it: zero the stale gradients, then accumulate into .grad in place.
   /// Note [Backward after a step] in CostModel.h. 0 = not measured: use `backward`.
@@ -60,11 +65,37 @@ struct LayerCost {
 };
 
 /// Note [Microbatch scaling]
-/// A profile is taken at one microbatch size. The solver scales every time and every
-/// activation byte count (output, saved, working, input) linearly to other microbatch
-/// sizes; parameter, gradient, optimizer and step costs do not scale. Per-kernel fixed
-/// costs are therefore under-estimated at small microbatches; profiling at the
-/// microbatch size the plan will use avoids that.
+/// A profile is taken at one microbatch size; the solver scales it to others. Activation
+/// byte counts (output, saved, working, input) scale linearly; parameter, gradient,
+/// optimizer and step costs do not scale. A pass's time is affine in the microbatch,
+///   t(f x mb) = fixed + (t(mb) - fixed) x f,
+/// where `fixed` is its per-pass cost that no sample adds to: kernel launches, dispatch,
+/// and reading the weights once (a linear layer at one sample is a matrix-vector product
+/// bound by the weight read). Scaling the whole time linearly under-estimated small
+/// microbatches several-fold: vgg16/8 on one CPU thread measured F + B = 6.14 ms for the
+/// whole model at microbatch 1 against 22.44 / 16 = 1.40 ms scaled down from microbatch
+/// 16 (fc6: 3.28 ms against 0.79 ms), so the planner chose 64 microbatches of 1, predicted
+/// 1048 samples/s and ran at 198. The measured profiler times every layer at a second
+/// microbatch size too (2, or the batch when the profile's is 1 or 2; not 1: BatchNorm on
+/// a 1x1 map needs two samples in training) and fits `fixed` from the two (fitFixedTime);
+/// the analytic profile's fixed part is its device's layerOverhead. The fit is exact at
+/// both sizes; between them it over-estimates a little (time is concave in the
+/// microbatch: at microbatch 4, B 6.70 ms from a fit through 1 and 16 against 5.74 ms
+/// measured), which errs toward fewer, larger microbatches rather than toward an
+/// under-estimate.
+/// Seconds of a pass that takes `time` at the profile's microbatch, `fixed` of it per
+/// pass, at f x that microbatch.
+inline double scaledTime(double time, double fixed, double f) { return fixed + (time - fixed) * f; }
+
+/// The fixed part of an affine fit through (mb, time) and (mb2, time2), mb != mb2, kept
+/// in [0, time] (a noisy pair that implies a negative slope or intercept scales as a
+/// whole, or not at all).
+inline double fitFixedTime(double time, double mb, double time2, double mb2) {
+  const double slope = (time - time2) / (mb - mb2);
+  const double fixed = time - slope * mb;
+  return fixed < 0 ? 0 : fixed > time ? time : fixed;
+}
+
 struct Profile {
   std::string model;                // cache key part: model name and options
   std::string device;               // the reference device the times were taken (or computed) for
@@ -76,6 +107,13 @@ struct Profile {
   /// starts (Note [Backward layer by layer] in CostModel.h): the peak above the output and
   /// the targets, the gradient included. 0 = not measured (the analytic profile).
   std::int64_t lossWorkingBytes = 0;
+  /// The loss as a recomputing last stage's B runs it (Note [Loss in the recomputed graph]
+  /// in schedules/Lowering.h): taken on the output inside its graph, the output let go
+  /// once the loss is computed, then autograd from the loss down to the output's gradient.
+  /// The peak above what was live before the output was made: the output (until it is let
+  /// go) and the output's gradient included. 0 = not measured (the analytic profile, whose
+  /// head layer counts log_softmax's result in its saved bytes instead).
+  std::int64_t recomputedLossBytes = 0;
   std::vector<LayerCost> layers;
 
   int numLayers() const { return static_cast<int>(layers.size()); }

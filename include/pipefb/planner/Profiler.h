@@ -2,7 +2,9 @@
 // The measured profiler (DESIGN.md, "Planner": profile -> costs -> solve). It is the only
 // part of the planner that runs the model. Per layer, at the configured microbatch size
 // (training.batch / pipeline.microbatches), it measures forward, backward and recompute
-// time (medians of `repeats` runs after `warmup` runs), output bytes, saved bytes and the
+// time (medians of `repeats` runs after `warmup` runs) and, from the same at a second
+// microbatch size, each pass's fixed time per pass (Note [Microbatch scaling] in
+// LayerCost.h), output bytes, saved bytes and the
 // working-set peak (through the tracking allocator, Note [Measured saved bytes]),
 // parameter and gradient bytes, and optimizer-state bytes and step time (one optimizer
 // per layer, built by train::makeOptimizer). The result is a planner::Profile, cached in

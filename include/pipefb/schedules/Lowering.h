@@ -36,6 +36,28 @@ inline bool lastOutputTravels(bool splitStage, bool recomputes) {
   return splitStage && !recomputes;
 }
 
+/// Note [Loss in the recomputed graph]
+/// A B(S-1,m) that recomputes (BR; not IR) takes the loss on the recomputed output itself,
+/// inside the graph it just built, lets go of the output and runs autograd from the
+/// scaled loss (startBackward, src/runtime/StageCompute.cpp). log_softmax saves its result,
+/// not its input, and the head's matmul saves its input, so the output's storage is freed
+/// once the loss is computed: B then holds the loss's transient (log_softmax's result, its
+/// gradient and the output's gradient) and later the output's gradient, without the output
+/// beside them. Before, B took the loss on a detached copy, got the output's gradient and
+/// then ran the output's graph with it, the output held throughout: on GPT-2 small (1024
+/// tokens, microbatch 8) one logits, 1.53 GiB, more at the head's peak, which bound every
+/// family's smallest budget (experiments/README.md, "pipefb_memory").
+/// An output that is kept (keep, offload: the graph F built) or sent (a split last stage
+/// that does not recompute) still goes the old way: the loss reads a detached copy whose
+/// gradient then runs through F's graph, and F's graph root (hollowed under offload) or
+/// the message holds the output. I (IR, Note [Split backward]) goes the old way too: its
+/// graph waits for W, which would otherwise rerun log_softmax's backward. The profiler
+/// measures this loss apart (Profile::recomputedLossBytes, the output included until it
+/// is let go) and the cost model charges it for exactly these Bs.
+inline bool lossInRecomputedGraph(bool recomputes, bool splitBackward) {
+  return recomputes && !splitBackward;
+}
+
 /// Marks every B and I of a stage whose effective policy (effectivePolicy) is a checkpoint
 /// kind as recomputing (BR, IR), and clears the mark elsewhere. `policies`: one, or one per
 /// stage. addOffload and lower() run it; addCommunication reads the marks.

@@ -28,11 +28,26 @@ struct WaitingMessages {
   // outputs of F(S-1) waiting on the last stage's backward device; none are sent to a B that
   // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest
   int outputs = 0;
+  // of those, the most that can wait while a B(S-1) (or I) takes its loss: the outputs of
+  // its own iteration only (Note [Outputs at the loss])
+  int outputsAtLoss = 0;
   // iteration inputs waiting on stage 0's forward device at its B (or I) starts: fed at
   // the iteration's start, or once the last stage's backwards of the one before ran
   int inputsAtBackward = 0;
 };
 
+/// Note [Outputs at the loss]
+/// An output of the next iteration cannot wait beside the loss of a B(S-1,m) (or I) that
+/// reads a copy of its output (Note [Recomputed last output]): step() feeds an iteration
+/// only once the losses of the one before are known (PipelineEngine::step; every kind,
+/// asynchronous ones included), and that B reports its loss only after it took the
+/// loss's gradient, the peak of its loss (startBackward). So of the outputs waiting at
+/// B(S-1,m)'s start only those of m's own iteration are there at that peak; the others
+/// can arrive during the rest of B, which the cost model charges them beside (on a folded
+/// device, which runs forwards too, they are charged beside everything as before). Charged
+/// beside the loss as well, gpt2-tiny pipefb-async-keep S=3 M=1 (2S form; PlanRunsTest
+/// seed 1 instance 14) had the head's backward device 10.5% below its plan: one logits
+/// at its peak (the one B read) where two were charged.
 WaitingMessages waitingMessages(const Schedule& schedule);
 
 /// Note [Message rendezvous]
