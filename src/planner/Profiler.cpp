@@ -422,6 +422,9 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       c.forward = t.forward;
       c.backward = t.backward;
       c.recompute = t.recompute;
+      c.forwardFixed = t.forwardFixed;
+      c.backwardFixed = t.backwardFixed;
+      c.recomputeFixed = t.recomputeFixed;
       c.step = t.step;
       c.snapshot = t.snapshot;
       c.backwardAfterStep = 0;  // = backward

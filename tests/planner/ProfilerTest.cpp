@@ -283,6 +283,9 @@ TEST(ProfilerTest, AnalyticTimesRepeatAndKeepTheMeasuredBytes) {
     EXPECT_EQ(l.forward, r.forward);
     EXPECT_EQ(l.backward, r.backward);
     EXPECT_EQ(l.recompute, r.recompute);
+    EXPECT_EQ(l.forwardFixed, r.forwardFixed);
+    EXPECT_EQ(l.backwardFixed, r.backwardFixed);
+    EXPECT_EQ(l.recomputeFixed, r.recomputeFixed);
     EXPECT_EQ(l.step, r.step);
     EXPECT_EQ(l.snapshot, r.snapshot);
     EXPECT_EQ(l.backwardAfterStep, 0);

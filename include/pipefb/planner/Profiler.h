@@ -44,10 +44,11 @@
 // fits, then picks another cut, stage count or policy. The bytes are exact and repeat
 // (the tracking allocator counts them, and a run holds what the profile measured). With
 // `times = "analytic"` (pipefb_profile --times analytic) the profiler measures every
-// byte as always and takes every time (F, B, recompute, step, snapshot; B after a step
-// = B) from the analytic roofline of the device spec named `device` (configs/devices,
-// analyticProfile in AnalyticProfile.h), so the same config plans the same way on every
-// run and machine, and the plan's memory is still what the runtime holds. The key's
+// byte as always and takes every time (F, B and recompute with their fixed parts, step,
+// snapshot; B after a step = B) from the analytic roofline of the device spec named
+// `device` (configs/devices, analyticProfile in AnalyticProfile.h), so the same config
+// plans the same way on every run and machine, and the plan's memory is still what the
+// runtime holds. The key's
 // device says "times=analytic", so such a profile never stands in for a timed one. For
 // tests that check plans against runs (PlanRunsTest, Note [Plans run as planned]).
 //
