@@ -196,6 +196,14 @@ void installSavedTensorHooks() {
   });
 }
 
+at::Tensor hollowLike(const at::Tensor& t) {
+  // Note [Hollow graph ends]: one element of any dtype, never written (stride 0).
+  alignas(16) static unsigned char zero[16] = {};
+  if (t.device().is_cpu() && t.element_size() <= static_cast<int64_t>(sizeof zero))
+    return torch::from_blob(zero, {}, t.options().requires_grad(false)).expand(t.sizes());
+  return torch::zeros({}, t.options().requires_grad(false)).expand(t.sizes());
+}
+
 bool savedTensorHooksInstalled() {
   return installed.load() && &torch::autograd::Engine::get_default_engine() == &hookedEngine();
 }

@@ -348,6 +348,11 @@ int residentStashedVersions(int versions, int lookahead) {
   return std::min(versions, lookahead + 1);
 }
 
+int heldStashedVersions(int versions, int lookahead) {
+  // Note [Versions being copied out]
+  return std::min(versions, lookahead + 2);
+}
+
 MemoryContract offloadContract(const MemoryContract& in, const Placement& p,
                                const std::vector<StashPolicy>& policiesIn, int lookahead,
                                bool offloadWeights) {

@@ -853,7 +853,17 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const bool twoPhases = phased && !shape.sharesDevices();
     CategoryBytes& m = e.backwardMemory;
     w(m, MemoryCategory::Weights, Wres);
-    w(m, MemoryCategory::WeightVersions, deviceCopies * W);
+    // Note [Versions being copied out] (Lowering.h): beside the contract's versions, the
+    // one an OFFW is still copying out. One copy goes out at a time, stash or version; where
+    // the stash count already holds a slot for it (lookahead + 2), only a version larger
+    // than a stash needs more.
+    static_assert(schedules::kOffloadsInFlight == 1, "one copy out at a time: one slot");
+    std::int64_t versionBytes = deviceCopies * W;
+    if (movesCopies && schedules::heldStashedVersions(copies, shape.lookahead) > deviceCopies) {
+      const bool stashSlot = !phased && resident > std::min(e.inFlight, shape.lookahead + 1);
+      versionBytes += stashSlot ? std::max<std::int64_t>(0, W - e.stashBytes) : W;
+    }
+    w(m, MemoryCategory::WeightVersions, versionBytes);
     w(m, MemoryCategory::Grads, G);
     w(m, MemoryCategory::OptimizerState, O);
     const std::int64_t buckets = shape.replicas > 1 ? G : 0;  // Note [Gradient buckets]

@@ -15,7 +15,9 @@
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/model/Model.h"
 #include "pipefb/planner/AnalyticProfile.h"
+#include "pipefb/planner/DeviceSpec.h"
 #include "pipefb/planner/ProfileFile.h"
+#include "pipefb/planner/Setup.h"
 #include "pipefb/train/Optimizer.h"
 
 namespace pipefb::planner {
@@ -88,6 +90,8 @@ void ProfilerOptions::validate() const {
     throw UserError("--threads: must be >= 0 (0 = LibTorch's default), got " +
                     std::to_string(threads));
   if (device.empty()) throw UserError("--device: must not be empty");
+  if (times != "measured" && times != "analytic")
+    throw UserError("--times: must be measured or analytic, got '" + times + "'");
 }
 
 Profile profileHeader(const config::Config& cfg, const ProfilerOptions& o) {
@@ -100,6 +104,7 @@ Profile profileHeader(const config::Config& cfg, const ProfilerOptions& o) {
   if (o.threads != 1) p.device += " threads=" + std::to_string(o.threads);
   // Note [Keeping freed memory]: times with glibc's defaults are another device.
   if (!cfg.devices.keep_freed_memory) p.device += " malloc=system";
+  if (o.times == "analytic") p.device += " times=analytic";
   p.source = "measured";
   const std::int64_t m = std::max<std::int64_t>(cfg.pipeline.microbatches, 1);
   if (t.batch % m != 0)
@@ -400,6 +405,29 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       y = torch::Tensor();
       torch::Tensor g = torch::autograd::grad({l}, {leaf})[0];
       prof.recomputedLossBytes = std::max<std::int64_t>(0, dom.peakBytes() - live1);
+    }
+  }
+  if (o.times == "analytic") {
+    // Note [Analytic times in a measured profile]: the bytes above, the times of the roofline.
+    const DeviceSpec spec = findDeviceSpec(o.device, configsDirFor(cfg.source) + "/devices");
+    const Profile a = analyticProfile(
+        modelWork(cfg.model), prof.microbatch, spec,
+        optimizerMemory(cfg.training.optimizer, cfg.training.momentum, cfg.training.weight_decay));
+    PIPEFB_ASSERT(
+        a.layers.size() == prof.layers.size(),
+        "analytic profile of " << a.layers.size() << " layers, measured " << prof.layers.size());
+    for (size_t i = 0; i < prof.layers.size(); ++i) {
+      LayerCost& c = prof.layers[i];
+      const LayerCost& t = a.layers[i];
+      c.forward = t.forward;
+      c.backward = t.backward;
+      c.recompute = t.recompute;
+      c.forwardFixed = t.forwardFixed;
+      c.backwardFixed = t.backwardFixed;
+      c.recomputeFixed = t.recomputeFixed;
+      c.step = t.step;
+      c.snapshot = t.snapshot;
+      c.backwardAfterStep = 0;  // = backward
     }
   }
   return prof;

@@ -44,15 +44,15 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
     out = out.detach();
     if (st.offloadSaved) {
       // The graph's input leaf and root are needed for their identity and shape only (the
-      // values autograd needs are in entry->saved): let their storage go. `out` (the
-      // activation sent on / the last stage's loss input) keeps its own reference.
+      // values autograd needs are in entry->saved): let their storage go, holding nothing
+      // in its place (Note [Hollow graph ends]). `out` (the activation sent on / the last
+      // stage's loss input) keeps its own reference.
       torch::NoGradGuard noGrad;
-      auto hollow = [](const Tensor& t) { return torch::zeros({}, t.options()).expand(t.sizes()); };
       if (xin.requires_grad())
-        xin.set_data(hollow(xin));
+        xin.set_data(offload::hollowLike(xin));
       else
         entry->input = Tensor();
-      entry->output.set_data(hollow(entry->output));
+      entry->output.set_data(offload::hollowLike(entry->output));
     }
   } else {
     // checkpoint: only the stage input stays; B recomputes.

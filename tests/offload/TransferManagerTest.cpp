@@ -329,3 +329,57 @@ TEST(SavedTensorHooks, ViewsOfOneStorageGoOnce) {
   EXPECT_TRUE(torch::allclose(g[0], xr.grad()));
   EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), base);
 }
+
+// Note [Hollow graph ends]: the runtime swaps an offloaded stash's graph input and output
+// for hollow tensors; backward through that graph gives the reference gradients, and the
+// hollow tensors hold no device memory (zeros({}).expand held 4 bytes each).
+TEST(SavedTensorHooks, HollowGraphEndsHoldNothing) {
+  ASSERT_TRUE(offload::savedTensorHooksInstalled());
+  torch::manual_seed(7);
+  auto l1 = torch::nn::Linear(16, 32), l2 = torch::nn::Linear(32, 8);
+  auto f = [&](const torch::Tensor& in) { return l2(torch::tanh(l1(in))); };  // (4,8)
+  auto x = torch::randn({4, 16});
+  auto gy = torch::randn({4, 8});
+  auto xr = x.clone().requires_grad_(true);
+  torch::autograd::backward({f(xr)}, {gy});
+  auto& dev = freshDomain("test-dev7");
+  auto& host = freshDomain("test-host7");
+  offload::TransferManager mgr(host, {1, false});
+  auto group = std::make_shared<offload::SavedTensorGroup>();
+  for (auto& p : l1->parameters()) group->skip(p);
+  for (auto& p : l2->parameters()) group->skip(p);
+  torch::Tensor xi, y;
+  int64_t before = 0;
+  {
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    xi = x.clone().requires_grad_(true);
+    before = dev.liveBytes(MemoryCategory::Stash);
+    offload::StashScope scope(group);
+    y = f(xi);
+  }
+  mgr.offload(0, {0, 0, 0}, group->take());
+  mgr.synchronize();
+  {
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    torch::NoGradGuard noGrad;
+    xi.set_data(offload::hollowLike(xi));
+    y.set_data(offload::hollowLike(y));
+  }
+  EXPECT_EQ(xi.sizes(), x.sizes());
+  EXPECT_EQ(y.sizes(), gy.sizes());
+  EXPECT_EQ(y.scalar_type(), torch::kFloat);
+  // Input and output gone, saved tensors on the host: the device holds nothing of them.
+  EXPECT_EQ(before, static_cast<int64_t>(x.nbytes()));
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), 0);
+  {
+    // The check sees the old hollow tensor's element.
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    auto old = torch::zeros({}, y.options()).expand(y.sizes());
+    EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), 4);
+  }
+  group->restore(mgr.acquire(0, {0, 0, 0}, dev));
+  torch::autograd::backward({y}, {gy});
+  EXPECT_TRUE(torch::allclose(xi.grad(), xr.grad()));
+  EXPECT_THROW(y.add_(1), c10::Error) << "a hollow tensor must refuse writes";
+  EXPECT_EQ(offload::hollowLike(torch::empty({3}, torch::kLong)).scalar_type(), torch::kLong);
+}

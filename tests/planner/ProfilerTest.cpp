@@ -11,10 +11,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "pipefb/common/Error.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/memory/FreedMemory.h"
 #include "pipefb/model/Model.h"
 #include "pipefb/planner/AnalyticProfile.h"
+#include "pipefb/planner/DeviceSpec.h"
 #include "pipefb/planner/ProfileFile.h"
 #include "pipefb/planner/Profiler.h"
 
@@ -253,6 +255,51 @@ TEST(ProfilerTest, CacheHitReturnsIdenticalValues) {
   // The default path is derived from the key.
   EXPECT_NE(defaultProfilePath(profileHeader(cfg, quick())),
             defaultProfilePath(profileHeader(other, quick())));
+}
+
+// Note [Analytic times in a measured profile]: the bytes are the measured profile's, the
+// times the analytic profile's, and two measurements give the same file (a timed one
+// differs: its medians are noise, and its key is another).
+TEST(ProfilerTest, AnalyticTimesRepeatAndKeepTheMeasuredBytes) {
+  const auto cfg = loadCfg("gpt2-tiny.yaml", {"model.input_size=16", "training.batch=4"});
+  ProfilerOptions analytic = quick();
+  analytic.times = "analytic";
+  const Profile a1 = measureProfile(cfg, analytic), a2 = measureProfile(cfg, analytic);
+  const Profile timed = measureProfile(cfg, quick());
+  EXPECT_EQ(profileToYaml(a1), profileToYaml(a2));
+  EXPECT_EQ(a1.device, "cpu times=analytic");
+  EXPECT_NE(profileKey(a1), profileKey(timed));
+  const Profile roof = analyticProfile(
+      modelWork(cfg.model), a1.microbatch,
+      findDeviceSpec("cpu", std::string(PIPEFB_SOURCE_DIR) + "/configs/devices"),
+      optimizerMemory(cfg.training.optimizer, cfg.training.momentum, cfg.training.weight_decay));
+  ASSERT_EQ(a1.layers.size(), timed.layers.size());
+  ASSERT_EQ(a1.layers.size(), roof.layers.size());
+  EXPECT_EQ(a1.inputBytes, timed.inputBytes);
+  EXPECT_EQ(a1.lossWorkingBytes, timed.lossWorkingBytes);
+  for (size_t i = 0; i < a1.layers.size(); ++i) {
+    const LayerCost &l = a1.layers[i], &t = timed.layers[i], &r = roof.layers[i];
+    SCOPED_TRACE(l.name);
+    EXPECT_EQ(l.forward, r.forward);
+    EXPECT_EQ(l.backward, r.backward);
+    EXPECT_EQ(l.recompute, r.recompute);
+    EXPECT_EQ(l.forwardFixed, r.forwardFixed);
+    EXPECT_EQ(l.backwardFixed, r.backwardFixed);
+    EXPECT_EQ(l.recomputeFixed, r.recomputeFixed);
+    EXPECT_EQ(l.step, r.step);
+    EXPECT_EQ(l.snapshot, r.snapshot);
+    EXPECT_EQ(l.backwardAfterStep, 0);
+    for (auto bytes :
+         {&LayerCost::outputBytes, &LayerCost::savedBytes, &LayerCost::savedOutputBytes,
+          &LayerCost::savedInputBytes, &LayerCost::workingBytes, &LayerCost::gatheredWorkingBytes,
+          &LayerCost::paramBytes, &LayerCost::gradBytes, &LayerCost::optimizerBytes,
+          &LayerCost::stepWorkingBytes, &LayerCost::forwardWorkingBytes,
+          &LayerCost::noGradForwardBytes, &LayerCost::bufferBytes})
+      EXPECT_EQ(l.*bytes, t.*bytes);
+  }
+  ProfilerOptions bad = quick();
+  bad.times = "median";
+  EXPECT_THROW(bad.validate(), UserError);
 }
 
 // Note [Keeping freed memory]: measuring applies devices.keep_freed_memory to the process

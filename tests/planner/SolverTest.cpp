@@ -182,11 +182,14 @@ TEST(SolverLiteral, PipeDreamStepsInTheRoomOfTheCopyItsBackwardFreed) {
 TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   // Note [Weight-version offload]: pipedream S=2, M=4, one layer per stage, W = 100, 10
   // saved bytes, host link 1000 B/s. Stage 0 stashes 2 weight versions. Keep: 2 x 100 on
-  // the device. Offload with lookahead 0: min(2, 0 + 1) = 1 stays (100), the other goes to
-  // the host pool (2 - 1 - 0 / 2 = 1: 100, beside the 2 x 10 stash bytes), and each
-  // microbatch copies one version out and back: 2 x 100 / 1000 = 0.2 s on the copy engine
-  // beside the stash's 2 x 10 / 1000 = 0.02 s. pipeline.offload_weights none keeps both
-  // copies on the device.
+  // the device. Offload with lookahead 0: min(2, 0 + 1) = 1 stays at compute starts, the
+  // other goes to the host pool (2 - 1 - 0 / 2 = 1: 100, beside the 2 x 10 stash bytes),
+  // and each microbatch copies one version out and back: 2 x 100 / 1000 = 0.2 s on the
+  // copy engine beside the stash's 2 x 10 / 1000 = 0.02 s. The version an OFFW is still
+  // copying out stays until it is copied (Note [Versions being copied out]): one copy goes
+  // out at a time, and the stash count (min(2, 0 + 2) = 2) holds a slot for a stash going
+  // out, so the device is charged 100 + (100 - 10) = 190 for its versions.
+  // pipeline.offload_weights none keeps both copies on the device.
   Profile p = timesProfile({1, 1});
   for (auto& l : p.layers) {
     l.paramBytes = 100;
@@ -203,12 +206,13 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   EXPECT_EQ(keep.hostBytes, 0);
   EXPECT_DOUBLE_EQ(keep.forwardCopy, 0);
   StageEstimate off = m.stage(pd, 0, 0, 1, StashPolicy::Offload);
-  EXPECT_EQ(off.backwardMemory[wv], 100);
+  EXPECT_EQ(off.backwardMemory[wv], 190);
   EXPECT_EQ(off.hostBytes, 2 * 10 + 100);
   EXPECT_NEAR(off.forwardCopy, 0.02 + 0.2, 1e-12);
-  // Checkpoint-offload stashes the stage input (0 bytes here); the weights move the same.
+  // Checkpoint-offload stashes the stage input (0 bytes here); the weights move the same,
+  // and a version going out is all beyond the stash's slot: 100 + 100.
   StageEstimate ckoff = m.stage(pd, 0, 0, 1, StashPolicy::CheckpointOffload);
-  EXPECT_EQ(ckoff.backwardMemory[wv], 100);
+  EXPECT_EQ(ckoff.backwardMemory[wv], 200);
   EXPECT_EQ(ckoff.hostBytes, 100);
   // Lookahead 1: both versions may be back at once (min(2, 2)); they still move, since
   // B(0,m-1) runs between F(0,m)'s OFFW and the PREW one compute action before B(0,m), and
@@ -231,6 +235,25 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   EXPECT_EQ(none.backwardMemory[wv], 200);
   EXPECT_EQ(none.hostBytes, 2 * 10);
   EXPECT_NEAR(none.forwardCopy, 0.02, 1e-12);
+  // S=3: stage 0 stashes 3 versions; lookahead 1 leaves 2 at compute starts and 3 held
+  // while an OFFW's copy waits (measured: gpt2-tiny's embedding held 3 at the end of an F
+  // whose earlier OFFW the copy engine had not reached; 2 charged, 3.0% above the plan):
+  // 2 x 100 + (100 - 10) beside the 3 stashes' slots. Stage 1 (2 versions, 2 stashes in
+  // flight, all charged) holds both.
+  PipelineShape pd3 = shapeOf(ScheduleKind::PipeDream, 3, 4, {0, 1, 2});
+  pd3.lookahead = 1;
+  Profile p3 = timesProfile({1, 1, 1});
+  for (auto& l : p3.layers) {
+    l.paramBytes = 100;
+    l.savedBytes = 10;
+  }
+  CostModel m3(p3, Cluster::uniform(3, 1.0, -1, Link{}, Link{1000, 0}));
+  EXPECT_EQ(m3.stage(pd3, 0, 0, 1, StashPolicy::Offload).backwardMemory[wv], 290);
+  EXPECT_EQ(
+      m3.stage(pd3, 0, 0, 1, StashPolicy::Offload).backwardMemory[index(MemoryCategory::Stash)],
+      30);
+  EXPECT_EQ(m3.stage(pd3, 0, 0, 1, StashPolicy::Keep).backwardMemory[wv], 300);
+  EXPECT_EQ(m3.stage(pd3, 1, 1, 2, StashPolicy::Offload).backwardMemory[wv], 200);
   // The last stage stashes no version.
   pd.offloadWeights = true;
   StageEstimate s1 = m.stage(pd, 1, 1, 2, StashPolicy::Offload);

@@ -96,6 +96,21 @@ class StashScope {
   std::shared_ptr<SavedTensorGroup> previous_;
 };
 
+/// Note [Hollow graph ends]
+/// Once an offloaded stash's saved tensors are collected, the F's graph input (a leaf
+/// that B's input gradient lands in) and its output (B's root) are needed for their
+/// identity and shape only, so their data is swapped (set_data) for a hollow tensor.
+/// That was a zero scalar expanded to the shape: 4 bytes (one float) the device held per
+/// graph end, from F to B, for every stash in flight, which the cost model does not
+/// charge: gpt2-tiny 1f1b-offload and pipedream-offload ran out of memory on device 0 at
+/// budgets the plan filled exactly, 4 to 8 bytes short (PlanRunsTest seeds 2 to 4: S=3
+/// M=1, 6915844 bytes needed at 6915840; S=2 M=2, 6589448 at 6589440), and every other
+/// device peaked 8 or 16 bytes above its plan. On the CPU the hollow tensor is a view of
+/// a static zero element and allocates nothing. Elsewhere (CUDA) it is still one element
+/// of the device's allocator. It has stride 0 in every dimension, so an in-place write
+/// into it fails (more than one element refers to one memory location).
+at::Tensor hollowLike(const at::Tensor& t);
+
 /// Idempotent, thread-safe. See Note [Saved-tensor hooks].
 void installSavedTensorHooks();
 bool savedTensorHooksInstalled();

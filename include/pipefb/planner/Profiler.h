@@ -38,6 +38,20 @@
 // B peaked above the plan by up to the rest of it (resnet50/8's last stage, layer4.0:
 // measured 4085936 bytes against 4013760 planned; PlanRunsTest).
 //
+// Note [Analytic times in a measured profile]
+// Times are the one part of a measured profile that is noise: two runs of pipefb_profile
+// on one machine give other medians, and the planner, which picks the fastest plan that
+// fits, then picks another cut, stage count or policy. The bytes are exact and repeat
+// (the tracking allocator counts them, and a run holds what the profile measured). With
+// `times = "analytic"` (pipefb_profile --times analytic) the profiler measures every
+// byte as always and takes every time (F, B and recompute with their fixed parts, step,
+// snapshot; B after a step = B) from the analytic roofline of the device spec named
+// `device` (configs/devices, analyticProfile in AnalyticProfile.h), so the same config
+// plans the same way on every run and machine, and the plan's memory is still what the
+// runtime holds. The key's
+// device says "times=analytic", so such a profile never stands in for a timed one. For
+// tests that check plans against runs (PlanRunsTest, Note [Plans run as planned]).
+//
 // Threads: by default the profiling thread runs with at::set_num_threads(1), as the
 // pipeline workers do (Note [Intra-op threads] in MemoryScope.h), so the times are those
 // of one virtual device and the allocator attribution is exact.
@@ -54,6 +68,8 @@ struct ProfilerOptions {
   int repeats = 5;             // timed runs per layer; each time is their median
   int threads = 1;             // intra-op threads while profiling (the pipeline workers use 1)
   std::string device = "cpu";  // the reference device's name in the profile and its key
+  /// "measured" (medians) or "analytic" (Note [Analytic times in a measured profile]).
+  std::string times = "measured";
 
   /// Throws UserError naming the flag when a value is out of range.
   void validate() const;

@@ -128,6 +128,23 @@ Schedule addWeightOffload(const Schedule& schedule, const std::vector<StashPolic
 /// and the planner's cost model both count with it.
 int residentStashedVersions(int versions, int lookahead);
 
+/// Note [Versions being copied out]
+/// residentStashedVersions counts at compute starts, with a version gone once its OFFW is
+/// issued. The device copy goes only when the copy engine has copied it (released as
+/// copied, as a same-device stage's stashes, Note [Held offload copies] in
+/// offload/TransferManager.h), and that engine also runs the stage's OFFs, PREs and PREWs
+/// in order, so a PipeDream stage whose versions move holds one more while an OFFW waits:
+/// min(versions, lookahead + 2), the count its stashes take (lookahead + 1 near B plus the
+/// one being copied out, residentOffloadedStashes). A device has at most kOffloadsInFlight
+/// (1) copies going out, stash or version, so where its stashes are charged that slot the
+/// planner's cost model charges a version going out only beyond it: max(0, W - stash).
+/// Measured: gpt2-tiny pipedream-offload S=3 M=4 at its smallest budget (analytic times,
+/// lookahead 1), the embedding's device held 3 versions at the end of F0.13 (OFFW0.10's
+/// copy ran after it), 1116672 bytes where the plan said 1084672 (+3.0%, 2 charged);
+/// resnet50/8 pipedream-offload S=3 M=2 held 3 in its drain, before B0.3. (The runtime's
+/// own bound, WeightOffloadTest.ResidentVersionsFollowTheLookahead, was lookahead + 2.)
+int heldStashedVersions(int versions, int lookahead);
+
 /// Note [Stashes at a step]
 /// The activation stashes of stage s resident on its backward device when one of its STEPs
 /// starts, the most over those STEPs of a lowered schedule (addOffload ran): F(s,m) on that

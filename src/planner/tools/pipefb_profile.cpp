@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", opt.threads,
                  "intra-op threads while profiling (1, as pipeline workers; 0 = LibTorch default)");
   app.add_option("--device", opt.device, "name of this device in the profile key (cpu)");
+  app.add_option("--times", opt.times,
+                 "measured (medians) or analytic: every byte measured, the times from the "
+                 "--device spec's roofline, so plans repeat (measured)");
   return runProgram("pipefb_profile", app, argc, argv, [&] {
     opt.validate();
     config::Config cfg = config::loadConfig(configPath, overrides, config::ConfigUse::Plan);
@@ -78,7 +81,10 @@ int main(int argc, char** argv) {
     std::cout << (r.fromCache ? "cached profile " : "measured profile ") << r.path << " ("
               << profileKey(r.profile) << ")"
               << (r.fromCache ? "; same key, not re-measured (--force to measure)" : "") << "\n";
-    if (!r.fromCache)
+    if (!r.fromCache && opt.times == "analytic")
+      std::cout << "bytes measured, times analytic (" << opt.device << "); microbatch "
+                << r.profile.microbatch << ", input " << kib(r.profile.inputBytes) << " KiB\n";
+    else if (!r.fromCache)
       std::cout << "medians of " << opt.repeats << " runs after " << opt.warmup
                 << " warm-ups; microbatch " << r.profile.microbatch << ", input "
                 << kib(r.profile.inputBytes) << " KiB\n";
