@@ -49,8 +49,15 @@
 //     lookahead + 3 versions in WeightOffloadTest, one more than charged.)
 //   - the head's backward device in PipeFB (2S form): seed 3's 24 (gpt2-tiny
 //     pipefb-async-offload M=4, -19.9%), seed 4's 32 (pipefb-sync-offload M=4, -17.5%)
-//     and 39 (pipefb-async-offload M=4, -19.9%): waiting logits (Note [Waiting messages],
-//     a bound over timing) beside the loss.
+//     and 39 (pipefb-async-offload M=4, -19.9%): waiting logits (Note [Waiting messages])
+//     beside the loss, exactly 3 of 65536 bytes on #32. A bound over timing, not a
+//     guarantee the runtime breaks: F(S-1)'s output goes from a forward-only device to a
+//     backward-only one, so it is posted when made (no rendezvous), and no forward device
+//     waits on a backward one within an iteration; F2.1..F2.3 all arrive before B2.0's
+//     loss if cpu:3 starts B2.0 about 2.65 ms late (#32's trace: F2.1's logits arrived
+//     0.29 ms after B2.0 freed its own). pipefb-async's 4th logits: the cost model plans
+//     its schedule at async_lag -1 (a whole iteration), pipefb_train runs the config's 1;
+//     passing the lag to waitingFor and inFlightStashes would take #24 and #39 to -15.7%.
 //   - gpipe's last stage of mlp (its F 5 us, the sender's 40 us): seed 4's 33
 //     (gpipe-offload M=4, -12.4%): 3 activations that can wait at its F starts (Note
 //     [Waiting messages], a bound over timing) are 12 KiB of its 33 KiB; none waited.
