@@ -446,6 +446,21 @@ TEST(SolverLiteral, KeptGraphHoldsTheStageOutput) {
   EXPECT_EQ(m.stage(sh, 0, 0, 1, StashPolicy::Offload).stashBytes, 20);
 }
 
+// The two layers of CheckpointedBackwardHoldsItsStashOnce: layer 0 saves 100, 40 of it its
+// input (the stage's stash, input 40), and outputs 5; layer 1 saves 50, 5 of it its input,
+// and outputs 3.
+Profile checkpointedTwoLayers() {
+  Profile p = timesProfile({1, 1});
+  p.inputBytes = 40;
+  const std::int64_t saved[] = {100, 50}, savedInput[] = {40, 5}, out[] = {5, 3};
+  for (int l = 0; l < 2; ++l) {
+    p.layers[l].savedBytes = saved[l];
+    p.layers[l].savedInputBytes = savedInput[l];
+    p.layers[l].outputBytes = out[l];
+  }
+  return p;
+}
+
 TEST(SolverLiteral, CheckpointedBackwardHoldsItsStashOnce) {
   // Note [Backward layer by layer]: 1f1b, S = 2, M = 1, microbatch 1, checkpoint. Layer 0
   // saves 100, 40 of it its input (the stage's stash, input 40), outputs 5 and has 6 bytes
@@ -456,14 +471,7 @@ TEST(SolverLiteral, CheckpointedBackwardHoldsItsStashOnce) {
   // (whole): its input gradient 5 + the graph less the stash 45 + the output's gradient 3:
   // 53 (it lets go of its recomputed output once it took the loss, Note [Loss in the
   // recomputed graph]).
-  Profile p = timesProfile({1, 1});
-  p.inputBytes = 40;
-  const std::int64_t saved[] = {100, 50}, savedInput[] = {40, 5}, out[] = {5, 3};
-  for (int l = 0; l < 2; ++l) {
-    p.layers[l].savedBytes = saved[l];
-    p.layers[l].savedInputBytes = savedInput[l];
-    p.layers[l].outputBytes = out[l];
-  }
+  Profile p = checkpointedTwoLayers();
   p.layers[0].bufferBytes = 6;
   CostModel m(p, freeCluster(2));
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 1, {0, 1});
@@ -483,14 +491,7 @@ TEST(SolverLiteral, RecomputingLastStageTakesTheLossInItsGraph) {
   // stage's B (1f1b, checkpoint) takes the loss in its graph: the graph less the stash 45
   // beside 20, 65 (more than the rest of B, 53). I (zb-h1) still reads a detached copy:
   // the graph 45 and the recomputed output 3 beside 18, 66.
-  Profile p = timesProfile({1, 1});
-  p.inputBytes = 40;
-  const std::int64_t saved[] = {100, 50}, savedInput[] = {40, 5}, out[] = {5, 3};
-  for (int l = 0; l < 2; ++l) {
-    p.layers[l].savedBytes = saved[l];
-    p.layers[l].savedInputBytes = savedInput[l];
-    p.layers[l].outputBytes = out[l];
-  }
+  Profile p = checkpointedTwoLayers();
   p.lossWorkingBytes = 18;
   p.recomputedLossBytes = 20;
   CostModel m(p, freeCluster(2));
