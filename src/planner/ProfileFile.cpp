@@ -17,7 +17,7 @@ namespace pipefb::planner {
 // in place as the runtime's B on the master does, and gathered beside, since method 3; the
 // output bytes the layer's own graph keeps, since method 4; the input bytes it keeps,
 // since method 5; the loss a recomputing last stage's B takes in its graph,
-// recomputed_loss_bytes, since method 6; each pass's fixed time per pass, from a second
+// recomputed_loss_bytes, since method 6; each pass's fixed time, from a second
 // microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h); a profile
 // cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
@@ -82,7 +82,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.forward = l["forward"].as<double>();
       c.backward = l["backward"].as<double>();
       c.recompute = l["recompute"] ? l["recompute"].as<double>() : c.forward;
-      // Older profiles (method < 6): 0, every time scales (Note [Microbatch scaling]).
+      // Older profiles (method < 7): 0, every time scales (Note [Microbatch scaling]).
       c.forwardFixed = l["forward_fixed"] ? l["forward_fixed"].as<double>() : 0;
       c.backwardFixed = l["backward_fixed"] ? l["backward_fixed"].as<double>() : 0;
       c.recomputeFixed = l["recompute_fixed"] ? l["recompute_fixed"].as<double>() : 0;
