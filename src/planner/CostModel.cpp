@@ -444,9 +444,12 @@ const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shap
     std::vector<std::int64_t> key(L), layered(L), own(L), ownLayered(L);
     for (size_t l = 0; l < L; ++l) {
       const LayerCost& c = profile_.layers[l];
-      own[l] = scaled(c.workingBytes, f);
+      // Note [Parameter-sized working sets] in LayerCost.h: affine in the microbatch.
+      own[l] = scaledBytes(c.workingBytes, c.workingFixedBytes, f);
       ownLayered[l] = own[l] + scaled(saved_[l + 1], f);
-      key[l] = scaled(c.gatheredWorkingBytes >= 0 ? c.gatheredWorkingBytes : c.workingBytes, f) -
+      key[l] = (c.gatheredWorkingBytes >= 0
+                    ? scaledBytes(c.gatheredWorkingBytes, c.gatheredWorkingFixedBytes, f)
+                    : own[l]) -
                grad_[l + 1];
       layered[l] = key[l] + scaled(saved_[l + 1], f);
     }
@@ -522,7 +525,7 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
   // Weights, grads and optimizer state on the backward device, and the working set: all
   // grow with the stage; the stash (which may shrink under a checkpoint) is left out.
   return range(param_, first, last) + range(grad_, first, last) +
-         (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + scaled(maxWorking, scale(shape));
+         (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + maxWorking;
 }
 
 namespace {
@@ -566,7 +569,8 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
 StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int last,
                                StashPolicy policy) const {
   std::int64_t ws = 0;
-  for (int l = first; l < last; ++l) ws = std::max(ws, profile_.layers[l].workingBytes);
+  const double f = scale(shape);
+  for (int l = first; l < last; ++l) ws = std::max(ws, workingBytes(l, f));
   return stage(shape, k, first, last, policy, ws);
 }
 
@@ -714,8 +718,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const std::int64_t recomputedGraph = ckpt ? graph - onStash + buffersCopy : 0;
     const std::int64_t recomputed = recomputedGraph + (ckpt && !lossInGraph ? output : 0);
     const std::int64_t whole =
-        std::max(scaled(maxWorking, f), backwardWorking(shape, k, first, last, inPlace)) +
-        recomputed + output;
+        std::max(maxWorking, backwardWorking(shape, k, first, last, inPlace)) + recomputed + output;
     if (lossInGraph)
       return std::max(whole, recomputedGraph + scaled(profile_.recomputedLossBytes, f));
     // Note [Outputs at the loss]: the outputs that arrive only after the loss wait beside

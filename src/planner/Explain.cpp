@@ -317,6 +317,20 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       << "; its step waits for the copies, " << formatSeconds(s.estimate.stepTime)
       << " per step.\n";
   }
+  // Note [Parameter-sized working sets] in LayerCost.h: a measured profile's bytes at
+  // another microbatch are extrapolated; say how to measure them.
+  auto samples = [](std::int64_t n) {
+    return std::to_string(n) + (n == 1 ? " sample" : " samples");
+  };
+  if (prof.source == "measured" && sh.microbatchSize != prof.microbatch)
+    o << "This plan runs microbatches of " << samples(sh.microbatchSize) << "; the profile "
+      << "measured " << samples(prof.microbatch)
+      << ", so its times and bytes are scaled to them (fitted "
+      << "from a second size, Note [Microbatch scaling]). Some kernels' transients are not "
+      << "affine in the microbatch (a convolution of one sample on the CPU); for memory exactly "
+      << "as the run will hold it, profile at " << samples(sh.microbatchSize)
+      << " (pipefb_profile --set pipeline.microbatches=" << sh.microbatches << ") and plan on "
+      << "that profile with --microbatches " << sh.microbatches << ".\n";
   // The budget's cost.
   if (unconstrained) {
     if (unconstrained->iterationTime >= plan.iterationTime * (1 - 1e-9)) {

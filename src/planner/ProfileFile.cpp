@@ -18,12 +18,14 @@ namespace pipefb::planner {
 // output bytes the layer's own graph keeps, since method 4; the input bytes it keeps,
 // since method 5; the loss a recomputing last stage's B takes in its graph,
 // recomputed_loss_bytes, since method 6; each pass's fixed time, from a second
-// microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h); a profile
-// cached by an older
+// microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h; the part of
+// B's working sets that does not scale, working_fixed_bytes and
+// gathered_working_fixed_bytes, since method 8, Note [Parameter-sized working sets]); a
+// profile cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 7;
+constexpr int kProfileMethod = 8;
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -52,9 +54,11 @@ std::string profileToYaml(const Profile& p) {
       << ", step: " << l.step << ", output_bytes: " << l.outputBytes
       << ", saved_bytes: " << l.savedBytes << ", saved_output_bytes: " << l.savedOutputBytes
       << ", saved_input_bytes: " << l.savedInputBytes << ", working_bytes: " << l.workingBytes
-      << ", gathered_working_bytes: " << l.gatheredWorkingBytes << ", param_bytes: " << l.paramBytes
-      << ", grad_bytes: " << l.gradBytes << ", optimizer_bytes: " << l.optimizerBytes
-      << ", step_working_bytes: " << l.stepWorkingBytes
+      << ", gathered_working_bytes: " << l.gatheredWorkingBytes
+      << ", working_fixed_bytes: " << l.workingFixedBytes
+      << ", gathered_working_fixed_bytes: " << l.gatheredWorkingFixedBytes
+      << ", param_bytes: " << l.paramBytes << ", grad_bytes: " << l.gradBytes
+      << ", optimizer_bytes: " << l.optimizerBytes << ", step_working_bytes: " << l.stepWorkingBytes
       << ", backward_after_step: " << l.backwardAfterStep << ", snapshot: " << l.snapshot
       << ", forward_working_bytes: " << l.forwardWorkingBytes
       << ", no_grad_forward_bytes: " << l.noGradForwardBytes << ", buffer_bytes: " << l.bufferBytes
@@ -104,6 +108,20 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
           l["gathered_working_bytes"] ? l["gathered_working_bytes"].as<std::int64_t>() : -1;
       c.noGradForwardBytes =
           l["no_grad_forward_bytes"] ? l["no_grad_forward_bytes"].as<std::int64_t>() : -1;
+      // Older profiles (method < 8): 0, B's working sets scale whole (Note
+      // [Parameter-sized working sets] in LayerCost.h).
+      c.workingFixedBytes =
+          l["working_fixed_bytes"] ? l["working_fixed_bytes"].as<std::int64_t>() : 0;
+      c.gatheredWorkingFixedBytes = l["gathered_working_fixed_bytes"]
+                                        ? l["gathered_working_fixed_bytes"].as<std::int64_t>()
+                                        : 0;
+      const std::int64_t gathered =
+          c.gatheredWorkingBytes >= 0 ? c.gatheredWorkingBytes : c.workingBytes;
+      if (c.workingFixedBytes < 0 || c.workingFixedBytes > c.workingBytes ||
+          c.gatheredWorkingFixedBytes < 0 || c.gatheredWorkingFixedBytes > gathered)
+        throw UserError(source + ": layer " + c.name +
+                        ": working_fixed_bytes and gathered_working_fixed_bytes must be between "
+                        "0 and working_bytes and gathered_working_bytes");
       c.bufferBytes = l["buffer_bytes"] ? l["buffer_bytes"].as<std::int64_t>() : 0;
       p.layers.push_back(c);
     }

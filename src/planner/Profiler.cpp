@@ -192,8 +192,8 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     c.recompute = t.recompute;
     // Note [Microbatch scaling] in LayerCost.h: the same at the second size, for each
     // pass's fixed time per pass (the intercept of a line through both).
+    torch::Tensor gy2;
     if (input2.defined()) {
-      torch::Tensor gy2;
       const Times t2 = timePasses(input2, gy2);
       c.forwardFixed = fitFixedTime(t.forward, double(b), t2.forward, double(b2));
       c.backwardFixed = fitFixedTime(t.backward, double(b), t2.backward, double(b2));
@@ -203,15 +203,20 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     for (const auto& p : params) grads.push_back(p.grad());
     c.gradBytes = tensorBytes(grads);
 
-    // Memory (Note [Measured saved bytes]).
-    {
+    // Memory (Note [Measured saved bytes]), at `in` with B's output gradient `gyIn`.
+    struct Working {
+      std::int64_t savedInput = 0, output = 0, saved = 0;
+      std::int64_t forward = 0, working = 0, gathered = 0;
+    };
+    auto workingPass = [&](const torch::Tensor& in, const torch::Tensor& gyIn) {
+      Working out;
       memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
       zeroGrads(params);
       torch::Tensor s;
-      if (inputGrad) s = torch::zeros({}, input.options().requires_grad(true));
+      if (inputGrad) s = torch::zeros({}, in.options().requires_grad(true));
       const std::int64_t live0 = dom.liveBytes();
       dom.resetPeak();
-      torch::Tensor x = inputGrad ? input + s : input.clone();
+      torch::Tensor x = inputGrad ? in + s : in.clone();
       torch::Tensor y = layer.forward(x);
       const std::int64_t peakF = dom.peakBytes();
       // The input's bytes the graph keeps (Note [Measured saved bytes]): what dropping the
@@ -219,10 +224,10 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       const std::int64_t inStorage = storageBytes(x), liveX = dom.liveBytes();
       x = torch::Tensor();
       const std::int64_t live1 = dom.liveBytes();
-      c.savedInputBytes = std::clamp<std::int64_t>(inStorage - (liveX - live1), 0, inStorage);
-      c.outputBytes = static_cast<std::int64_t>(y.nbytes());
-      c.savedBytes = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
-      torch::Tensor g = gy.clone();
+      out.savedInput = std::clamp<std::int64_t>(inStorage - (liveX - live1), 0, inStorage);
+      out.output = static_cast<std::int64_t>(y.nbytes());
+      out.saved = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
+      torch::Tensor g = gyIn.clone();
       const std::int64_t liveB = dom.liveBytes();
       dom.resetPeak();
       std::vector<torch::Tensor> wrt;
@@ -240,23 +245,40 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       }
       const std::int64_t peakB = dom.peakBytes();
       if (s.defined()) s.mutable_grad() = torch::Tensor();
-      c.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
-      c.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+      out.forward = std::max<std::int64_t>(0, peakF - live1);
+      out.working = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
       // The same B gathering: the parameters' gradients come back as fresh tensors, held
       // until B ends (a B on another copy, or one filling gradient buckets).
       y = torch::Tensor();
       g = torch::Tensor();
-      x = inputGrad ? input + s : input.clone();
+      x = inputGrad ? in + s : in.clone();
       y = layer.forward(x);
       x = torch::Tensor();
-      g = gy.clone();
+      g = gyIn.clone();
       const std::int64_t liveG = dom.liveBytes();
       dom.resetPeak();
       if (!wrt.empty()) {
         auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
                                           /*create_graph=*/false, /*allow_unused=*/true);
       }
-      c.gatheredWorkingBytes = std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
+      out.gathered = std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
+      return out;
+    };
+    {
+      const Working w = workingPass(input, gy);
+      c.savedInputBytes = w.savedInput;
+      c.outputBytes = w.output;
+      c.savedBytes = w.saved;
+      c.forwardWorkingBytes = w.forward;
+      c.workingBytes = w.working;
+      c.gatheredWorkingBytes = w.gathered;
+      // Note [Parameter-sized working sets] in LayerCost.h: B's working sets at the second
+      // size too, for the bytes that do not scale (the parameters' fresh gradients).
+      if (input2.defined()) {
+        const Working w2 = workingPass(input2, gy2);
+        c.workingFixedBytes = fitFixedBytes(w.working, double(b), w2.working, double(b2));
+        c.gatheredWorkingFixedBytes = fitFixedBytes(w.gathered, double(b), w2.gathered, double(b2));
+      }
     }
     // The output's bytes the graph keeps (Note [Measured saved bytes]): drop the last
     // handle on the output while its graph lives; what is not freed, the graph holds.

@@ -565,6 +565,7 @@ std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape
   const int nO = static_cast<int>(opts.size());
   const PipelineShape shapes[2] = {stageShape(shape, false), stageShape(shape, true)};
   const PipelineShape& leanest = shapes[opts.back() ? 1 : 0];
+  const double leanF = model.scale(leanest);
   const int nC = static_cast<int>(pols.size()) * nO;
   auto policyOf = [&](int c) { return pols[c / nO]; };
   auto hostOf = [&](int c) { return static_cast<bool>(opts[c % nO]); };
@@ -580,7 +581,7 @@ std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape
   };
   auto maxWorking = [&](int a, int b) {
     std::int64_t ws = 0;
-    for (int l = a; l < b; ++l) ws = std::max(ws, model.workingBytes(l));
+    for (int l = a; l < b; ++l) ws = std::max(ws, model.workingBytes(l, leanF));
     return ws;
   };
   // A stage's relaxation (Note [Solver relaxation]): beyond the cap once it is.
@@ -852,7 +853,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
   std::vector<int> reach(S + 1), low(S + 1);
   auto cover = [&](double tauCap, std::int64_t memCap) {
     auto ok = [&](int k, int i, int j, std::int64_t ws) {
-      return memFits(k, i, j, scaledBytes(ws), memCap) && timeLb(k, i, j) <= tauCap;
+      return memFits(k, i, j, ws, memCap) && timeLb(k, i, j) <= tauCap;
     };
     int a = 0;
     reach[0] = 0;
@@ -860,7 +861,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
       int b = a;
       std::int64_t ws = 0;
       while (b < L) {
-        const std::int64_t w2 = std::max(ws, model.workingBytes(b));
+        const std::int64_t w2 = std::max(ws, model.workingBytes(b, f));
         if (!ok(k, a, b + 1, w2)) break;
         ws = w2;
         ++b;
@@ -875,7 +876,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
       int st = e;
       std::int64_t ws = 0;
       while (st > 0) {
-        const std::int64_t w2 = std::max(ws, model.workingBytes(st - 1));
+        const std::int64_t w2 = std::max(ws, model.workingBytes(st - 1, f));
         if (!ok(k, st - 1, e, w2)) break;
         ws = w2;
         --st;
@@ -956,7 +957,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
 
   // Range maximum of the working set (sparse table), for seeding a cell at any i.
   std::vector<std::vector<std::int64_t>> wsMax{std::vector<std::int64_t>(L)};
-  for (int l = 0; l < L; ++l) wsMax[0][l] = model.workingBytes(l);
+  for (int l = 0; l < L; ++l) wsMax[0][l] = model.workingBytes(l, f);
   for (int p = 1; (1 << p) <= L; ++p) {
     wsMax.emplace_back(L - (1 << p) + 1);
     for (int l = 0; l + (1 << p) <= L; ++l)
@@ -1056,9 +1057,8 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
         i = lastBelow(k - 1, i, cap);
         if (i < k - 1) break;
         const std::int64_t maxWorking = workingMax(i, j);
-        const std::int64_t wsScaled = scaledBytes(maxWorking);
         // Both bounds only grow as i decreases (the stage grows): they end the scan.
-        if (!memFits(stage, i, j, wsScaled, -1)) break;
+        if (!memFits(stage, i, j, maxWorking, -1)) break;
         if (objective == Objective::Time) {
           if (timeLb(stage, i, j) >= cap) break;
         } else {
@@ -1067,7 +1067,7 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
           // same for every i: the bound still only grows), and with them, on one device,
           // the activations (of layer i: this start only).
           const auto waiting = model.waitingBytes(shape, stage, i, j, /*outputTravels=*/false);
-          const double lb = double(memLb(stage, i, j, wsScaled) + waiting.gradients);
+          const double lb = double(memLb(stage, i, j, maxWorking) + waiting.gradients);
           if (lb >= cap) break;
           if (!split && lb + double(waiting.activations) >= cap) continue;
         }

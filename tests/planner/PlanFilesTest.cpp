@@ -66,6 +66,40 @@ TEST(ProfileFiles, FixedTimesRoundTripAndOlderFilesScaleWhole) {
   EXPECT_DOUBLE_EQ(affine.backwardTime(0, 1, 1.0 / 16), 0.0021 + (0.009 - 0.0021) / 16);
 }
 
+// Note [Parameter-sized working sets]: B's working sets' fixed part round-trips and scales
+// apart from the rest; a profile before method 8 scales them whole; a fixed part larger
+// than its working set is refused with the keys' names.
+TEST(ProfileFiles, FixedWorkingBytesRoundTripAndScaleApart) {
+  Profile p = pipefb::planner::testing::timesProfile({0.004});
+  p.device = "cpu";
+  p.microbatch = 16;
+  p.layers[0].workingBytes = 6658048;  // vgg16/8 fc6 at 16: its 6424576-byte gradient + 16 x 14592
+  p.layers[0].gatheredWorkingBytes = 6658048;
+  p.layers[0].workingFixedBytes = 6424576;
+  p.layers[0].gatheredWorkingFixedBytes = 6424576;
+  const Profile q = parseProfile(profileToYaml(p), "round trip");
+  EXPECT_EQ(q.layers[0].workingFixedBytes, 6424576);
+  EXPECT_EQ(q.layers[0].gatheredWorkingFixedBytes, 6424576);
+  const CostModel affine(q, pipefb::planner::testing::freeCluster(1));
+  EXPECT_EQ(affine.workingBytes(0, 1.0 / 16), 6424576 + 14592);
+  EXPECT_EQ(affine.workingBytes(0, 4), 6424576 + 4 * 16 * 14592);
+  Profile whole = q;
+  whole.layers[0].workingFixedBytes = whole.layers[0].gatheredWorkingFixedBytes = 0;
+  const Profile o = parseProfile(profileToYaml(whole), "older");
+  EXPECT_EQ(CostModel(o, pipefb::planner::testing::freeCluster(1)).workingBytes(0, 1.0 / 16),
+            6658048 / 16);
+  std::string bad = profileToYaml(p);
+  const std::string key = "working_fixed_bytes: 6424576";
+  bad.replace(bad.find(key), key.size(), "working_fixed_bytes: 6658049");
+  try {
+    parseProfile(bad, "bad.yaml");
+    ADD_FAILURE() << "a fixed part above its working set was accepted";
+  } catch (const pipefb::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.yaml"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("working_fixed_bytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SpecFiles, EveryDeviceSpecRoundTrips) {
   int n = 0;
   for (const auto& name : deviceSpecNames(kDevices)) {

@@ -84,6 +84,10 @@ TEST(ProfilerTest, MlpClosedForms) {
     // A B that gathers holds the layer's own gradients when it ends (Note [Gathered
     // weight gradients] in CostModel.h); in place they go into .grad as they come.
     EXPECT_GE(l.gatheredWorkingBytes, std::max(l.workingBytes, l.gradBytes)) << l.name;
+    // Of those, what does not scale with the microbatch is the layer's fresh gradients
+    // (Note [Parameter-sized working sets] in LayerCost.h): fitted from 2 and 32 samples.
+    EXPECT_EQ(l.workingFixedBytes, l.gradBytes) << l.name;
+    EXPECT_EQ(l.gatheredWorkingFixedBytes, l.gradBytes) << l.name;
     // Without autograd (Note [Forward without autograd] in CostModel.h): the input and
     // addmm's output, which the ReLU rectifies in place; nothing saved.
     EXPECT_EQ(l.noGradForwardBytes, b * (in[i] + out[i]) * 4) << l.name;

@@ -741,7 +741,8 @@ class CostModel {
   /// Stage k = layers [first, last) in `shape`, under `policy`. `linkIn` is included.
   StageEstimate stage(const PipelineShape& shape, int k, int first, int last,
                       StashPolicy policy) const;
-  /// Same, with the working-set maximum of [first, last) (unscaled) given. `timesOnly`
+  /// Same, with the working-set maximum of [first, last) at the shape's microbatch
+  /// (workingBytes(l, scale(shape))) given. `timesOnly`
   /// leaves the memory fields empty (the DP's cheap first look at a candidate).
   StageEstimate stage(const PipelineShape& shape, int k, int first, int last, StashPolicy policy,
                       std::int64_t maxWorking, bool timesOnly = false) const;
@@ -785,7 +786,8 @@ class CostModel {
   };
   WaitingBytes waitingBytes(const PipelineShape& shape, int k, int first, int last,
                             bool outputTravels) const;
-  /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows.
+  /// A lower bound of stage(...).peakMemory() that never decreases as the stage grows;
+  /// maxWorking as for stage().
   std::int64_t memoryLowerBound(const PipelineShape& shape, int k, int first, int last,
                                 std::int64_t maxWorking) const;
   /// Note [Shared cores]
@@ -841,7 +843,12 @@ class CostModel {
   std::int64_t staticSum(int first, int last) const { return range(states_, first, last); }
 
   std::int64_t inputBytes(int layer) const;  // unscaled; layer 0: the model input
-  std::int64_t workingBytes(int layer) const { return profile_.layers[layer].workingBytes; }
+  /// Layer `layer`'s working set at f x the profile's microbatch (Note [Parameter-sized
+  /// working sets] in LayerCost.h).
+  std::int64_t workingBytes(int layer, double f) const {
+    const LayerCost& c = profile_.layers[layer];
+    return scaledBytes(c.workingBytes, c.workingFixedBytes, f);
+  }
   /// Largest forward working set of [first, last), unscaled (Note [Forward device memory]).
   std::int64_t forwardWorking(int first, int last) const {
     return rangeMax(forwardWorkingMax_, first, last);

@@ -2,6 +2,7 @@
 // What the solver knows about one layer, and a model's profile: the output of the
 // profiler (measured) or of an analytic profile (FLOPs and bytes with a device spec).
 // Torch-free (Note [Build layout]).
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ struct LayerCost {
   /// fresh tensors until B ends, Note [Gathered weight gradients] in CostModel.h) instead
   /// of adding each into .grad in place (workingBytes); -1 = not measured: use workingBytes.
   std::int64_t gatheredWorkingBytes = -1;
+  /// Of workingBytes and gatheredWorkingBytes, the bytes that do not scale with the
+  /// microbatch: the parameters' fresh gradients B makes (Note [Parameter-sized working
+  /// sets]); 0 = not measured: all of it scales.
+  std::int64_t workingFixedBytes = 0;
+  std::int64_t gatheredWorkingFixedBytes = 0;
   /// Transient peak while F alone runs (a split stage's forward device runs no B); -1 = not
   /// measured: use workingBytes.
   std::int64_t forwardWorkingBytes = -1;
@@ -66,8 +72,9 @@ struct LayerCost {
 
 /// Note [Microbatch scaling]
 /// A profile is taken at one microbatch size; the solver scales it to others. Activation
-/// byte counts (output, saved, working, input) scale linearly; parameter, gradient,
-/// optimizer and step costs do not scale. A pass's time is affine in the microbatch,
+/// byte counts (output, saved, F's working set, input) scale linearly; parameter, gradient,
+/// optimizer and step costs do not scale; B's working sets are affine, below (Note
+/// [Parameter-sized working sets]). A pass's time is affine in the microbatch,
 ///   t(f x mb) = fixed + (t(mb) - fixed) x f,
 /// where `fixed` is its per-pass cost that no sample adds to: kernel launches, dispatch,
 /// and reading the weights once (a linear layer at one sample is a matrix-vector product
@@ -94,6 +101,38 @@ inline double fitFixedTime(double time, double mb, double time2, double mb2) {
   const double slope = (time - time2) / (mb - mb2);
   const double fixed = time - slope * mb;
   return fixed < 0 ? 0 : fixed > time ? time : fixed;
+}
+
+/// Note [Parameter-sized working sets]
+/// B's working set holds the parameters' fresh gradients (added into .grad in place as
+/// autograd makes each, or gathered until B ends: Note [Gathered weight gradients] in
+/// CostModel.h), and those do not scale with the microbatch. Scaled whole, vgg16/8's fc6
+/// (a 6.13 MiB weight) was charged 1/16 of its gradient at microbatch 1 from a profile at
+/// 16: the planner's smallest budget for pipefb-sync and 1f1b with SGD, 64 microbatches,
+/// was 18.79 MiB, and both runs went out of memory in fc6's B allocating 6.12 MiB (the
+/// runtime asked for 24.54 MiB); at microbatch 64 it was charged 4 gradients, and a
+/// decoupled pipefb-async plan's backward device peaked 22.6% below its plan. So the two
+/// B working sets are affine in the microbatch too, like times, with the fixed part fitted
+/// from the profiler's second microbatch size (fitFixedBytes); a profile of an older method
+/// scales them whole. F's working sets, the saved bytes and the outputs are activations
+/// and scale whole. The analytic profile charges no parameter gradient in B's working set
+/// (its fixed part is 0).
+/// Not every transient is affine: LibTorch's CPU convolution of one sample takes another
+/// path with a column buffer (vgg16/8's conv1_2: B's working set 313632 bytes measured at
+/// 1 sample, 15844 fitted from 16 and 2; conv1_1 to conv3_3 alike), so at microbatch 1 a
+/// device of convolutions held up to 15% more than planned from a profile at 16 (1f1b,
+/// SGD, 64 microbatches, cpu:0). pipefb_plan says so when its plan's microbatch is not the
+/// measured profile's, and how to profile at it (Explain.cpp).
+/// Bytes that are `bytes` at the profile's microbatch, `fixed` of them per pass, at f x it.
+inline std::int64_t scaledBytes(std::int64_t bytes, std::int64_t fixed, double f) {
+  return fixed + static_cast<std::int64_t>(std::llround(static_cast<double>(bytes - fixed) * f));
+}
+/// The fixed part of an affine fit through (mb, bytes) and (mb2, bytes2), mb != mb2, kept
+/// in [0, bytes].
+inline std::int64_t fitFixedBytes(std::int64_t bytes, double mb, std::int64_t bytes2, double mb2) {
+  const double fixed =
+      fitFixedTime(static_cast<double>(bytes), mb, static_cast<double>(bytes2), mb2);
+  return static_cast<std::int64_t>(std::llround(fixed));
 }
 
 struct Profile {
