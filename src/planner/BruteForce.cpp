@@ -138,7 +138,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                     for (int l = bc[r]; l < bc[r + 1]; ++l) s2.backwardRange[l] = r;
                   std::vector<StageEstimate> chosen;
                   for (int l = 0; l < L; ++l)
-                    chosen.push_back(model.stage(s2, l, l, l + 1, policy));
+                    chosen.push_back(model.at(s2.microbatchSize).stage(s2, l, l, l + 1, policy));
                   consider(s2, chosen, layerCuts, true, [&] {
                     Plan p;
                     p.family = fam.name;
@@ -208,7 +208,8 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
                 for (int k = 0; k < S; ++k)
                   for (StashPolicy p : pols)
                     for (bool oh : opts)
-                      est[k].push_back(model.stage(stageShape(sh, oh), k, cut[k], cut[k + 1], p));
+                      est[k].push_back(model.at(sh.microbatchSize)
+                                           .stage(stageShape(sh, oh), k, cut[k], cut[k + 1], p));
                 std::vector<int> choice(S, 0);
                 while (true) {
                   // Note [Devices and processes]: a stage split across processes can only

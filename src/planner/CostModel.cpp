@@ -347,6 +347,8 @@ Cluster Cluster::uniform(int n, double speed, std::int64_t capacity, Link link, 
 CostModel::CostModel(Profile profile, Cluster cluster)
     : profile_(std::move(profile)), cluster_(std::move(cluster)) {
   cluster_.validate();
+  views_ = std::make_shared<ViewCache>();
+  if (!profile_.bytesAt.empty()) views_->base = profile_;
   if (profile_.layers.empty()) throw UserError("profile '" + profile_.model + "' has no layers");
   if (profile_.microbatch < 1) throw UserError("profile microbatch must be >= 1");
   const size_t L = profile_.layers.size();
@@ -386,6 +388,24 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   forwardWorkingMax_ = buildMax(std::move(fws));
   forwardPeakMax_ = buildMax(std::move(fpeak));
   noGradForwardMax_ = buildMax(std::move(noGrad));
+}
+
+const CostModel& CostModel::at(std::int64_t microbatchSize) const {
+  if (microbatchSize == profile_.microbatch) return *this;
+  std::lock_guard<std::mutex> lock(views_->mu);
+  const Profile& base = views_->base;
+  if (base.bytesAt.empty()) return *this;  // nothing measured at other sizes: scale
+  auto it = views_->models.find(microbatchSize);
+  if (it == views_->models.end()) {
+    // Not measured at that size: the base profile, scaled (Note [Microbatch scaling]).
+    const std::optional<Profile> there = profileAt(base, microbatchSize);
+    if (!there && !isView_) return *this;
+    auto model = std::make_shared<CostModel>(there ? *there : base, cluster_);
+    model->views_ = views_;
+    model->isView_ = true;
+    it = views_->models.emplace(microbatchSize, std::move(model)).first;
+  }
+  return *it->second;
 }
 
 std::int64_t CostModel::forwardPeak(int k, int first, int last, bool graph) const {
@@ -1081,9 +1101,11 @@ std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
   return both + std::max(whileF, whileB);
 }
 
-std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const PipelineShape& shape,
+std::vector<DecoupledRange> decoupledRanges(const CostModel& modelIn, const PipelineShape& shape,
                                             const std::vector<StageEstimate>& stages,
                                             const std::vector<int>& cuts) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shape.microbatchSize);
   const int S = static_cast<int>(stages.size());
   std::vector<DecoupledRange> out;
   for (bool backward : {false, true}) {
@@ -1197,8 +1219,10 @@ std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
   return states + peak;
 }
 
-PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
+PlanLoad planLoad(const CostModel& modelIn, const PipelineShape& shape,
                   const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shape.microbatchSize);
   const int S = static_cast<int>(stages.size());
   PlanLoad out;
   out.deviceMemory.assign(model.cluster().numDevices(), 0);

@@ -61,7 +61,9 @@ std::string breakdown(const CategoryBytes& b) {
 
 // Note [Decoupled search]: each range in words, which ranges of the other pass it meets,
 // and what its device holds (Note [Decoupled devices]).
-std::string decoupledRangesInWords(const CostModel& model, const Plan& plan) {
+std::string decoupledRangesInWords(const CostModel& modelIn, const Plan& plan) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   std::vector<StageEstimate> est;
   std::vector<int> cuts{0};
   for (const StagePlan& s : plan.stages) est.push_back(s.estimate), cuts.push_back(s.last);
@@ -103,7 +105,9 @@ std::string decoupledRangesInWords(const CostModel& model, const Plan& plan) {
 
 }  // namespace
 
-std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t budget) {
+std::string stageTable(const CostModel& modelIn, const Plan& plan, std::int64_t budget) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   std::ostringstream o;
   const std::vector<std::pair<std::string, size_t>> cols = {
       {"stage", 5},  {"layers", 34}, {"dev F/B", 7},   {"policy", 18},  {"F/mb", 10},
@@ -176,8 +180,10 @@ std::string stageTable(const CostModel& model, const Plan& plan, std::int64_t bu
   return o.str();
 }
 
-std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t budget,
+std::string explainPlan(const CostModel& modelIn, const Plan& plan, std::int64_t budget,
                         const std::optional<Plan>& unconstrained) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   std::ostringstream o;
   const PipelineShape& sh = plan.shape;
   const Profile& prof = model.profile();
@@ -317,20 +323,18 @@ std::string explainPlan(const CostModel& model, const Plan& plan, std::int64_t b
       << "; its step waits for the copies, " << formatSeconds(s.estimate.stepTime)
       << " per step.\n";
   }
-  // Note [Parameter-sized working sets] in LayerCost.h: a measured profile's bytes at
-  // another microbatch are extrapolated; say how to measure them.
+  // Note [Bytes at every microbatch] in LayerCost.h: a measured profile without bytes at
+  // the plan's microbatch (an older one, or a size that could not run) scales them.
   auto samples = [](std::int64_t n) {
     return std::to_string(n) + (n == 1 ? " sample" : " samples");
   };
   if (prof.source == "measured" && sh.microbatchSize != prof.microbatch)
     o << "This plan runs microbatches of " << samples(sh.microbatchSize) << "; the profile "
-      << "measured " << samples(prof.microbatch)
-      << ", so its times and bytes are scaled to them (fitted "
-      << "from a second size, Note [Microbatch scaling]). Some kernels' transients are not "
-      << "affine in the microbatch (a convolution of one sample on the CPU); for memory exactly "
-      << "as the run will hold it, profile at " << samples(sh.microbatchSize)
-      << " (pipefb_profile --set pipeline.microbatches=" << sh.microbatches << ") and plan on "
-      << "that profile with --microbatches " << sh.microbatches << ".\n";
+      << "measured its bytes at " << samples(prof.microbatch) << " only, so they are scaled "
+      << "(Note [Microbatch scaling]), and some transients are not affine in the microbatch "
+      << "(a convolution of one sample on the CPU). pipefb_profile measures the bytes at every "
+      << "divisor of the batch: profile again (-f) for memory exactly as the run will hold "
+      << "it.\n";
   // The budget's cost.
   if (unconstrained) {
     if (unconstrained->iterationTime >= plan.iterationTime * (1 - 1e-9)) {

@@ -40,7 +40,9 @@ void categories(std::ostream& o, const CategoryBytes& b, const char* indent) {
 
 }  // namespace
 
-std::string planToYaml(const CostModel& model, const Plan& plan, const PlanContext& ctx) {
+std::string planToYaml(const CostModel& modelIn, const Plan& plan, const PlanContext& ctx) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   std::ostringstream o;
   o << std::setprecision(6);
   const PipelineShape& sh = plan.shape;

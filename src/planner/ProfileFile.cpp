@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -20,12 +21,65 @@ namespace pipefb::planner {
 // recomputed_loss_bytes, since method 6; each pass's fixed time, from a second
 // microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h; the part of
 // B's working sets that does not scale, working_fixed_bytes and
-// gathered_working_fixed_bytes, since method 8, Note [Parameter-sized working sets]); a
+// gathered_working_fixed_bytes, and every byte at the other microbatch sizes, bytes_at,
+// since method 8, Notes [Parameter-sized working sets], [Bytes at every microbatch]); a
 // profile cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
 constexpr int kProfileMethod = 8;
+
+LayerBytes bytesOf(const LayerCost& c) {
+  LayerBytes b;
+  b.outputBytes = c.outputBytes;
+  b.savedBytes = c.savedBytes;
+  b.savedOutputBytes = c.savedOutputBytes;
+  b.savedInputBytes = c.savedInputBytes;
+  b.workingBytes = c.workingBytes;
+  b.gatheredWorkingBytes = c.gatheredWorkingBytes;
+  b.forwardWorkingBytes = c.forwardWorkingBytes;
+  b.noGradForwardBytes = c.noGradForwardBytes;
+  return b;
+}
+
+std::optional<Profile> profileAt(const Profile& p, std::int64_t microbatch) {
+  if (microbatch == p.microbatch) return p;
+  const auto e = std::find_if(p.bytesAt.begin(), p.bytesAt.end(),
+                              [&](const MeasuredBytes& m) { return m.microbatch == microbatch; });
+  if (e == p.bytesAt.end()) return std::nullopt;
+  Profile q = p;
+  q.bytesAt.clear();
+  q.microbatch = microbatch;
+  q.inputBytes = e->inputBytes;
+  q.targetBytes = e->targetBytes;
+  q.lossWorkingBytes = e->lossWorkingBytes;
+  q.recomputedLossBytes = e->recomputedLossBytes;
+  const double f = static_cast<double>(microbatch) / static_cast<double>(p.microbatch);
+  for (size_t l = 0; l < q.layers.size(); ++l) {
+    LayerCost& c = q.layers[l];
+    const LayerBytes& b = e->layers.at(l);
+    // The times as ever (Note [Microbatch scaling]); B after a step keeps its excess, which
+    // is parameter-sized (Note [Backward after a step] in CostModel.h).
+    const double backward = scaledTime(c.backward, c.backwardFixed, f);
+    if (c.backwardAfterStep > 0) c.backwardAfterStep += backward - c.backward;
+    c.forward = scaledTime(c.forward, c.forwardFixed, f);
+    c.backward = backward;
+    c.recompute = scaledTime(c.recompute, c.recomputeFixed, f);
+    c.outputBytes = b.outputBytes;
+    c.savedBytes = b.savedBytes;
+    c.savedOutputBytes = b.savedOutputBytes;
+    c.savedInputBytes = b.savedInputBytes;
+    c.workingBytes = b.workingBytes;
+    c.gatheredWorkingBytes = b.gatheredWorkingBytes;
+    c.forwardWorkingBytes = b.forwardWorkingBytes;
+    c.noGradForwardBytes = b.noGradForwardBytes;
+    c.workingFixedBytes = std::min(c.workingFixedBytes, c.workingBytes);
+    c.gatheredWorkingFixedBytes =
+        std::min(c.gatheredWorkingFixedBytes,
+                 c.gatheredWorkingBytes >= 0 ? c.gatheredWorkingBytes : c.workingBytes);
+  }
+  return q;
+}
 
 std::string profileKey(const Profile& p) {
   return p.model + " | microbatch=" + std::to_string(p.microbatch) + " | device=" + p.device +
@@ -63,6 +117,21 @@ std::string profileToYaml(const Profile& p) {
       << ", forward_working_bytes: " << l.forwardWorkingBytes
       << ", no_grad_forward_bytes: " << l.noGradForwardBytes << ", buffer_bytes: " << l.bufferBytes
       << "}\n";
+  }
+  // Note [Bytes at every microbatch] in LayerCost.h.
+  if (!p.bytesAt.empty()) o << "bytes_at:\n";
+  for (const MeasuredBytes& m : p.bytesAt) {
+    o << "  - microbatch: " << m.microbatch << "\n    input_bytes: " << m.inputBytes
+      << "\n    target_bytes: " << m.targetBytes
+      << "\n    loss_working_bytes: " << m.lossWorkingBytes
+      << "\n    recomputed_loss_bytes: " << m.recomputedLossBytes << "\n    layers:\n";
+    for (const LayerBytes& b : m.layers)
+      o << "      - {output_bytes: " << b.outputBytes << ", saved_bytes: " << b.savedBytes
+        << ", saved_output_bytes: " << b.savedOutputBytes
+        << ", saved_input_bytes: " << b.savedInputBytes << ", working_bytes: " << b.workingBytes
+        << ", gathered_working_bytes: " << b.gatheredWorkingBytes
+        << ", forward_working_bytes: " << b.forwardWorkingBytes
+        << ", no_grad_forward_bytes: " << b.noGradForwardBytes << "}\n";
   }
   return o.str();
 }
@@ -124,6 +193,32 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
                         "0 and working_bytes and gathered_working_bytes");
       c.bufferBytes = l["buffer_bytes"] ? l["buffer_bytes"].as<std::int64_t>() : 0;
       p.layers.push_back(c);
+    }
+    for (const auto& m : n["bytes_at"]) {  // Note [Bytes at every microbatch]
+      MeasuredBytes mb;
+      mb.microbatch = m["microbatch"].as<std::int64_t>();
+      mb.inputBytes = m["input_bytes"].as<std::int64_t>();
+      mb.targetBytes = m["target_bytes"].as<std::int64_t>();
+      mb.lossWorkingBytes = m["loss_working_bytes"].as<std::int64_t>();
+      mb.recomputedLossBytes = m["recomputed_loss_bytes"].as<std::int64_t>();
+      for (const auto& l : m["layers"]) {
+        LayerBytes b;
+        b.outputBytes = l["output_bytes"].as<std::int64_t>();
+        b.savedBytes = l["saved_bytes"].as<std::int64_t>();
+        b.savedOutputBytes = l["saved_output_bytes"].as<std::int64_t>();
+        b.savedInputBytes = l["saved_input_bytes"].as<std::int64_t>();
+        b.workingBytes = l["working_bytes"].as<std::int64_t>();
+        b.gatheredWorkingBytes = l["gathered_working_bytes"].as<std::int64_t>();
+        b.forwardWorkingBytes = l["forward_working_bytes"].as<std::int64_t>();
+        b.noGradForwardBytes = l["no_grad_forward_bytes"].as<std::int64_t>();
+        mb.layers.push_back(b);
+      }
+      if (mb.microbatch < 1 || mb.layers.size() != p.layers.size())
+        throw UserError(source + ": bytes_at: microbatch " + std::to_string(mb.microbatch) +
+                        " with " + std::to_string(mb.layers.size()) +
+                        " layers; allowed: a microbatch >= 1 and one entry per layer (" +
+                        std::to_string(p.layers.size()) + ")");
+      p.bytesAt.push_back(std::move(mb));
     }
   } catch (const YAML::Exception& e) {
     throw UserError(source + ": malformed profile file: " + e.what());

@@ -81,6 +81,172 @@ void zeroGrads(const std::vector<torch::Tensor>& params) {
     if (p.grad().defined()) p.mutable_grad().zero_();
 }
 
+/// Note [Measured saved bytes]: one layer's memory passes on its input `in` (no graph):
+/// F and B as the runtime's B on the master runs them, B gathering, what the graph keeps
+/// of the output, and F without autograd. The layer's parameters have gradients already;
+/// its buffers (BatchNorm's statistics) are put back afterwards. Used at the profile's
+/// microbatch size and at every other (Note [Bytes at every microbatch] in LayerCost.h).
+LayerBytes layerBytes(model::Layer& layer, const torch::Tensor& in, bool inputGrad,
+                      memory::MemoryDomain& dom) {
+  LayerBytes out;
+  memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+  std::vector<torch::Tensor> buffers;
+  {
+    torch::NoGradGuard noGrad;
+    for (const auto& t : layer.buffers()) buffers.push_back(t.clone());
+  }
+  const std::vector<torch::Tensor> params = layer.parameters();
+  torch::Tensor gy;
+  {
+    zeroGrads(params);
+    torch::Tensor s;
+    if (inputGrad) s = torch::zeros({}, in.options().requires_grad(true));
+    const std::int64_t live0 = dom.liveBytes();
+    dom.resetPeak();
+    torch::Tensor x = inputGrad ? in + s : in.clone();
+    torch::Tensor y = layer.forward(x);
+    const std::int64_t peakF = dom.peakBytes();
+    // The input's bytes the graph keeps: what dropping the last handle on it leaves
+    // allocated.
+    const std::int64_t inStorage = storageBytes(x), liveX = dom.liveBytes();
+    x = torch::Tensor();
+    const std::int64_t live1 = dom.liveBytes();
+    out.savedInputBytes = std::clamp<std::int64_t>(inStorage - (liveX - live1), 0, inStorage);
+    out.outputBytes = static_cast<std::int64_t>(y.nbytes());
+    out.savedBytes = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
+    {
+      torch::NoGradGuard noGrad;
+      gy = torch::randn_like(y);  // B's output gradient, outside the measured peaks
+    }
+    torch::Tensor g = gy.clone();
+    const std::int64_t liveB = dom.liveBytes();
+    dom.resetPeak();
+    std::vector<torch::Tensor> wrt;
+    for (const auto& p : params)
+      if (p.requires_grad()) wrt.push_back(p);
+    if (s.defined()) wrt.push_back(s);
+    if (!wrt.empty()) {
+      // As the runtime's B on the master runs it (Note [In-place weight gradients] in
+      // src/runtime/StageCompute.cpp, Note [Gathered weight gradients] in CostModel.h):
+      // each parameter's gradient is added into its (zeroed, defined) .grad as autograd
+      // makes it, so the fresh gradient is part of this transient only until then. A B
+      // that gathers holds the later layers' gradients beside it: the cost model adds
+      // those from gradBytes.
+      torch::autograd::backward({y}, {g}, /*retain_graph=*/false, /*create_graph=*/false, wrt);
+    }
+    const std::int64_t peakB = dom.peakBytes();
+    if (s.defined()) s.mutable_grad() = torch::Tensor();
+    out.forwardWorkingBytes = std::max<std::int64_t>(0, peakF - live1);
+    out.workingBytes = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
+    // The same B gathering: the parameters' gradients come back as fresh tensors, held
+    // until B ends (a B on another copy, or one filling gradient buckets).
+    y = torch::Tensor();
+    g = torch::Tensor();
+    x = inputGrad ? in + s : in.clone();
+    y = layer.forward(x);
+    x = torch::Tensor();
+    g = gy.clone();
+    const std::int64_t liveG = dom.liveBytes();
+    dom.resetPeak();
+    if (!wrt.empty()) {
+      auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
+                                        /*create_graph=*/false, /*allow_unused=*/true);
+    }
+    out.gatheredWorkingBytes = std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
+  }
+  // The output's bytes the graph keeps: drop the last handle on the output while its graph
+  // lives; what is not freed, the graph holds.
+  {
+    torch::Tensor s;
+    if (inputGrad) s = torch::zeros({}, in.options().requires_grad(true));
+    torch::Tensor x = inputGrad ? in + s : in.clone();
+    torch::Tensor y = layer.forward(x);
+    x = torch::Tensor();
+    std::shared_ptr<torch::autograd::Node> graph = y.grad_fn();
+    const std::int64_t outStorage = storageBytes(y), live = dom.liveBytes();
+    y = torch::Tensor();
+    const std::int64_t freed = live - dom.liveBytes();
+    out.savedOutputBytes = std::clamp<std::int64_t>(outStorage - freed, 0, out.outputBytes);
+    graph.reset();
+  }
+  // F without autograd (Note [Forward without autograd] in CostModel.h): input, output and
+  // temporaries, nothing saved.
+  {
+    torch::NoGradGuard noGrad;
+    const std::int64_t live0 = dom.liveBytes();
+    dom.resetPeak();
+    torch::Tensor x = in.clone();
+    torch::Tensor y = layer.forward(x);
+    out.noGradForwardBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
+  }
+  torch::NoGradGuard noGrad;
+  auto current = layer.buffers();
+  for (size_t j = 0; j < buffers.size(); ++j) current[j].copy_(buffers[j]);
+  return out;
+}
+
+/// The loss as the last stage's B runs it (startBackward), on the model's output `output`
+/// for `b` samples: from the output and the targets to the gradient of the output, which B
+/// then holds; and as a recomputing last stage's B takes it, inside the output's graph
+/// (Note [Loss in the recomputed graph] in schedules/Lowering.h). Sets `m`'s two loss fields.
+void lossBytes(model::Model& model, const torch::Tensor& output, std::int64_t b,
+               memory::MemoryDomain& dom, MeasuredBytes& m) {
+  memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
+  torch::Tensor target =
+      model.inputDtype() == torch::kLong
+          ? sampleInput(model, b)
+          : torch::randint(0, std::max<int64_t>(model.options().num_classes, 2), {b}, torch::kLong);
+  torch::Tensor out = output.detach().clone().requires_grad_(true);
+  const std::int64_t live0 = dom.liveBytes();
+  dom.resetPeak();
+  {
+    torch::Tensor l = model.loss(out, target);
+    torch::Tensor g = torch::autograd::grad({l}, {out})[0];
+    m.lossWorkingBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
+  }
+  // The output here is made by an add that saves nothing of it (as the head's matmul), so
+  // it is freed as in B.
+  out = torch::Tensor();
+  torch::Tensor leaf = torch::zeros({}, output.options()).requires_grad_(true);
+  const std::int64_t live1 = dom.liveBytes();
+  dom.resetPeak();
+  {
+    torch::Tensor y = output.detach() + leaf;
+    torch::Tensor l = model.loss(y, target) * 1.0;  // scaled, as B does
+    y = torch::Tensor();
+    torch::Tensor g = torch::autograd::grad({l}, {leaf})[0];
+    m.recomputedLossBytes = std::max<std::int64_t>(0, dom.peakBytes() - live1);
+  }
+}
+
+/// Every layer's and the loss's bytes at `b` samples (Note [Bytes at every microbatch] in
+/// LayerCost.h); nullopt when the model cannot run at that size (BatchNorm on a 1x1 map
+/// in training takes two samples) or it does not fit in memory.
+std::optional<MeasuredBytes> measureBytesAt(model::Model& model, std::int64_t b,
+                                            memory::MemoryDomain& dom) {
+  MeasuredBytes m;
+  m.microbatch = b;
+  try {
+    torch::Tensor input = sampleInput(model, b);
+    m.inputBytes = static_cast<std::int64_t>(input.nbytes());
+    m.targetBytes = input.scalar_type() == torch::kLong
+                        ? m.inputBytes
+                        : b * static_cast<std::int64_t>(sizeof(std::int64_t));
+    for (size_t i = 0; i < model.numLayers(); ++i) {
+      auto& layer = *model.layer(i);
+      const bool inputGrad = i > 0 && input.is_floating_point();
+      m.layers.push_back(layerBytes(layer, input, inputGrad, dom));
+      torch::NoGradGuard noGrad;
+      input = layer.forward(input.detach()).detach();
+    }
+    lossBytes(model, input, b, dom, m);
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  } catch (const std::bad_alloc&) {
+    return std::nullopt;
+  }
+  return m;
+}
 }  // namespace
 
 void ProfilerOptions::validate() const {
@@ -192,8 +358,8 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     c.recompute = t.recompute;
     // Note [Microbatch scaling] in LayerCost.h: the same at the second size, for each
     // pass's fixed time per pass (the intercept of a line through both).
-    torch::Tensor gy2;
     if (input2.defined()) {
+      torch::Tensor gy2;
       const Times t2 = timePasses(input2, gy2);
       c.forwardFixed = fitFixedTime(t.forward, double(b), t2.forward, double(b2));
       c.backwardFixed = fitFixedTime(t.backward, double(b), t2.backward, double(b2));
@@ -203,123 +369,25 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     for (const auto& p : params) grads.push_back(p.grad());
     c.gradBytes = tensorBytes(grads);
 
-    // Memory (Note [Measured saved bytes]), at `in` with B's output gradient `gyIn`.
-    struct Working {
-      std::int64_t savedInput = 0, output = 0, saved = 0;
-      std::int64_t forward = 0, working = 0, gathered = 0;
-    };
-    auto workingPass = [&](const torch::Tensor& in, const torch::Tensor& gyIn) {
-      Working out;
-      memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
-      zeroGrads(params);
-      torch::Tensor s;
-      if (inputGrad) s = torch::zeros({}, in.options().requires_grad(true));
-      const std::int64_t live0 = dom.liveBytes();
-      dom.resetPeak();
-      torch::Tensor x = inputGrad ? in + s : in.clone();
-      torch::Tensor y = layer.forward(x);
-      const std::int64_t peakF = dom.peakBytes();
-      // The input's bytes the graph keeps (Note [Measured saved bytes]): what dropping the
-      // last handle on it leaves allocated.
-      const std::int64_t inStorage = storageBytes(x), liveX = dom.liveBytes();
-      x = torch::Tensor();
-      const std::int64_t live1 = dom.liveBytes();
-      out.savedInput = std::clamp<std::int64_t>(inStorage - (liveX - live1), 0, inStorage);
-      out.output = static_cast<std::int64_t>(y.nbytes());
-      out.saved = std::max<std::int64_t>(0, live1 - live0 - storageBytes(y));
-      torch::Tensor g = gyIn.clone();
-      const std::int64_t liveB = dom.liveBytes();
-      dom.resetPeak();
-      std::vector<torch::Tensor> wrt;
-      for (const auto& p : params)
-        if (p.requires_grad()) wrt.push_back(p);
-      if (s.defined()) wrt.push_back(s);
-      if (!wrt.empty()) {
-        // As the runtime's B on the master runs it (Note [In-place weight gradients] in
-        // src/runtime/StageCompute.cpp, Note [Gathered weight gradients] in CostModel.h):
-        // each parameter's gradient is added into its (zeroed, defined) .grad as autograd
-        // makes it, so the fresh gradient is part of this transient only until then. A
-        // B that gathers holds the later layers' gradients beside it: the cost model adds
-        // those from gradBytes.
-        torch::autograd::backward({y}, {g}, /*retain_graph=*/false, /*create_graph=*/false, wrt);
-      }
-      const std::int64_t peakB = dom.peakBytes();
-      if (s.defined()) s.mutable_grad() = torch::Tensor();
-      out.forward = std::max<std::int64_t>(0, peakF - live1);
-      out.working = std::max<std::int64_t>({0, peakF - live1, peakB - liveB});
-      // The same B gathering: the parameters' gradients come back as fresh tensors, held
-      // until B ends (a B on another copy, or one filling gradient buckets).
-      y = torch::Tensor();
-      g = torch::Tensor();
-      x = inputGrad ? in + s : in.clone();
-      y = layer.forward(x);
-      x = torch::Tensor();
-      g = gyIn.clone();
-      const std::int64_t liveG = dom.liveBytes();
-      dom.resetPeak();
-      if (!wrt.empty()) {
-        auto held = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/false,
-                                          /*create_graph=*/false, /*allow_unused=*/true);
-      }
-      out.gathered = std::max<std::int64_t>({0, peakF - live1, dom.peakBytes() - liveG});
-      return out;
-    };
+    // Memory (Note [Measured saved bytes]).
     {
-      const Working w = workingPass(input, gy);
-      c.savedInputBytes = w.savedInput;
-      c.outputBytes = w.output;
-      c.savedBytes = w.saved;
-      c.forwardWorkingBytes = w.forward;
-      c.workingBytes = w.working;
-      c.gatheredWorkingBytes = w.gathered;
+      const LayerBytes w = layerBytes(layer, input, inputGrad, dom);
+      c.outputBytes = w.outputBytes;
+      c.savedBytes = w.savedBytes;
+      c.savedOutputBytes = w.savedOutputBytes;
+      c.savedInputBytes = w.savedInputBytes;
+      c.workingBytes = w.workingBytes;
+      c.gatheredWorkingBytes = w.gatheredWorkingBytes;
+      c.forwardWorkingBytes = w.forwardWorkingBytes;
+      c.noGradForwardBytes = w.noGradForwardBytes;
       // Note [Parameter-sized working sets] in LayerCost.h: B's working sets at the second
       // size too, for the bytes that do not scale (the parameters' fresh gradients).
       if (input2.defined()) {
-        const Working w2 = workingPass(input2, gy2);
-        c.workingFixedBytes = fitFixedBytes(w.working, double(b), w2.working, double(b2));
-        c.gatheredWorkingFixedBytes = fitFixedBytes(w.gathered, double(b), w2.gathered, double(b2));
+        const LayerBytes w2 = layerBytes(layer, input2, inputGrad, dom);
+        c.workingFixedBytes = fitFixedBytes(w.workingBytes, double(b), w2.workingBytes, double(b2));
+        c.gatheredWorkingFixedBytes =
+            fitFixedBytes(w.gatheredWorkingBytes, double(b), w2.gatheredWorkingBytes, double(b2));
       }
-    }
-    // The output's bytes the graph keeps (Note [Measured saved bytes]): drop the last
-    // handle on the output while its graph lives; what is not freed, the graph holds.
-    // BatchNorm's statistics are put back afterwards.
-    {
-      memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
-      std::vector<torch::Tensor> buffers;
-      {
-        torch::NoGradGuard noGrad;
-        for (const auto& t : layer.buffers()) buffers.push_back(t.clone());
-      }
-      torch::Tensor s;
-      if (inputGrad) s = torch::zeros({}, input.options().requires_grad(true));
-      torch::Tensor x = inputGrad ? input + s : input.clone();
-      torch::Tensor y = layer.forward(x);
-      x = torch::Tensor();
-      std::shared_ptr<torch::autograd::Node> graph = y.grad_fn();
-      const std::int64_t outStorage = storageBytes(y), live = dom.liveBytes();
-      y = torch::Tensor();
-      const std::int64_t freed = live - dom.liveBytes();
-      c.savedOutputBytes = std::clamp<std::int64_t>(outStorage - freed, 0, c.outputBytes);
-      graph.reset();
-      torch::NoGradGuard noGrad;
-      auto current = layer.buffers();
-      for (size_t j = 0; j < buffers.size(); ++j) current[j].copy_(buffers[j]);
-    }
-    // F without autograd (Note [Forward without autograd] in CostModel.h): input, output
-    // and temporaries, nothing saved. BatchNorm's statistics are put back afterwards.
-    {
-      memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
-      torch::NoGradGuard noGrad;
-      std::vector<torch::Tensor> buffers;
-      for (const auto& t : layer.buffers()) buffers.push_back(t.clone());
-      const std::int64_t live0 = dom.liveBytes();
-      dom.resetPeak();
-      torch::Tensor x = input.clone();
-      torch::Tensor y = layer.forward(x);
-      c.noGradForwardBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
-      y = torch::Tensor();
-      auto current = layer.buffers();
-      for (size_t j = 0; j < buffers.size(); ++j) current[j].copy_(buffers[j]);
     }
 
     // A weight snapshot (Note [Weight snapshots] in CostModel.h): the runtime clones every
@@ -397,38 +465,17 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     }
     prof.layers.push_back(c);
   }
-  // The loss as the last stage's B runs it (startBackward): from the model's output and
-  // the targets to the gradient of the output, which B then holds.
   {
-    memory::MemoryScope scope(dom, MemoryCategory::WorkingSet);
-    torch::Tensor target =
-        model->inputDtype() == torch::kLong
-            ? sampleInput(*model, b)
-            : torch::randint(0, std::max<int64_t>(model->options().num_classes, 2), {b},
-                             torch::kLong);
-    torch::Tensor out = input.detach().clone().requires_grad_(true);
-    const std::int64_t live0 = dom.liveBytes();
-    dom.resetPeak();
-    {
-      torch::Tensor l = model->loss(out, target);
-      torch::Tensor g = torch::autograd::grad({l}, {out})[0];
-      prof.lossWorkingBytes = std::max<std::int64_t>(0, dom.peakBytes() - live0);
-    }
-    // Note [Loss in the recomputed graph] (schedules/Lowering.h): the loss inside the
-    // output's graph, the output let go before autograd runs. The output here is made by
-    // an add that saves nothing of it (as the head's matmul), so it is freed as in B.
-    out = torch::Tensor();
-    torch::Tensor leaf = torch::zeros({}, input.options()).requires_grad_(true);
-    const std::int64_t live1 = dom.liveBytes();
-    dom.resetPeak();
-    {
-      torch::Tensor y = input.detach() + leaf;
-      torch::Tensor l = model->loss(y, target) * 1.0;  // scaled, as B does
-      y = torch::Tensor();
-      torch::Tensor g = torch::autograd::grad({l}, {leaf})[0];
-      prof.recomputedLossBytes = std::max<std::int64_t>(0, dom.peakBytes() - live1);
-    }
+    MeasuredBytes at;
+    lossBytes(*model, input, b, dom, at);
+    prof.lossWorkingBytes = at.lossWorkingBytes;
+    prof.recomputedLossBytes = at.recomputedLossBytes;
   }
+  // Note [Bytes at every microbatch] in LayerCost.h: every other size the planner may pick,
+  // each divisor of the batch.
+  for (std::int64_t size = 1; size <= cfg.training.batch; ++size)
+    if (cfg.training.batch % size == 0 && size != b)
+      if (auto at = measureBytesAt(*model, size, dom)) prof.bytesAt.push_back(std::move(*at));
   if (o.times == "analytic") {
     // Note [Analytic times in a measured profile]: the bytes above, the times of the roofline.
     const DeviceSpec spec = findDeviceSpec(o.device, configsDirFor(cfg.source) + "/devices");

@@ -266,7 +266,9 @@ int Plan::bindingDevice(const CostModel& m, std::int64_t budget) const {
   return best;
 }
 
-void evaluatePlan(const CostModel& model, Plan& plan) {
+void evaluatePlan(const CostModel& modelIn, Plan& plan) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   plan.shape.corePace = model.corePace(plan.shape);  // Note [Shared cores]
   plan.shape.fill = model.fill(plan.shape);          // Note [Zero-bubble fill]
   const PipelineShape& sh = plan.shape;
@@ -354,10 +356,12 @@ void extendPair(const std::vector<FoldEntry>& prev, double term, std::int64_t ho
   }
 }
 
-std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape& shape,
+std::optional<Plan> solveFoldedShape(const CostModel& modelIn, const PipelineShape& shape,
                                      const std::vector<StashPolicy>& policiesIn,
                                      const std::vector<std::int64_t>& limits,
                                      std::int64_t hostLimit, Objective objective, double bound) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shape.microbatchSize);
   const int L = model.numLayers(), S = shape.stages, P = S / 2;
   if (S < 2 || S > L) return std::nullopt;
   const bool odd = S % 2 == 1, pareto = hostLimit >= 0, time = objective == Objective::Time;
@@ -550,10 +554,12 @@ std::optional<Plan> solveFoldedShape(const CostModel& model, const PipelineShape
 // optimality test compares it with the brute force). It is O(D L^4) per X in the worst
 // case; the cap prunes i2 and j2 (compute lower bounds and memory lower bounds only grow
 // with a stage), and shapes of more than kSharedExactLayers layers are not searched.
-std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape& shape,
+std::optional<Plan> solveSharedShape(const CostModel& modelIn, const PipelineShape& shape,
                                      const std::vector<StashPolicy>& policiesIn,
                                      const std::vector<std::int64_t>& limits,
                                      std::int64_t hostLimit, Objective objective, double bound) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shape.microbatchSize);
   const int L = model.numLayers(), S = shape.stages, D = shape.chainLength();
   if (S < 2 || S > L || S != 2 * D) return std::nullopt;
   const bool looped = schedules::info(shape.kind).placement == schedules::DefaultPlacement::Looped;
@@ -746,10 +752,12 @@ std::optional<Plan> solveSharedShape(const CostModel& model, const PipelineShape
 
 }  // namespace
 
-std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shape,
+std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& shape,
                                const std::vector<StashPolicy>& policiesIn,
                                const std::vector<std::int64_t>& limits, std::int64_t hostLimit,
                                Objective objective, double bound) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shape.microbatchSize);
   const int L = model.numLayers(), S = shape.stages;
   if (S < 1 || S > L) return std::nullopt;
   if (shape.folded)
@@ -1119,8 +1127,10 @@ std::optional<Plan> solveShape(const CostModel& model, const PipelineShape& shap
 // ---------------------------------------------------------------------------------------
 // Decoupled partitions (Note [Decoupled search] in Solver.h)
 
-std::vector<DecoupledChoice> decoupledChoices(const CostModel& model, const PipelineShape& shape,
+std::vector<DecoupledChoice> decoupledChoices(const CostModel& modelIn, const PipelineShape& shape,
                                               const std::vector<StashPolicy>& policies) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shape.microbatchSize);
   std::vector<DecoupledChoice> out;
   if (shape.replicas != 1) return out;
   for (int d : shape.chain)  // Note [Devices and processes]: one process
@@ -1181,10 +1191,12 @@ PassCuts partitionPass(int L, int n, double cap,
 
 }  // namespace
 
-std::optional<Plan> solveDecoupledShape(const CostModel& model, const PipelineShape& shapeIn,
+std::optional<Plan> solveDecoupledShape(const CostModel& modelIn, const PipelineShape& shapeIn,
                                         const std::vector<StashPolicy>& policies,
                                         const std::vector<std::int64_t>& limits,
                                         std::int64_t hostLimit, Objective objective, double bound) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(shapeIn.microbatchSize);
   const int L = model.numLayers(), Df = shapeIn.forwardDevices, Db = shapeIn.backwardDevices;
   if (Df < 1 || Db < 1 || Df > L || Db > L || !isSplit(shapeIn.kind)) return std::nullopt;
   const bool time = objective == Objective::Time;
@@ -1535,8 +1547,10 @@ bool fitsLimits(const Plan& p, const std::vector<std::int64_t>& limits, std::int
   return hostLimit < 0 || p.hostBytes <= hostLimit;
 }
 
-void prefetchFurther(const CostModel& model, Plan& plan, const std::vector<std::int64_t>& limits,
+void prefetchFurther(const CostModel& modelIn, Plan& plan, const std::vector<std::int64_t>& limits,
                      std::int64_t hostLimit, int lookahead) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   const bool offloads = std::any_of(plan.stages.begin(), plan.stages.end(), [](const StagePlan& s) {
     return schedules::isOffloaded(s.estimate.effective);
   });
@@ -1592,8 +1606,10 @@ SolveResult solve(const CostModel& model, const SolverOptions& options) {
 // ---------------------------------------------------------------------------------------
 // Simulator re-scoring
 
-void simulatePlan(const CostModel& model, Plan& plan, const std::vector<std::int64_t>& limits,
+void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::int64_t>& limits,
                   std::int64_t hostLimit) {
+  // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
+  const CostModel& model = modelIn.at(plan.shape.microbatchSize);
   const PipelineShape& sh = plan.shape;
   // Note [Decoupled search]: the generators do not run several segments per device yet.
   if (sh.decoupled()) return;

@@ -100,6 +100,58 @@ TEST(ProfileFiles, FixedWorkingBytesRoundTripAndScaleApart) {
   }
 }
 
+// Note [Bytes at every microbatch]: the bytes measured at other microbatch sizes round-trip;
+// the model at such a size plans on them (its times scaled as ever), the model at a size
+// not measured scales; a bytes_at entry without one entry per layer is refused.
+TEST(ProfileFiles, BytesAtOtherMicrobatchesRoundTripAndArePlannedOn) {
+  Profile p = pipefb::planner::testing::timesProfile({0.004, 0.002});
+  p.device = "cpu";
+  p.source = "measured";
+  p.microbatch = 16;
+  for (auto& l : p.layers) l.workingBytes = l.savedBytes = l.outputBytes = 1600;
+  p.layers[0].forwardFixed = 0.001;
+  MeasuredBytes one;
+  one.microbatch = 1;
+  one.inputBytes = 7;
+  one.lossWorkingBytes = 11;
+  for (int l = 0; l < 2; ++l) {
+    LayerBytes b;
+    b.outputBytes = b.savedBytes = 100;
+    b.workingBytes = 300000 + l;  // not 1600 / 16: measured, not scaled
+    b.gatheredWorkingBytes = b.forwardWorkingBytes = b.noGradForwardBytes = 300000;
+    one.layers.push_back(b);
+  }
+  p.bytesAt.push_back(one);
+  const Profile q = parseProfile(profileToYaml(p), "round trip");
+  ASSERT_EQ(q.bytesAt.size(), 1u);
+  EXPECT_EQ(q.bytesAt[0].microbatch, 1);
+  EXPECT_EQ(q.bytesAt[0].inputBytes, 7);
+  EXPECT_EQ(q.bytesAt[0].lossWorkingBytes, 11);
+  EXPECT_EQ(q.bytesAt[0].layers[1].workingBytes, 300001);
+  const CostModel base(q, pipefb::planner::testing::freeCluster(1));
+  const CostModel& at1 = base.at(1);
+  EXPECT_NE(&at1, &base);
+  EXPECT_EQ(&base.at(1), &at1);  // one model per size
+  EXPECT_EQ(at1.profile().microbatch, 1);
+  EXPECT_EQ(at1.workingBytes(1, 1.0), 300001);
+  EXPECT_EQ(at1.profile().inputBytes, 7);
+  // The times scale as they would from the base (Note [Microbatch scaling]).
+  EXPECT_DOUBLE_EQ(at1.forwardTime(0, 1, 1.0), base.forwardTime(0, 1, 1.0 / 16));
+  EXPECT_DOUBLE_EQ(at1.backwardTime(0, 2, 1.0), base.backwardTime(0, 2, 1.0 / 16));
+  EXPECT_EQ(&base.at(16), &base);
+  EXPECT_EQ(&base.at(4), &base);                  // not measured at 4: scales
+  EXPECT_EQ(at1.at(4).profile().microbatch, 16);  // from a view too
+  EXPECT_EQ(at1.at(4).workingBytes(0, 0.25), base.workingBytes(0, 0.25));
+  std::string bad = profileToYaml(p);
+  bad.erase(bad.rfind("      - {"));
+  try {
+    parseProfile(bad, "bad.yaml");
+    ADD_FAILURE() << "a bytes_at entry short of a layer was accepted";
+  } catch (const pipefb::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.yaml: bytes_at"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SpecFiles, EveryDeviceSpecRoundTrips) {
   int n = 0;
   for (const auto& name : deviceSpecNames(kDevices)) {

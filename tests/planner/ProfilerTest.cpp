@@ -94,6 +94,22 @@ TEST(ProfilerTest, MlpClosedForms) {
     EXPECT_EQ(l.bufferBytes, 0) << l.name;
   }
   EXPECT_EQ(p.targetBytes, b * 8);  // one int64 class id per sample
+  // Note [Bytes at every microbatch] in LayerCost.h: every other divisor of the batch (32),
+  // measured there: the same closed forms at that size.
+  std::vector<std::int64_t> sizes;
+  for (const MeasuredBytes& m : p.bytesAt) {
+    sizes.push_back(m.microbatch);
+    EXPECT_EQ(m.inputBytes, m.microbatch * 64 * 4);
+    EXPECT_EQ(m.targetBytes, m.microbatch * 8);
+    ASSERT_EQ(m.layers.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(m.layers[i].outputBytes, m.microbatch * out[i] * 4) << m.microbatch;
+      EXPECT_EQ(m.layers[i].savedBytes, m.microbatch * in[i] * 4) << m.microbatch;
+      EXPECT_EQ(m.layers[i].noGradForwardBytes, m.microbatch * (in[i] + out[i]) * 4)
+          << m.microbatch;
+    }
+  }
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{1, 2, 4, 8, 16}));
   expectTimesPositive(p);
 }
 

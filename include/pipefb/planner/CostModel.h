@@ -735,6 +735,10 @@ class CostModel {
   CostModel(Profile profile, Cluster cluster);
 
   const Profile& profile() const { return profile_; }
+  /// This model for shapes of `microbatchSize` samples: one on the profile measured at that
+  /// size where there is one (Note [Bytes at every microbatch] in LayerCost.h), else this.
+  /// The solver, the simulator's set-up, plan files and explanations take it per shape.
+  const CostModel& at(std::int64_t microbatchSize) const;
   const Cluster& cluster() const { return cluster_; }
   int numLayers() const { return profile_.numLayers(); }
 
@@ -903,6 +907,15 @@ class CostModel {
   };
   const GatherTables& gatherTables(const PipelineShape& shape) const;
   std::shared_ptr<GatherCache> gather_ = std::make_shared<GatherCache>();
+  // Note [Bytes at every microbatch]: the models at the sizes the profile measured.
+  // Shared by a model and its views; `base` is the profile as measured.
+  struct ViewCache {
+    std::mutex mu;
+    Profile base;
+    std::map<std::int64_t, std::shared_ptr<const CostModel>> models;
+  };
+  std::shared_ptr<ViewCache> views_;
+  bool isView_ = false;
 };
 
 }  // namespace pipefb::planner

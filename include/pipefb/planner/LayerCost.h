@@ -4,6 +4,7 @@
 // Torch-free (Note [Build layout]).
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,9 +121,9 @@ inline double fitFixedTime(double time, double mb, double time2, double mb2) {
 /// Not every transient is affine: LibTorch's CPU convolution of one sample takes another
 /// path with a column buffer (vgg16/8's conv1_2: B's working set 313632 bytes measured at
 /// 1 sample, 15844 fitted from 16 and 2; conv1_1 to conv3_3 alike), so at microbatch 1 a
-/// device of convolutions held up to 15% more than planned from a profile at 16 (1f1b,
-/// SGD, 64 microbatches, cpu:0). pipefb_plan says so when its plan's microbatch is not the
-/// measured profile's, and how to profile at it (Explain.cpp).
+/// device of convolutions held 15.2% more than planned from a profile at 16 (1f1b, SGD,
+/// 64 microbatches, cpu:0): the profiler measures every size, below (Note [Bytes at every
+/// microbatch]), and the fit serves a size it could not run and older profiles.
 /// Bytes that are `bytes` at the profile's microbatch, `fixed` of them per pass, at f x it.
 inline std::int64_t scaledBytes(std::int64_t bytes, std::int64_t fixed, double f) {
   return fixed + static_cast<std::int64_t>(std::llround(static_cast<double>(bytes - fixed) * f));
@@ -134,6 +135,28 @@ inline std::int64_t fitFixedBytes(std::int64_t bytes, double mb, std::int64_t by
       fitFixedTime(static_cast<double>(bytes), mb, static_cast<double>(bytes2), mb2);
   return static_cast<std::int64_t>(std::llround(fixed));
 }
+
+/// Note [Bytes at every microbatch]
+/// Scaling a profile's bytes to another microbatch size is exact only where they are
+/// affine in it, and some transients are not (Note [Parameter-sized working sets]: a
+/// one-sample convolution on the CPU takes a path with a column buffer). So the measured
+/// profiler also runs every layer's memory passes at each other microbatch size the
+/// planner may pick (each divisor of training.batch up to its largest microbatch count),
+/// and keeps what they measured here. CostModel::at(size) plans such a size on the
+/// profile measured there (profileAt: those bytes; the times scaled as ever), so a plan's
+/// bytes are what the run holds whichever microbatch the planner chose. A size that could
+/// not run (BatchNorm on a 1x1 map takes two samples) or an older profile scales.
+struct LayerBytes {
+  std::int64_t outputBytes = 0, savedBytes = 0, savedOutputBytes = 0, savedInputBytes = 0;
+  std::int64_t workingBytes = 0, gatheredWorkingBytes = 0, forwardWorkingBytes = 0;
+  std::int64_t noGradForwardBytes = 0;
+};
+/// A profile's bytes at one microbatch size (Note [Bytes at every microbatch]).
+struct MeasuredBytes {
+  std::int64_t microbatch = 0;
+  std::int64_t inputBytes = 0, targetBytes = 0, lossWorkingBytes = 0, recomputedLossBytes = 0;
+  std::vector<LayerBytes> layers;
+};
 
 struct Profile {
   std::string model;                // cache key part: model name and options
@@ -154,8 +177,16 @@ struct Profile {
   /// head layer counts log_softmax's result in its saved bytes instead).
   std::int64_t recomputedLossBytes = 0;
   std::vector<LayerCost> layers;
+  /// The bytes measured at other microbatch sizes (Note [Bytes at every microbatch]).
+  std::vector<MeasuredBytes> bytesAt;
 
   int numLayers() const { return static_cast<int>(layers.size()); }
 };
+
+/// The layer's bytes as measured (Note [Bytes at every microbatch]).
+LayerBytes bytesOf(const LayerCost& c);
+/// `p` at `microbatch` samples (Note [Bytes at every microbatch]): its bytes measured there
+/// and its times scaled there, or nullopt when nothing was measured at that size.
+std::optional<Profile> profileAt(const Profile& p, std::int64_t microbatch);
 
 }  // namespace pipefb::planner

@@ -89,6 +89,13 @@ int main(int argc, char** argv) {
                 << " warm-ups; microbatch " << r.profile.microbatch << ", input "
                 << kib(r.profile.inputBytes) << " KiB\n";
     printTable(r.profile);
+    // Note [Bytes at every microbatch] in LayerCost.h.
+    if (!r.profile.bytesAt.empty()) {
+      std::cout << "bytes also measured at microbatch";
+      for (const auto& m : r.profile.bytesAt) std::cout << " " << m.microbatch;
+      std::cout << " (every other divisor of the batch that ran), so plans at those sizes "
+                   "charge them as measured\n";
+    }
     std::cout << "plan from it: pipefb_plan --config " << configPath << " --profile " << r.path
               << "\n";
     return 0;
