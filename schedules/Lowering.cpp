@@ -288,23 +288,38 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
   return out;
 }
 
-// Note [Stashes at a step]
-std::vector<int> stashesAtStep(const Schedule& lowered) {
+namespace {
+// Per stage, the most activation stashes of the stage resident on a device at the start of
+// an action `at` accepts (the stage's own actions), over the devices of a lowered schedule:
+// F on that device makes one until its OFF, PRE brings one until B or W ends it.
+template <class At>
+std::vector<int> stashesAt(const Schedule& lowered, At at) {
   const int S = lowered.numStages;
   std::vector<int> out(S, 0);
   for (int d = 0; d < lowered.numDevices(); ++d) {
     std::vector<int> resident(S, 0);
     for (const Action& a : lowered.devices[d]) {
+      if (at(a)) out[a.stage] = std::max(out[a.stage], resident[a.stage]);
       const bool activation = a.stash == StashKind::Activation;
       if (a.type == ActionType::Forward || (a.type == ActionType::Prefetch && activation))
         ++resident[a.stage];
       else if (a.endsStash() || (a.type == ActionType::Offload && activation))
         --resident[a.stage];
-      else if (a.type == ActionType::Step)
-        out[a.stage] = std::max(out[a.stage], resident[a.stage]);
     }
   }
   return out;
+}
+}  // namespace
+
+// Note [Stashes at a step]
+std::vector<int> stashesAtStep(const Schedule& lowered) {
+  return stashesAt(lowered, [](const Action& a) { return a.type == ActionType::Step; });
+}
+
+// Note [Stashes at a backward]
+std::vector<int> stashesAtBackward(const Schedule& lowered) {
+  // At a B or I start the stash it takes is resident (its PRE, or its F, came before it).
+  return stashesAt(lowered, [](const Action& a) { return a.isInputBackward(); });
 }
 
 std::vector<bool> forwardPhaseFirst(const Schedule& schedule) {

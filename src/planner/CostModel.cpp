@@ -112,6 +112,17 @@ const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lo
   });
 }
 
+// Note [Stashes at a backward]: per stage, on the same folded schedule over 3 iterations
+// (the steady state between two of them).
+const std::vector<int>& foldedStashesAtBackward(ScheduleKind k, int S, int M, int lookahead) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead), [&] {
+    const schedules::SchedulePlan lowered =
+        schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 3),
+                         {StashPolicy::Offload}, lookahead, /*offloadWeights=*/false);
+    return schedules::stashesAtBackward(lowered.schedule);
+  });
+}
+
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
 // placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
 // iterations, to see the next iteration's feed.
@@ -737,8 +748,11 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         k == S - 1 && schedules::lossInRecomputedGraph(ckpt, splitsBackward(shape.kind));
     const std::int64_t recomputedGraph = ckpt ? graph - onStash + buffersCopy : 0;
     const std::int64_t recomputed = recomputedGraph + (ckpt && !lossInGraph ? output : 0);
+    // Note [Loss scalars beside the backward] (CostModel.h): B's root and its seed.
+    const std::int64_t lossScalars = lossInGraph ? 2 * kLossScalarBytes : 0;
     const std::int64_t whole =
-        std::max(maxWorking, backwardWorking(shape, k, first, last, inPlace)) + recomputed + output;
+        std::max(maxWorking, backwardWorking(shape, k, first, last, inPlace)) + recomputed +
+        output + lossScalars;
     if (lossInGraph)
       return std::max(whole, recomputedGraph + scaled(profile_.recomputedLossBytes, f));
     // Note [Outputs at the loss]: the outputs that arrive only after the loss wait beside
@@ -825,7 +839,14 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // beside the prefetched ones (at most one, Note [PipeFB with a split backward]).
     const int deferred =
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
-    const int resident = std::min(e.inFlight, shape.lookahead + 1 + deferred);
+    // Note [Stashes at a backward]: fewer on a folded device whose PREs follow its
+    // forwards' offloads (counted at B starts: not for a split backward, whose stashes
+    // stay until W).
+    const bool countedAtB = shape.folded && !splitsBackward(shape.kind);
+    const int resident =
+        std::min({e.inFlight, shape.lookahead + 1 + deferred,
+                  countedAtB ? foldedStashesAtBackward(shape.kind, S, M, shape.lookahead).at(k)
+                             : e.inFlight});
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
     // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
     // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.

@@ -140,7 +140,9 @@ void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
                        hold);
     e->onHost = true;
   }
-  channels.put({Chan::Stash, a.stage, a.index, -1}, {{}, e});
+  Message m;
+  m.stash = std::move(e);  // Note [The registry's only reference]
+  channels.put({Chan::Stash, a.stage, a.index, -1}, std::move(m));
 }
 
 void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {

@@ -19,6 +19,18 @@
 //    copy engine waits for it.
 //  * B acquires the stash: it waits for the copy (counted as stall) or, with no PRE
 //    before it, issues the copy itself.
+//
+// Note [The registry's only reference]
+// The entry that OFF puts in the host registry is the only reference to it: B(s,m)
+// fills it with the backward device's tensors (bringToDevice), so whoever else still held
+// the entry would hold B's stash past B. OFF used to put a copy of its StashPtr and drop
+// its own at its return; on a busy machine the forward device's thread was preempted
+// there while B(s,m) ran on the backward device and ended, and that device's stash went
+// only when the forward device's OFF returned: beside the next PRE's stash, a stash more
+// than the schedule holds at B (mlp pipefb-async-checkpoint-offload S=3 M=1 folded, the
+// device of F0 and B2 peaked at 2 of fc3's stashes in about 1 run of 15 under load, 1 in
+// the others; PlanRunsTest seed 3 instance 45). Moved into the registry, the backward
+// device's stash goes when B ends, on B's own thread, whatever the timing.
 #include <torch/torch.h>
 
 #include <memory>

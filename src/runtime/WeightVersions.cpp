@@ -119,14 +119,19 @@ void PipelineEngine::Impl::releaseVersion(StageState& st, int mb) {
 // Before STEP: the weight versions later work still needs.
 void PipelineEngine::Impl::keepVersionsBeforeStep(DeviceState& dev, StageState& st) {
   // Keep the version that later backwards still recompute with (split + checkpoint):
-  // the weights its forwards ran on.
+  // the weights its forwards ran on. Note [Snapshots share buffers]: the weights only, as
+  // the prediction (a recompute puts the statistics it advanced back, startBackward). It
+  // copied the buffers: version 0 (never predicted) then held W + the buffers beside the
+  // next prediction, more than the plan's 2 W (resnet50/8 pipefb-async-checkpoint-offload
+  // S=3 M=1, the backward devices peaked 9832 and 10960 bytes, their stages' BatchNorm
+  // statistics, above the plan; PlanRunsTest seed 3 instance 35).
   if (st.split && st.recompute && st.lastUse.count(st.masterVersion)) {
     if (st.predict && st.masterVersion > 0)
       st.versions[st.masterVersion] = st.predicted;
     else
       st.versions[st.masterVersion] =
           makeReplica(pool, st.index, st.masterVersion, st.master->params, st.master->buffers,
-                      *dev.domain, MemoryCategory::WeightVersions);
+                      *dev.domain, MemoryCategory::WeightVersions, /*shareBuffers=*/true);
   }
   // Note [Weight prediction]: W[v] is kept in `predicted` (reused when no backward still
   // needs the previous prediction), and becomes W[v+1] + (W[v+1] - W[v]) after the step.

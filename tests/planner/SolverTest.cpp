@@ -151,9 +151,10 @@ TEST(SolverLiteral, MemoryCategoriesOfOneStage) {
   EXPECT_EQ(c.backwardMemory[index(MemoryCategory::Stash)], 0);
   EXPECT_EQ(c.backwardMemory[index(MemoryCategory::WorkingSet)], 20 + 14);
   // Stage 1, the last, is charged its whole graph beside B's largest working set: the loss
-  // runs there first (its transient is not profiled).
+  // runs there first (its transient is not profiled), and B holds the loss and its seed
+  // (Note [Loss scalars beside the backward]).
   StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint);
-  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 20 + 14);
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 20 + 14 + 2 * kLossScalarBytes);
 }
 
 TEST(SolverLiteral, PipeDreamStepsInTheRoomOfTheCopyItsBackwardFreed) {
@@ -423,8 +424,9 @@ TEST(SolverLiteral, InputsTargetsAndTheOutputGradientAreCommBuffers) {
   EXPECT_EQ(last.backwardMemory[index(MemoryCategory::CommBuffers)], 4 * 2 + 6);
   // B's working set: the input gradient at its end (stage 1: 6) plus the output's (6); the
   // last stage's B lets go of its recomputed output once it took the loss (Note [Loss in
-  // the recomputed graph]).
-  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6);
+  // the recomputed graph]), and holds the loss and its seed (Note [Loss scalars beside the
+  // backward]).
+  EXPECT_EQ(last.backwardMemory[index(MemoryCategory::WorkingSet)], 6 + 6 + 2 * kLossScalarBytes);
   // gpipe runs every F before the first B: no input waits then, and no gradient waits
   // either; its forward phase holds the 4 inputs (Note [Two phases]).
   PipelineShape gp = shapeOf(ScheduleKind::GPipe, 2, 4, {0, 1}, 2);
@@ -470,18 +472,20 @@ TEST(SolverLiteral, CheckpointedBackwardHoldsItsStashOnce) {
   // recomputed output held to B's end (5) and the buffers' copy (6): 76. The last stage
   // (whole): its input gradient 5 + the graph less the stash 45 + the output's gradient 3:
   // 53 (it lets go of its recomputed output once it took the loss, Note [Loss in the
-  // recomputed graph]).
+  // recomputed graph]), and the loss and its seed (Note [Loss scalars beside the backward]).
   Profile p = checkpointedTwoLayers();
   p.layers[0].bufferBytes = 6;
   CostModel m(p, freeCluster(2));
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 1, {0, 1});
   EXPECT_EQ(m.stage(sh, 0, 0, 1, StashPolicy::Checkpoint).backwardWorkingBytes, 76);
-  EXPECT_EQ(m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 53);
+  EXPECT_EQ(m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes,
+            53 + 2 * kLossScalarBytes);
   // Not measured (0): the recomputed graph is charged whole beside the stash.
   for (auto& l : p.layers) l.savedInputBytes = 0;
   CostModel whole(p, freeCluster(2));
   EXPECT_EQ(whole.stage(sh, 0, 0, 1, StashPolicy::Checkpoint).backwardWorkingBytes, 76 + 40);
-  EXPECT_EQ(whole.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 53 + 5);
+  EXPECT_EQ(whole.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes,
+            53 + 5 + 2 * kLossScalarBytes);
 }
 
 TEST(SolverLiteral, RecomputingLastStageTakesTheLossInItsGraph) {
@@ -1275,7 +1279,8 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
   const Plan plan = threeSegmentPlan(m, 1);
   EXPECT_EQ(plan.stages[2].forwardDevice, 0);
   EXPECT_EQ(plan.stages[0].backwardDevice, 1);
-  EXPECT_EQ(plan.deviceMemory[1], 180);
+  // (and the last segment's loss and its seed, Note [Loss scalars beside the backward])
+  EXPECT_EQ(plan.deviceMemory[1], 180 + 2 * kLossScalarBytes);
   std::vector<StageEstimate> est;
   for (const StagePlan& st : plan.stages) est.push_back(st.estimate);
   EXPECT_EQ(decoupledRanges(m, plan.shape, est, {0, 1, 2, 3}).back().boundary.bytes, 0);
@@ -1296,8 +1301,8 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
 TEST(SolverLiteral, DecoupledLookaheadZeroHoldsOneStashAndWaitsForItsCopy) {
   CostModel m(threeSegmentProfile(), Cluster::uniform(2, 1.0, -1, Link{}, Link{1.0, 0.0}));
   const Plan one = threeSegmentPlan(m, 1), zero = threeSegmentPlan(m, 0);
-  EXPECT_EQ(one.deviceMemory[1], 180);
-  EXPECT_EQ(zero.deviceMemory[1], 175);
+  EXPECT_EQ(one.deviceMemory[1], 180 + 2 * kLossScalarBytes);
+  EXPECT_EQ(zero.deviceMemory[1], 175 + 2 * kLossScalarBytes);
   EXPECT_DOUBLE_EQ(one.tau, 15);
   EXPECT_DOUBLE_EQ(zero.tau, 24);
   SolverOptions o = testing::only("pipefb-sync-checkpoint-offload", 4);

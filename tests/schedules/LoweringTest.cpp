@@ -314,3 +314,24 @@ TEST(LoweringTest, StashesAtAStepAreCountedOnTheLoweredSchedule) {
   EXPECT_EQ(atStep("pipefb-async", 2, 2, Placement::folded(2), 2), (V{2, 0}));
   EXPECT_EQ(atStep("1f1b", 3, 4, Placement::defaultFor("1f1b", 3), 1), (V{0, 0, 0}));
 }
+
+// Note [Stashes at a backward]: lookahead + 1 at a B, but on a folded device whose PREs go
+// behind its forwards' offloads, fewer: with M = 1 the device of F0 and B(S-1) prefetches
+// B(S-1)'s next stash only after the next F0, when the last B(S-1) has ended.
+TEST(LoweringTest, StashesAtABackwardAreCountedOnTheLoweredSchedule) {
+  auto atB = [](const std::string& kind, int S, int M, const Placement& p, int lookahead) {
+    const SchedulePlan plan = makeSchedule(kind, S, M, p, /*iterations=*/3);
+    return stashesAtBackward(lower(plan, {StashPolicy::Offload}, lookahead, false).schedule);
+  };
+  using V = std::vector<int>;
+  // device 0: F0.m OFF0.m PRE2.m ... BR2.m; device 2: ... PRE0.(m+1) ... B0.m.
+  EXPECT_EQ(atB("pipefb-async", 3, 1, Placement::folded(3), 1), (V{2, 1, 1}));
+  EXPECT_EQ(atB("pipefb-async", 2, 1, Placement::folded(2), 1), (V{2, 1}));
+  EXPECT_EQ(atB("pipefb-async", 3, 4, Placement::folded(3), 1), (V{2, 2, 2}));
+  // Not folded: every B beside lookahead + 1 (2S devices), or n in flight if fewer.
+  EXPECT_EQ(atB("pipefb-async", 2, 1, Placement::defaultFor("pipefb-async", 2), 1), (V{2, 2}));
+  EXPECT_EQ(atB("pipefb-sync", 2, 4, Placement::defaultFor("pipefb-sync", 2), 2), (V{3, 3}));
+  // Counted as issued: across a flush that is the next iterations' PREs too, which the
+  // runtime binds only at their iteration's first acquire (Note [Prefetches across a flush]).
+  EXPECT_EQ(atB("pipefb-sync", 2, 1, Placement::defaultFor("pipefb-sync", 2), 2), (V{3, 3}));
+}

@@ -134,6 +134,17 @@
 // charged the graph beside the larger of the loss with the output until then
 // (Profile::recomputedLossBytes) and the rest of B with the output's gradient.
 //
+// Note [Loss scalars beside the backward]
+// A last stage's B that takes the loss in its recomputed graph (Note [Loss in the recomputed
+// graph]) runs autograd from the scaled loss with the seed ones_like(loss): two 0-dim
+// tensors of the output's dtype (float32: the runtime trains in float32 only), held until
+// autograd is done, beside the layers' working sets and the output's gradient that the
+// head's backward reads (startBackward and execBackward, src/runtime/StageCompute.cpp).
+// The profile's working sets are measured from the output's gradient, without them.
+// (Hidden under a stash too many until Note [Stashes at a backward]: mlp
+// pipefb-async-checkpoint-offload S=3 M=1, the device of F0 and B2 then peaked 8 bytes
+// above the plan, fc3's B at 20496 + 256 + 8 bytes; PlanRunsTest seed 3 instance 45.)
+//
 // Note [Forward device memory]
 // A split stage's forward device runs only F: its working set is F's peak beyond the stash
 // it builds (Note [Forward peak]), or without autograd under a checkpoint kind (Note
@@ -274,6 +285,9 @@ using schedules::parseScheduleKind;
 using schedules::ScheduleKind;
 using schedules::splitsBackward;
 using schedules::toString;
+
+/// Note [Loss scalars beside the backward]: one 0-dim float32 tensor.
+inline constexpr std::int64_t kLossScalarBytes = 4;
 /// The kinds the cost model prices (every kind: Note [Shared devices] for
 /// interleaved-1f1b and zbv, Note [Simulated fill] for them and pipefb-zb).
 bool plannerModels(ScheduleKind k);
@@ -562,7 +576,11 @@ class CostModel;
 ///   charged a transient beside B2's stash; PlanRunsTest seed 1 instance 5. Charging none
 ///   at the step on every device, S=2 M=1's second device went out of memory in its STEP
 ///   beside the next iteration's stash); it holds no weight snapshot (Note [Forward device
-///   memory]).
+///   memory]). Its B runs beside the stashes of its stage that the lowered schedule has
+///   there (Note [Stashes at a backward]), at most lookahead + 1: with M = 1 one, the
+///   next PRE following the next F's OFF (charged lookahead + 1, mlp
+///   pipefb-async-checkpoint-offload S=3 M=1's device of F0 and B2 peaked 11.0% below the
+///   plan, a stash of fc3 less than charged; PlanRunsTest seed 3 instance 45).
 ///   Messages (Note [Waiting messages]) are charged beside B only as many as wait at the
 ///   device's B starts (WaitingMessages' counts at backward starts, and inputsAtBackward
 ///   for stage 0's inputs); the rest beside F. Under a flushing kind only: its STEPs,

@@ -157,6 +157,23 @@ int heldStashedVersions(int versions, int lookahead);
 /// planner/CostModel.h).
 std::vector<int> stashesAtStep(const Schedule& lowered);
 
+/// Note [Stashes at a backward]
+/// The activation stashes of stage s resident on its backward device when one of its B (or
+/// I) starts, the one it takes included, the most over them, counted as stashesAtStep
+/// counts. A split stage's backward device holds lookahead + 1 there (Note [Resident
+/// offloaded stashes]) unless its PREs come later than that: on a folded device (Note
+/// [Folded lookahead]) PRE s.m goes behind the OFFs of the device's forwards with a
+/// smaller key or of an earlier iteration (Note [Prefetch behind other stages' offloads]),
+/// so with M = 1 it follows the next iteration's F of the other stage, after B(s,m-1)
+/// ended: one stash at every B. The runtime allocates a prefetch's tensors when its PRE is
+/// issued and frees B's stash when B ends (Note [Planned prefetch destinations], Note [The
+/// registry's only reference] in src/runtime/Stash.h), so a device holds exactly this
+/// count at its B starts; the planner's cost model charges it on folded devices (Note
+/// [Folded pace] in planner/CostModel.h). Counted as issued: a flushing kind's PREs for the
+/// next iteration count too, though the runtime binds them later (Note [Prefetches across
+/// a flush] in src/runtime/Stash.cpp), so there it is only a bound.
+std::vector<int> stashesAtBackward(const Schedule& lowered);
+
 /// The contract after addOffload: offloaded stages have 0 resident on a forward device
 /// that is not the backward device, and at most lookahead+1 resident on the backward
 /// device. With `offloadWeights` (addWeightOffload ran) at most lookahead+1 stashed weight
