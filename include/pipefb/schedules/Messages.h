@@ -26,7 +26,9 @@ struct WaitingMessages {
   // the same two counts, over the starts of B (or I) on that device only
   std::vector<int> activationsAtBackward, gradientsAtBackward;
   // outputs of F(S-1) waiting on the last stage's backward device; none are sent to a B that
-  // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest
+  // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest,
+  // and none wait on a backward-only device fed by a forward-only one (Note [Message
+  // rendezvous]): they count on folded and mixed placements only
   int outputs = 0;
   // of those, the most that can wait while a B(S-1) (or I) takes its loss: the outputs of
   // its own iteration only (Note [Outputs at the loss])
@@ -65,26 +67,25 @@ WaitingMessages waitingMessages(const Schedule& schedule);
 /// of layer3.1's output gradients, 448 KiB, first backward range 20% below it). The sender
 /// holds the message while it waits, as it did from the end of the F or B that made it:
 /// within that action's peak.
-/// So does the last stage's output (the logits) from a forward-only device to a
-/// backward-only one: SA(S-1, m) waits for RA(S-1, m), which the lowering puts right before
-/// B(S-1, m), so the head's backward device holds only the output its B reads. On the
-/// sender SA(S-1, m) comes right after F(S-1, m) and its OFF, and its thread runs nothing
-/// while it waits; nothing arrives there meanwhile either (its activations are rendezvous
-/// too, and RW takes its weights at the RW), and its copy engine only frees stashes. So
-/// the output is held there within F(S-1, m)'s peak. Sent when made, up to M - 1 outputs could wait
-/// beside the loss (2M - 1 in pipefb-async) and were charged there, a bound over timing that the
-/// runtime rarely reached (gpt2-tiny pipefb-sync-offload S=3 M=4, PlanRunsTest seed 4 instance 32:
-/// 3 logits of 64 KiB charged, the head's backward device 17.5% below its plan).
-/// Deadlock-free: a forward-only device waits only for forwards before it, for the
-/// backward device of the last stage to reach the RA of an output made before, and, in
-/// pipefb-async, for RW(s, k), which follows F(s, (k + 1)M) (or later) and needs
-/// B(s, kM + M - 1): the backwards of iterations the forwards before it finished; a
-/// backward-only device waits only for backwards after it, for stashes and outputs, whose
-/// forwards come before its receive's in every forward device's list, and for the RW before
-/// a STEP (pipefb-async), which follows forwards it has received; and the receiver reaches
-/// its receive through messages sent before this one. The validator runs the sends so
-/// (validate()), over every generated shape and every decoupled placement of 3 and 4
-/// stages on 3 devices.
+/// So does the last stage's output (the logits) from a forward-only device to a backward-only
+/// one: SA(S-1, m) waits for RA(S-1, m), which the lowering puts right before B(S-1, m), so the
+/// head's backward device holds only the output its B reads. On the sender SA(S-1, m) comes right
+/// after F(S-1, m) and its OFF; its thread runs nothing while it waits, nothing arrives there
+/// meanwhile (its activations are sent at their receive too, and an RW takes its weights at the
+/// RW), and its copy engine only frees stashes: the output is held there within F(S-1, m)'s peak.
+/// Sent when made, up to M - 1 outputs could wait beside the loss (2M - 1 in pipefb-async) and
+/// were charged there, a bound over timing that the runtime rarely reached (gpt2-tiny
+/// pipefb-sync-offload S=3 M=4, PlanRunsTest seed 4 instance 32: 3 logits of 64 KiB charged, the
+/// head's backward device 17.5% below its plan; now +0.0%).
+/// Deadlock-free: a forward-only device waits only for forwards before it, for the last stage's
+/// backward device to reach the RA of an output made before, and, in pipefb-async, for RW(s, k),
+/// which follows F(s, (k + 1)M) (or later) and needs B(s, kM + M - 1): the backwards of
+/// iterations the forwards before it finished. A backward-only device waits only for backwards
+/// after it, for stashes and outputs, whose forwards come before its receive's in every forward
+/// device's list, and, in pipefb-async, for the RW its STEP waits for, which follows forwards
+/// whose outputs it received. The receiver reaches its receive through messages sent before this
+/// one. The validator runs the sends so (validate()), over every generated shape and every
+/// decoupled placement of 3 and 4 stages on 3 devices.
 /// 1f1b, gpipe and pipedream (one stage per device, F and B on it) send their gradients
 /// the same way: B(s+1, m)'s gradient goes out when stage s waits for it at RG(s, m). The
 /// sender holds it meanwhile, as it would have; the receiver holds nothing early. Stage s
