@@ -534,6 +534,34 @@ TEST(SolverLiteral, LastBackwardDeviceOfThe2SFormHoldsOnlyTheOutputItReads) {
   EXPECT_EQ(small.stage(sh, 1, 1, 2, StashPolicy::Keep).backwardWorkingBytes, 3 + 3);
 }
 
+// Note [Output at its receive in the cost model]: pipefb-sync, S = 2, M = 4, offload. In
+// the 2S form the head's output (5 bytes over a 10 B/s link: 0.5 s) is sent at its
+// receive, so its transfer adds to the compute of F(1)'s device and of B(1)'s; folded, it
+// is sent when made and hides beside them (the link is a resource of its own). A B(1)
+// that recomputes is sent no output (Note [Recomputed last output]).
+TEST(SolverLiteral, OutputSentAtItsReceiveAddsItsLinkToBothDevices) {
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) l.outputBytes = 5;
+  CostModel fast(p, freeCluster(4));
+  CostModel slow(p, Cluster::uniform(4, 1.0, -1, Link{10.0, 0.0}, Link{}));
+  const PipelineShape twoS = shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1, 2, 3});
+  const StageEstimate a = fast.stage(twoS, 1, 1, 2, StashPolicy::Offload);
+  const StageEstimate b = slow.stage(twoS, 1, 1, 2, StashPolicy::Offload);
+  EXPECT_DOUBLE_EQ(b.linkOut, 0.5);
+  EXPECT_DOUBLE_EQ(b.forwardCompute - a.forwardCompute, 0.5);
+  EXPECT_DOUBLE_EQ(b.backwardCompute - a.backwardCompute, 0.5);
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1});
+  folded.folded = true;
+  const StageEstimate fa = fast.stage(folded, 1, 1, 2, StashPolicy::Offload);
+  const StageEstimate fb = slow.stage(folded, 1, 1, 2, StashPolicy::Offload);
+  EXPECT_DOUBLE_EQ(fb.linkOut, 0.5);
+  EXPECT_DOUBLE_EQ(fb.backwardCompute, fa.backwardCompute);
+  const StageEstimate ckpt = slow.stage(twoS, 1, 1, 2, StashPolicy::CheckpointOffload);
+  EXPECT_DOUBLE_EQ(ckpt.linkOut, 0);
+  EXPECT_DOUBLE_EQ(ckpt.backwardCompute,
+                   fast.stage(twoS, 1, 1, 2, StashPolicy::CheckpointOffload).backwardCompute);
+}
+
 TEST(SolverLiteral, ForwardDevicePeaksLayerByLayer) {
   // Note [Forward peak]: pipefb-sync, M = 1, two layers with saved 50, 10, outputs 5, 5 and
   // forward working sets 40, 2 (microbatch 1). F peaks in layer 0 at 50 + 5 + 40 = 95 or in
