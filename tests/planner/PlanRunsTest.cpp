@@ -32,8 +32,8 @@
 // run. Last runs (2026-11-27, analytic times, after the last output's rendezvous, Note
 // [Message rendezvous]): seeds 0 to 4, every instance plans and runs, none out of memory;
 // seed 1 worst 8.7% (the property holds); off by more than 10%, all over the plan (the
-// plan charges more than the run held), 5 instances (seed 0's 26, seed 2's 21 and 44,
-// seed 3's 19: pipedream; seed 4's 33: gpipe; 11 before):
+// plan charges more than the run held), 5 or 6 instances (seed 0's 26, seed 2's 21 and 44,
+// seed 3's 19: pipedream; seed 4's 33: gpipe; seed 3's 45 in one of two runs; 11 before):
 //   - pipedream with an offload kind, stage 0: seed 0's 26 (gpt2-tiny offload M=4,
 //     -12.1%), seed 2's 21 (gpt2-tiny offload M=2, -11.7%) and 44 (resnet50/8 offload M=2,
 //     -25.6%; -27.3% at its budget now), seed 3's 19 (gpt2-tiny offload M=2, -11.7%). The cost
@@ -50,8 +50,10 @@
 //   - gpipe's last stage of mlp (its F 5 us, the sender's 40 us): seed 4's 33
 //     (gpipe-offload M=4, -12.4%): 3 activations that can wait at its F starts (Note
 //     [Waiting messages], a bound over timing) are 12 KiB of its 33 KiB; none waited.
-//   - (within 10% now) mlp folded pipefb-async-checkpoint-offload S=3 M=1: seed 3's 45,
-//     device 0 (F of fc1, B of fc3) -11.0%, -8.4% at the budget it draws now.
+//   - mlp folded pipefb-async-checkpoint-offload S=3 M=1: seed 3's 45, device 0 (F of fc1,
+//     B of fc3) -11.0%; -8.4% and -13.8% in two runs of 2026-11-27 at one plan and budget
+//     (timing: a folded device sends its messages when made). Seed 3's 19 (pipedream,
+//     above) measured -11.7% and -0.1% in the same two runs.
 // Closed on 2026-11-27: the head's backward device in PipeFB (2S form), seed 3's 24
 // (gpt2-tiny pipefb-async-offload M=4, -19.9%), seed 4's 32 (pipefb-sync-offload M=4,
 // -17.5%) and 39 (pipefb-async-offload M=4, -19.9%), now -0.0%, +0.0% and -0.0%: the
