@@ -71,20 +71,22 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
         edge(from, f);
         // Note [Message rendezvous]: sent when its receiver waits for it.
         if (from >= 0 && f >= 0 && deviceOf[from] != deviceOf[f] &&
-            !rendezvous(passes, deviceOf[from], deviceOf[f], false))
+            !rendezvous(passes, deviceOf[from], deviceOf[f], MessageKind::Activation))
           messages.push_back({from, f, 0, s});
       }
       if (s + 1 < S) {
         const int from = node(Node::InputBackward, s + 1, m);
         edge(from, b);
         if (from >= 0 && b >= 0 && deviceOf[from] != deviceOf[b] &&
-            !rendezvous(passes, deviceOf[from], deviceOf[b], true))
+            !rendezvous(passes, deviceOf[from], deviceOf[b], MessageKind::Gradient))
           messages.push_back({from, b, 1, s});
       }
-      // Note [Recomputed last output]
+      // Note [Recomputed last output]; Note [Message rendezvous]: from a forward-only to a
+      // backward-only device it is sent at its receive, right before B.
       if (s == S - 1 && f >= 0 && b >= 0 &&
           lastOutputTravels(deviceOf[f] != deviceOf[b],
-                            schedule.devices[deviceOf[b]][posOf[b]].recompute))
+                            schedule.devices[deviceOf[b]][posOf[b]].recompute) &&
+          !rendezvous(passes, deviceOf[f], deviceOf[b], MessageKind::Output))
         messages.push_back({f, b, 2, s});
     }
     inputs.push_back(node(Node::F, 0, m));

@@ -511,7 +511,7 @@ class AbstractRun {
                           std::to_string(st) + "." + std::to_string(i) + " ran here before it)");
         // Note [Message rendezvous]: sent once the receiver waits at its receive.
         if (a.type != ActionType::SyncWeights &&
-            rendezvous(passes_, d, a.peer, a.type == ActionType::SendGrad) && !waitsToReceive(d, a))
+            rendezvous(passes_, d, a.peer, messageKind(a, S_)) && !waitsToReceive(d, a))
           return false;
         sent_.insert(commKey(a.type, st, i));
         return true;

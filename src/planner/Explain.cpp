@@ -200,7 +200,7 @@ std::string explainPlan(const CostModel& modelIn, const Plan& plan, std::int64_t
     std::vector<int> cuts{0};
     for (const StagePlan& s : plan.stages) est.push_back(s.estimate), cuts.push_back(s.last);
     const auto ranges = decoupledRanges(model, sh, est, cuts);
-    auto busy = [](const DecoupledRange& r) { return std::max(r.load.time(), r.boundary.time); };
+    auto busy = [](const DecoupledRange& r) { return r.boundary.busy(r.load.time()); };
     const DecoupledRange& b = *std::max_element(
         ranges.begin(), ranges.end(),
         [&](const DecoupledRange& x, const DecoupledRange& y) { return busy(x) < busy(y); });

@@ -1244,7 +1244,7 @@ std::optional<Plan> solveDecoupledShape(const CostModel& modelIn, const Pipeline
     auto score = [&](int device, const DecoupledDevice& d, const RangeBoundary& b) {
       const std::int64_t mem = d.memory() + b.bytes;
       if (over(device, mem)) return kInf;
-      return time ? std::max(d.time(), b.time) : double(mem);
+      return time ? b.busy(d.time()) : double(mem);
     };
     // What only grows with a range: its device's time or bytes (infinite once over).
     auto floorAt = [&](int device, const DecoupledDevice& d) {

@@ -142,10 +142,12 @@ std::vector<Tensor> PipelineEngine::Impl::receive(int peer, const ChanKey& k) {
 }
 
 // Note [Message rendezvous] (schedules/Messages.h): an activation or gradient between two
-// devices of one PipeFB pass waits here, not on its receiver (Note [Rendezvous hand-over]).
+// devices of one PipeFB pass, or the last stage's output from a forward-only device to a
+// backward-only one, waits here, not on its receiver (Note [Rendezvous hand-over]).
 void PipelineEngine::Impl::sendAt(DeviceState& dev, const Action& a, const ChanKey& key, Tensor t) {
   if (isLocal(a.peer) &&
-      schedules::rendezvous(passes, dev.id, a.peer, a.type == ActionType::SendGrad)) {
+      schedules::rendezvous(passes, dev.id, a.peer,
+                            schedules::messageKind(a, plan.schedule.numStages))) {
     Message m;
     m.tensors.push_back(std::move(t));
     if (channels.offer(key, m)) return;

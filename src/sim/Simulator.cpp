@@ -9,6 +9,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/MemoryContract.h"
+#include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/WeightVersions.h"
 
@@ -22,6 +23,7 @@
 //  * F, B, I, W, STEP, AR occupy the thread. B (or I) waits for its PRE to finish.
 //  * A send is issued by the thread without blocking; the transfer starts when the link is
 //    free: arrival = start + bytes/bandwidth + latency (the link is busy for bytes/bandwidth).
+//    A rendezvous send waits for its receive instead (Note [Rendezvous in the simulator]).
 //  * A receive blocks the thread until the data arrived.
 //  * OFF/PRE are issued without blocking; the copy starts when the copy engine is free (and,
 //    for PRE, when the OFF of that stash finished, possibly on another device). Except that
@@ -76,9 +78,11 @@ enum KeyKind : int {
   kPreEnd,
   kOffEndW,
   kPreEndW,
-  kOffDone,   // = kOffEnd, waited for by the device's next OFF (Note [Offloads in flight])
-  kOffDoneW,  // = kOffEndW, likewise
-  kRecvW,     // RW done: pipefb-async's next STEP may go (Note [Weights by reference])
+  kOffDone,    // = kOffEnd, waited for by the device's next OFF (Note [Offloads in flight])
+  kOffDoneW,   // = kOffEndW, likewise
+  kRecvW,      // RW done: pipefb-async's next STEP may go (Note [Weights by reference])
+  kReachAct,   // the receiver's thread reached RA: a rendezvous SA may go
+  kReachGrad,  // likewise RG, for SG
   kNumKinds
 };
 
@@ -147,6 +151,7 @@ class Simulation {
       w.remaining = static_cast<int>(v.microbatches.size());
       for (int m : v.microbatches) usesV_[{v.stage, m}] = v.version;
     }
+    passes_ = schedules::rendezvousPasses(s);
     pc_.assign(D_, 0);
     threadTime_.assign(D_, 0.0);
     copyQueue_.assign(D_, {});
@@ -261,15 +266,36 @@ class Simulation {
     threadTime_[d] = start + duration;
   }
 
+  // Note [Rendezvous in the simulator]
+  // A rendezvous send (Note [Message rendezvous] in schedules/Messages.h) starts its
+  // transfer once the receiver's thread reached the matching receive (kReachAct/kReachGrad,
+  // resolved there) and the link is free, and holds the sender's thread until it arrived:
+  // the runtime's sender waits in Channels::offer until the receiver copied the message
+  // (Note [Rendezvous hand-over]), or copies it over itself when the receiver came first.
+  // The sender holds the message as comm buffers from the send's start, as before; the
+  // receiver only during the transfer. Without this a simulated forward-only device of
+  // pipefb-sync ran all its forwards ahead of the backward devices, as the runtime's does not.
+  bool sendAt(int d, int step, const Action& a, int agent, int arrivalKind, int reachKind,
+              std::int64_t bytes) {
+    if (!schedules::rendezvous(passes_, d, a.peer, schedules::messageKind(a, S_))) {
+      sendData(d, step, a, arrivalKind, bytes);
+      return true;
+    }
+    const double reach = need(key(reachKind, a.stage, a.index), agent, d, step);
+    if (reach == kUnknown) return false;
+    threadTime_[d] = sendData(d, step, a, arrivalKind, bytes, true, reach);
+    return true;
+  }
+
   // `buffered`: the sender and the receiver each hold `bytes` of comm buffers while the
   // message is in flight (activations and gradients). Weights are not: Note [Weight syncs
-  // in the simulator].
-  void sendData(int d, int step, const Action& a, int kind, std::int64_t bytes,
-                bool buffered = true) {
+  // in the simulator]. The transfer starts no earlier than `notBefore`; returns its arrival.
+  double sendData(int d, int step, const Action& a, int kind, std::int64_t bytes,
+                  bool buffered = true, double notBefore = 0.0) {
     double t = threadTime_[d];
     const LinkCost& link = c_.link(d, a.peer);
     double& free = linkFree_[static_cast<size_t>(d) * D_ + a.peer];
-    double start = std::max(t, free);
+    double start = std::max({t, free, notBefore});
     double xfer = link.transferTime(bytes);
     free = start + xfer;
     double arrival = start + xfer + link.latency;
@@ -283,6 +309,7 @@ class Simulation {
     size_t k = key(kind, a.stage, a.index);
     if (times_[k] != kUnknown) fail(d, step, "sent twice");
     resolve(k, arrival);
+    return arrival;
   }
 
   bool threadStep(int d, int agent) {
@@ -363,11 +390,9 @@ class Simulation {
         return true;
       }
       case ActionType::SendAct:
-        sendData(d, step, a, kArrAct, cost(st).activationBytes);
-        return true;
+        return sendAt(d, step, a, agent, kArrAct, kReachAct, cost(st).activationBytes);
       case ActionType::SendGrad:
-        sendData(d, step, a, kArrGrad, cost(st).gradientBytes);
-        return true;
+        return sendAt(d, step, a, agent, kArrGrad, kReachGrad, cost(st).gradientBytes);
       case ActionType::SyncWeights:
         // Note [Weight syncs in the simulator]
         // As the runtime does within one process (Note [Weight syncs] in
@@ -389,6 +414,11 @@ class Simulation {
         int kind = a.type == ActionType::RecvAct    ? kArrAct
                    : a.type == ActionType::RecvGrad ? kArrGrad
                                                     : kArrWeights;
+        // Note [Rendezvous in the simulator]: a rendezvous sender may go now.
+        if (a.type != ActionType::RecvWeights) {
+          const size_t reach = key(a.type == ActionType::RecvAct ? kReachAct : kReachGrad, st, i);
+          if (times_[reach] == kUnknown) resolve(reach, t);
+        }
         double arrival = need(key(kind, st, i), agent, d, step);
         if (arrival == kUnknown) return false;
         double end = std::max(t, arrival);
@@ -731,6 +761,7 @@ class Simulation {
   };
   std::vector<Replaced> replaced_;
   std::map<std::pair<int, int>, double> lastGraphUse_;
+  std::vector<int> passes_;  // Note [Message rendezvous]
   std::vector<int> pc_;
   std::vector<double> threadTime_;
   std::vector<std::vector<int>> copyQueue_;

@@ -505,14 +505,14 @@ TEST(SolverLiteral, RecomputingLastStageTakesTheLossInItsGraph) {
   EXPECT_EQ(m.stage(zb, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 66);
 }
 
-TEST(SolverLiteral, NextIterationsOutputWaitsBesideTheRestOfTheLastBackward) {
-  // Note [Outputs at the loss]: pipefb-async, S = 2 on 4 devices, M = 1, keep (offload on
-  // the split stages). The last stage's backward device can hold the next iteration's
-  // output (3) at its B's start, but not beside the loss (20 above the output B read, 3):
-  // step() feeds that iteration once B reported its loss, after the loss's gradient. B's
-  // charge is the larger of 3 + 20 and the rest of B (its output's gradient 3 and at its
-  // end its input's, 3) with the waiting output, 9; no output in the comm buffers (it was 3
-  // there beside the loss: 26 in all).
+TEST(SolverLiteral, LastBackwardDeviceOfThe2SFormHoldsOnlyTheOutputItReads) {
+  // pipefb-async, S = 2 on 4 devices, M = 1, keep (offload on the split stages). The last
+  // stage's output goes from a forward-only device to a backward-only one, so it is sent
+  // at its receive, right before B (Note [Message rendezvous]): the next iteration's output
+  // (3), which could wait there after the loss (Note [Outputs at the loss]), no longer
+  // does. B's charge is the larger of 3 + 20 (the output B read beside the loss) and the
+  // rest of B (its output's gradient 3 and at its end its input's, 3) with nothing
+  // waiting, 6; no output in the comm buffers.
   Profile p = timesProfile({1, 1});
   for (auto& l : p.layers) {
     l.savedBytes = 4;
@@ -525,16 +525,45 @@ TEST(SolverLiteral, NextIterationsOutputWaitsBesideTheRestOfTheLastBackward) {
   const StageEstimate last = m.stage(sh, 1, 1, 2, StashPolicy::Keep);
   EXPECT_EQ(last.backwardMemory[index(pipefb::MemoryCategory::CommBuffers)], 0);
   EXPECT_EQ(last.backwardWorkingBytes, 3 + 20);
-  EXPECT_EQ(m.waitingBytes(sh, 1, 1, 2, true).outputsAfterLoss, 3);
+  EXPECT_EQ(m.waitingBytes(sh, 1, 1, 2, true).outputsAfterLoss, 0);
   // Folded, the last stage's backward device runs forwards too: the outputs wait beside
   // those as well, so they stay in the comm buffers.
   PipelineShape folded = shapeOf(ScheduleKind::PipeFbAsync, 2, 1, {0, 1});
   folded.folded = true;
   EXPECT_EQ(m.waitingBytes(folded, 1, 1, 2, true).outputsAfterLoss, 0);
-  // With the loss no larger than the rest of B, the waiting output is charged beside that.
+  // With the loss no larger than the rest of B, the rest of B binds (it was 3 + 3 + 3 with
+  // the next iteration's output waiting beside it).
   p.lossWorkingBytes = 1;
   CostModel small(p, freeCluster(4));
-  EXPECT_EQ(small.stage(sh, 1, 1, 2, StashPolicy::Keep).backwardWorkingBytes, 3 + 3 + 3);
+  EXPECT_EQ(small.stage(sh, 1, 1, 2, StashPolicy::Keep).backwardWorkingBytes, 3 + 3);
+}
+
+// Note [Output at its receive in the cost model]: pipefb-sync, S = 2, M = 4, offload. In
+// the 2S form the head's output (5 bytes over a 10 B/s link: 0.5 s) is sent at its
+// receive, so its transfer adds to the compute of F(1)'s device and of B(1)'s; folded, it
+// is sent when made and hides beside them (the link is a resource of its own). A B(1)
+// that recomputes is sent no output (Note [Recomputed last output]).
+TEST(SolverLiteral, OutputSentAtItsReceiveAddsItsLinkToBothDevices) {
+  Profile p = timesProfile({1, 1});
+  for (auto& l : p.layers) l.outputBytes = 5;
+  CostModel fast(p, freeCluster(4));
+  CostModel slow(p, Cluster::uniform(4, 1.0, -1, Link{10.0, 0.0}, Link{}));
+  const PipelineShape twoS = shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1, 2, 3});
+  const StageEstimate a = fast.stage(twoS, 1, 1, 2, StashPolicy::Offload);
+  const StageEstimate b = slow.stage(twoS, 1, 1, 2, StashPolicy::Offload);
+  EXPECT_DOUBLE_EQ(b.linkOut, 0.5);
+  EXPECT_DOUBLE_EQ(b.forwardCompute - a.forwardCompute, 0.5);
+  EXPECT_DOUBLE_EQ(b.backwardCompute - a.backwardCompute, 0.5);
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbSync, 2, 4, {0, 1});
+  folded.folded = true;
+  const StageEstimate fa = fast.stage(folded, 1, 1, 2, StashPolicy::Offload);
+  const StageEstimate fb = slow.stage(folded, 1, 1, 2, StashPolicy::Offload);
+  EXPECT_DOUBLE_EQ(fb.linkOut, 0.5);
+  EXPECT_DOUBLE_EQ(fb.backwardCompute, fa.backwardCompute);
+  const StageEstimate ckpt = slow.stage(twoS, 1, 1, 2, StashPolicy::CheckpointOffload);
+  EXPECT_DOUBLE_EQ(ckpt.linkOut, 0);
+  EXPECT_DOUBLE_EQ(ckpt.backwardCompute,
+                   fast.stage(twoS, 1, 1, 2, StashPolicy::CheckpointOffload).backwardCompute);
 }
 
 TEST(SolverLiteral, ForwardDevicePeaksLayerByLayer) {
@@ -1271,9 +1300,9 @@ Plan threeSegmentPlan(const CostModel& m, int lookahead) {
 // others, layer by layer (each adds its weight gradients into .grad in place, Note
 // [Gathered weight gradients]); the range's states 3 x 20 = 60; 2 input stashes of 5:
 // 60 + 10 + 110 = 180. No model output waits there: the
-// last segment's B recomputes it (Note [Recomputed last output]); under offload 3 of them could
-// (Note [Waiting messages], 3 of 5 at M = 4). The same layers as one split stage recompute all
-// three layers' graphs at once (300 of them).
+// last segment's B recomputes it (Note [Recomputed last output]); under offload it is sent at
+// its receive (Note [Message rendezvous]; 3 of 5 could wait at M = 4 before). The same layers
+// as one split stage recompute all three layers' graphs at once (300 of them).
 TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
   CostModel m(threeSegmentProfile(), testing::freeCluster(2));
   const Plan plan = threeSegmentPlan(m, 1);
@@ -1285,7 +1314,7 @@ TEST(SolverLiteral, DecoupledBackwardDeviceHoldsOneSegmentsGraph) {
   for (const StagePlan& st : plan.stages) est.push_back(st.estimate);
   EXPECT_EQ(decoupledRanges(m, plan.shape, est, {0, 1, 2, 3}).back().boundary.bytes, 0);
   for (StageEstimate& e : est) e.policy = StashPolicy::Offload;
-  EXPECT_EQ(decoupledRanges(m, plan.shape, est, {0, 1, 2, 3}).back().boundary.bytes, 15);
+  EXPECT_EQ(decoupledRanges(m, plan.shape, est, {0, 1, 2, 3}).back().boundary.bytes, 0);
   PipelineShape whole = shapeOf(ScheduleKind::PipeFbSync, 1, 4, {0, 1});
   const StageEstimate one = m.stage(whole, 0, 0, 3, StashPolicy::CheckpointOffload);
   EXPECT_GE(total(one.backwardMemory), 300);

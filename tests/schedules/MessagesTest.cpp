@@ -46,50 +46,56 @@ TEST(WaitingMessages, NextIterationIsFedOnceTheLossesAreKnown) {
   EXPECT_EQ(of("pipedream", 2, 1, 1).activationsAtBackward, (std::vector<int>{0, 0}));
 }
 
-TEST(WaitingMessages, PipefbLastStageOutputsWaitOnItsBackwardDevice) {
-  // pipefb-sync, S = 2 on 4 devices: F(1) runs its 4 forwards without waiting for B(1),
-  // so at B1.0's start the outputs of F1.1..F1.3 may wait on B(1)'s device.
-  const WaitingMessages w = of("pipefb-sync", 2, 4);
-  EXPECT_EQ(w.outputs, 3);
+TEST(WaitingMessages, PipefbLastStageOutputsWaitOnAFoldedBackwardDevice) {
+  // pipefb-sync, S = 2 folded (device 0: F0 and B1, device 1: F1 and B0): F(1) runs its 4
+  // forwards but the last before B0.0, so at B1.0's start on device 0 the outputs of F1.1
+  // and F1.2 may wait there (F1.3 follows B0.0, which needs B1.0's gradient).
+  const WaitingMessages w =
+      waitingMessages(makeSchedule("pipefb-sync", 2, 4, Placement::folded(2), 1).schedule);
+  EXPECT_EQ(w.outputs, 2);
+  // In the 2S form the output goes from a forward-only device to a backward-only one: it
+  // is sent at its receive, right before B(1) (Note [Message rendezvous]); none waits.
+  EXPECT_EQ(of("pipefb-sync", 2, 4).outputs, 0);
+  EXPECT_EQ(of("pipefb-async", 3, 4, 3).outputs, 0);
+  EXPECT_EQ(of("pipefb-async", 3, 4, 3).outputsAtLoss, 0);
   // One microbatch: nothing can wait.
-  const WaitingMessages one = of("pipefb-sync", 2, 1);
+  const WaitingMessages one =
+      waitingMessages(makeSchedule("pipefb-sync", 2, 1, Placement::folded(2), 1).schedule);
   EXPECT_EQ(one.outputs, 0);
   EXPECT_EQ(one.activations, (std::vector<int>{0, 0}));
   EXPECT_EQ(one.gradients, (std::vector<int>{0, 0}));
 }
 
 TEST(WaitingMessages, OutputsOfTheNextIterationWaitOnlyAfterTheLoss) {
-  // Note [Outputs at the loss]: pipefb-async, S = 3 (2S form), 3 iterations. With M = 1,
-  // F2.1 may send its output while B2.0 runs (fed once B2.0's loss is known), but not
-  // before that loss: one output waits at B2.0's start, none beside its loss.
-  const WaitingMessages one = of("pipefb-async", 3, 1, 3);
-  EXPECT_EQ(one.outputs, 1);
-  EXPECT_EQ(one.outputsAtLoss, 0);
-  // M = 2: at B2.0 the output of F2.1 (the same iteration) can wait beside its loss.
-  const WaitingMessages two = of("pipefb-async", 3, 2, 3);
-  EXPECT_EQ(two.outputs, 2);
-  EXPECT_EQ(two.outputsAtLoss, 1);
-  // pipefb-sync, one iteration: every output that waits is of B's own iteration.
-  const WaitingMessages sync = of("pipefb-sync", 2, 4);
+  // Note [Outputs at the loss]: pipefb-async, S = 3, M = 4, 3 iterations, placed 0/2 1/2
+  // 2/0 (device 0 runs F0 and B2, device 2 B0, B1 and F2: both run both passes, so the
+  // output is sent when made). At the start of B2.0 three outputs can wait, F2.1..F2.3;
+  // beside the losses of an iteration only two of its own (F2.(kM+3) waits for B0 of the
+  // iteration's second microbatch on device 2, which follows B2.(kM+1)).
+  const Placement p = Placement::parse("0/2 1/2 2/0", "test");
+  const WaitingMessages w = waitingMessages(makeSchedule("pipefb-async", 3, 4, p, 3).schedule);
+  EXPECT_EQ(w.outputs, 3);
+  EXPECT_EQ(w.outputsAtLoss, 2);
+  // pipefb-sync folded, one iteration: every output that waits is of B's own iteration.
+  const WaitingMessages sync =
+      waitingMessages(makeSchedule("pipefb-sync", 3, 4, Placement::folded(3), 1).schedule);
+  EXPECT_EQ(sync.outputs, 3);
   EXPECT_EQ(sync.outputsAtLoss, sync.outputs);
 }
 
 TEST(WaitingMessages, RecomputingLastBackwardHasNoOutputWaiting) {
   // Note [Recomputed last output]: a B(S-1) marked recompute is sent no output.
-  const Schedule marked =
-      markRecompute(makeSchedule("pipefb-sync", 2, 4).schedule, {StashPolicy::Checkpoint});
-  EXPECT_EQ(waitingMessages(marked).outputs, 0);
-  const Schedule kept =
-      markRecompute(makeSchedule("pipefb-sync", 2, 4).schedule, {StashPolicy::Offload});
-  EXPECT_EQ(waitingMessages(kept).outputs, 3);
+  const Schedule folded = makeSchedule("pipefb-sync", 3, 4, Placement::folded(3), 1).schedule;
+  EXPECT_EQ(waitingMessages(markRecompute(folded, {StashPolicy::Checkpoint})).outputs, 0);
+  EXPECT_EQ(waitingMessages(markRecompute(folded, {StashPolicy::Offload})).outputs, 3);
 }
 
 TEST(WaitingMessages, PipefbSendsWithinAPassAtTheReceive) {
   // Note [Message rendezvous]: two forward devices (0: stages 0-1, 1: stages 2-3) feed
   // two backward devices (3: stages 0-2, 2: stage 3). Device 0's forwards could run three
   // microbatches ahead of device 1's, and device 2's backwards ahead of device 3's; in
-  // PipeFB each such message is sent at its receive, so none waits. The last stage's
-  // outputs go from a forward to a backward device and still may.
+  // PipeFB each such message is sent at its receive, so none waits; so is the last stage's
+  // output, from forward-only device 1 to backward-only device 2.
   const Placement p = Placement::parse("0/3 0/3 1/3 1/2", "test");
   for (const std::string kind : {"pipefb-sync", "pipefb-async"}) {
     SCOPED_TRACE(kind);
@@ -98,15 +104,17 @@ TEST(WaitingMessages, PipefbSendsWithinAPassAtTheReceive) {
     const WaitingMessages w = waitingMessages(s);
     EXPECT_EQ(w.activations, (std::vector<int>{0, 0, 0, 0}));
     EXPECT_EQ(w.gradients, (std::vector<int>{0, 0, 0, 0}));
-    EXPECT_GT(w.outputs, 0);
+    EXPECT_EQ(w.outputs, 0);
+    EXPECT_TRUE(rendezvous(rendezvousPasses(s), 1, 2, MessageKind::Output));
+    EXPECT_FALSE(rendezvous(rendezvousPasses(s), 2, 1, MessageKind::Output));
   }
   // 1f1b sends its gradients at the receive, its activations when made: they can wait.
   const Schedule oneF = makeSchedule("1f1b", 4, 4).schedule;
   EXPECT_EQ(rendezvousPasses(oneF), (std::vector<int>{3, 3, 3, 3}));
   EXPECT_GT(waitingMessages(oneF).activations.at(1), 0);
   EXPECT_EQ(waitingMessages(oneF).gradients, (std::vector<int>{0, 0, 0, 0}));
-  EXPECT_TRUE(rendezvous(rendezvousPasses(oneF), 1, 0, true));
-  EXPECT_FALSE(rendezvous(rendezvousPasses(oneF), 0, 1, false));
+  EXPECT_TRUE(rendezvous(rendezvousPasses(oneF), 1, 0, MessageKind::Gradient));
+  EXPECT_FALSE(rendezvous(rendezvousPasses(oneF), 0, 1, MessageKind::Activation));
   // Interleaved and zero-bubble kinds send when made.
   EXPECT_EQ(rendezvousPasses(makeSchedule("zb-h1", 4, 4).schedule), (std::vector<int>{0, 0, 0, 0}));
   // A folded device runs both passes: its messages are sent when made.

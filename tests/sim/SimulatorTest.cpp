@@ -189,6 +189,34 @@ TEST(SimulatorTest, LinkIsAFifoResource) {
   EXPECT_NEAR(r.spans[0][s1].start, r.spans[0][s0].end, 1e-12);
 }
 
+// Note [Rendezvous in the simulator]: pipefb-sync, S = 2 on 4 devices, M = 4, F 1 ms and B
+// 2 ms a stage. The head's forward device sends each output at its receive, right before
+// B1.m on the head's backward device (Note [Message rendezvous]), so it runs F1.(m+1) only
+// once that device reached RA1.m: one microbatch ahead of it, not all M (sent when made,
+// F1.2 started at 3 ms, before B1.1 at 4 ms).
+TEST(SimulatorTest, RendezvousSendWaitsForItsReceive) {
+  CostTable c = CostTable::uniform(2);
+  SchedulePlan pl = plan("pipefb-sync", 2, 4, 1, StashPolicy::Offload, 1);
+  SimResult r = simulate(pl.schedule, c);
+  const Schedule& s = pl.schedule;
+  const int fd = s.placement.forward(1), bd = s.placement.backward(1);
+  ASSERT_NE(fd, bd);
+  for (int m = 0; m + 1 < 4; ++m) {
+    SCOPED_TRACE(m);
+    const int send = find(s, fd, "SA1." + std::to_string(m) + ">" + std::to_string(bd));
+    const int recv = find(s, bd, "RA1." + std::to_string(m) + "<" + std::to_string(fd));
+    const int next = find(s, fd, "F1." + std::to_string(m + 1));
+    ASSERT_GE(send, 0);
+    ASSERT_GE(recv, 0);
+    ASSERT_GE(next, 0);
+    EXPECT_GE(r.spans[fd][send].start, r.spans[bd][recv].start - 1e-12);
+    EXPECT_GE(r.spans[fd][next].start, r.spans[bd][recv].start - 1e-12);
+  }
+  // The backward devices do not wait for it: B1.m follow each other.
+  const int b1 = find(s, bd, "B1.1"), b2 = find(s, bd, "B1.2");
+  EXPECT_NEAR(r.spans[bd][b2].start, r.spans[bd][b1].end, 1e-9);
+}
+
 TEST(SimulatorTest, SlowPrefetchStallsTheBackward) {
   CostTable c = CostTable::uniform(2);
   c.defaultHostLink = {1e8, 0};  // 4 MiB stash: ~42 ms each way, far longer than compute

@@ -258,6 +258,7 @@
 // every F makes one: a clone of every parameter of the stage (buffers are shared). The
 // profiler measures each layer's clone (LayerCost::snapshot); it is charged to the
 // forward device's compute per microbatch.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -687,6 +688,11 @@ struct DecoupledDevice {
 struct RangeBoundary {
   double time = 0;
   std::int64_t bytes = 0;
+  /// The last backward range's output, sent at its receive: its link time adds to the
+  /// range's (Note [Output at its receive in the cost model] in CostModel.cpp).
+  bool atReceive = false;
+  /// How long a range whose own work takes `load` per microbatch is busy with this boundary.
+  double busy(double load) const { return atReceive ? load + time : std::max(load, time); }
 };
 
 /// One range of a decoupled plan on its device: segments [first, last) = layers

@@ -25,8 +25,9 @@ namespace pipefb::schedules {
 /// output (startBackward, src/runtime/StageCompute.cpp), so the output of F(S-1,m) goes to
 /// the backward device only when that device is another one and B does not recompute.
 /// On GPT-2 small (1024 tokens, microbatch 8) the output is the logits, 1.53 GiB a
-/// microbatch, of which up to 7 could wait on a decoupled head's backward device (Note
-/// [Waiting messages]). The targets go to the last stage's backward device either way.
+/// microbatch, of which up to 7 could wait on a decoupled head's backward device when sent
+/// when made (Note [Waiting messages]; now sent at its receive there, Note [Message
+/// rendezvous]). The targets go to the last stage's backward device either way.
 /// The lowering (addCommunication), the validator, waitingMessages, the planner's cost
 /// model and the runtime's forward (which then keeps no copy of the output) all ask here.
 /// Nor does a recomputing last stage's own F keep its output for the loss, split or not

@@ -26,7 +26,9 @@ struct WaitingMessages {
   // the same two counts, over the starts of B (or I) on that device only
   std::vector<int> activationsAtBackward, gradientsAtBackward;
   // outputs of F(S-1) waiting on the last stage's backward device; none are sent to a B that
-  // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest
+  // recomputes (Note [Recomputed last output]), so the planner counts them only for the rest,
+  // and none wait on a backward-only device fed by a forward-only one (Note [Message
+  // rendezvous]): they count on folded and mixed placements only
   int outputs = 0;
   // of those, the most that can wait while a B(S-1) (or I) takes its loss: the outputs of
   // its own iteration only (Note [Outputs at the loss])
@@ -65,13 +67,25 @@ WaitingMessages waitingMessages(const Schedule& schedule);
 /// of layer3.1's output gradients, 448 KiB, first backward range 20% below it). The sender
 /// holds the message while it waits, as it did from the end of the F or B that made it:
 /// within that action's peak.
-/// Deadlock-free: a forward-only device waits only for forwards before it and, in
-/// pipefb-async, for RW(s, k), which follows F(s, (k + 1)M) and needs B(s, kM + M - 1):
-/// the backwards of iterations the forwards before it finished; a backward-only device
-/// waits only for backwards after it and for stashes, whose forwards come before its
-/// receive's in every forward device's list; and the receiver reaches its receive through
-/// messages sent before this one. The validator runs the sends so (validate()), over every
-/// generated shape and every decoupled placement of 3 and 4 stages on 3 devices.
+/// So does the last stage's output (the logits) from a forward-only device to a backward-only
+/// one: SA(S-1, m) waits for RA(S-1, m), which the lowering puts right before B(S-1, m), so the
+/// head's backward device holds only the output its B reads. On the sender SA(S-1, m) comes right
+/// after F(S-1, m) and its OFF; its thread runs nothing while it waits, nothing arrives there
+/// meanwhile (its activations are sent at their receive too, and an RW takes its weights at the
+/// RW), and its copy engine only frees stashes: the output is held there within F(S-1, m)'s peak.
+/// Sent when made, up to M - 1 outputs could wait beside the loss (2M - 1 in pipefb-async) and
+/// were charged there, a bound over timing that the runtime rarely reached (gpt2-tiny
+/// pipefb-sync-offload S=3 M=4, PlanRunsTest seed 4 instance 32: 3 logits of 64 KiB charged, the
+/// head's backward device 17.5% below its plan; now +0.0%).
+/// Deadlock-free: a forward-only device waits only for forwards before it, for the last stage's
+/// backward device to reach the RA of an output made before, and, in pipefb-async, for RW(s, k),
+/// which follows F(s, (k + 1)M) (or later) and needs B(s, kM + M - 1): the backwards of
+/// iterations the forwards before it finished. A backward-only device waits only for backwards
+/// after it, for stashes and outputs, whose forwards come before its receive's in every forward
+/// device's list, and, in pipefb-async, for the RW its STEP waits for, which follows forwards
+/// whose outputs it received. The receiver reaches its receive through messages sent before this
+/// one. The validator runs the sends so (validate()), over every generated shape and every
+/// decoupled placement of 3 and 4 stages on 3 devices.
 /// 1f1b, gpipe and pipedream (one stage per device, F and B on it) send their gradients
 /// the same way: B(s+1, m)'s gradient goes out when stage s waits for it at RG(s, m). The
 /// sender holds it meanwhile, as it would have; the receiver holds nothing early. Stage s
@@ -81,12 +95,29 @@ WaitingMessages waitingMessages(const Schedule& schedule);
 /// smallest budgets, 64 px: device 0 charged 3 of layer1.1's input gradients, 768 KiB,
 /// where none waited at its peak: 17.8% below the plan). Per device: 1 when it runs only
 /// forwards, 2 only backwards, 3 for a device of those three kinds, 0 otherwise.
+/// The simulator models the wait (Note [Rendezvous in the simulator], src/sim/Simulator.cpp).
 std::vector<int> rendezvousPasses(const Schedule& schedule);
-/// Whether a message from device `from` to device `to` (a gradient, or an activation or
-/// output) is sent at its receive.
-inline bool rendezvous(const std::vector<int>& passes, int from, int to, bool gradient) {
-  if (passes[from] == 3) return gradient && passes[to] == 3;
-  return passes[from] != 0 && passes[from] == passes[to];
+
+/// What a message between two devices carries: an activation F(s) -> F(s+1), a gradient
+/// B/I(s+1) -> B/I(s), or the last stage's output F(S-1) -> B(S-1).
+enum class MessageKind { Activation, Gradient, Output };
+/// The kind of the message an SA/RA/SG/RG moves in a schedule of `numStages` stages.
+inline MessageKind messageKind(const Action& a, int numStages) {
+  if (a.type == ActionType::SendGrad || a.type == ActionType::RecvGrad)
+    return MessageKind::Gradient;
+  return a.stage + 1 == numStages ? MessageKind::Output : MessageKind::Activation;
+}
+/// Whether a message from device `from` to device `to` is sent at its receive.
+inline bool rendezvous(const std::vector<int>& passes, int from, int to, MessageKind kind) {
+  switch (kind) {
+    case MessageKind::Activation:
+      return passes[from] == 1 && passes[to] == 1;
+    case MessageKind::Gradient:
+      return (passes[from] == 2 && passes[to] == 2) || (passes[from] == 3 && passes[to] == 3);
+    case MessageKind::Output:
+      return passes[from] == 1 && passes[to] == 2;
+  }
+  return false;
 }
 
 }  // namespace pipefb::schedules
