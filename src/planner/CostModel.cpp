@@ -426,9 +426,7 @@ double CostModel::scale(const PipelineShape& shape) const {
 }
 
 namespace {
-std::int64_t scaled(std::int64_t bytes, double f) {
-  return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * f));
-}
+std::int64_t scaled(std::int64_t bytes, double f) { return scaledBytes(bytes, f); }
 }  // namespace
 
 const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shape) const {
@@ -613,7 +611,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // stages' counts (each the most over the device's compute starts: an upper bound).
   // Note [Recomputed last output]: a recomputing B(S-1) is sent no output.
   const bool outputTravels = k == S - 1 && schedules::lastOutputTravels(split, ckpt);
-  const WaitingBytes waiting = waitingBytes(shape, k, first, last, outputTravels);
+  // (Memory only: the DP's times-only look, Note [Planner speed], never reads them.)
+  const WaitingBytes waiting =
+      timesOnly ? WaitingBytes{} : waitingBytes(shape, k, first, last, outputTravels);
   const std::int64_t actsWaiting = waiting.activations, gradsWaiting = waiting.gradients;
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out. An offloaded
