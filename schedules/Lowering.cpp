@@ -112,8 +112,11 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
   const Schedule marked = markRecompute(in, policy);  // BR for checkpoint kinds
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
+    // The OFFs and PREs already on the device (only those are ever looked up: Note
+    // [Lowering speed]).
     std::set<Key> present;
-    for (const Action& a : in.devices[d]) present.insert(keyOf(a));
+    for (const Action& a : in.devices[d])
+      if (a.type == ActionType::Offload || a.type == ActionType::Prefetch) present.insert(keyOf(a));
 
     // Pass 1: OFF right after the producing F.
     std::vector<Action> list;
@@ -223,26 +226,42 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
   for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));
   const std::vector<StashedVersion> versions = stashedVersions(in);
 
+  // pos[slot(t, stage, index)]: the position on the device of its action (t: F, B or I,
+  // the B or W that ends the stash, STEP), -1 = none; a flat table (Note [Lowering speed]),
+  // reset after each device.
+  int lo = 0, hi = -1;
+  for (const auto& list : in.devices)
+    for (const Action& a : list) {
+      lo = std::min(lo, a.index);
+      hi = std::max(hi, a.index);
+    }
+  const int width = hi - lo + 1;
+  enum Slot { kF, kB, kEnd, kStep, kSlots };
+  std::vector<int> pos(static_cast<size_t>(kSlots) * S * width, -1);
+  auto slot = [&](int t, int st, int i) {
+    return (static_cast<size_t>(t) * S + st) * width + (i - lo);
+  };
+  auto slotOf = [](ActionType t) {
+    return t == ActionType::Forward ? kF : t == ActionType::Step ? kStep : kB;  // B or I
+  };
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
     const std::vector<Action>& list = in.devices[d];
     const int n = static_cast<int>(list.size());
-    std::map<std::tuple<ActionType, int, int>, int> pos;  // (type, stage, index) -> position
-    std::vector<int> computeIdx, ordinal(n + 1, 0);       // ordinal: compute actions before i
+    std::vector<int> computeIdx, ordinal(n + 1, 0);  // ordinal: compute actions before i
     for (int i = 0; i < n; ++i) {
       const Action& a = list[i];
       // I stands where B would for the version's first use, W for its last.
-      if (a.isCompute() || a.type == ActionType::Step) {
-        const ActionType t = a.type == ActionType::InputGrad ? ActionType::Backward : a.type;
-        if (a.type != ActionType::WeightGrad) pos[{t, a.stage, a.index}] = i;
-        if (a.endsStash()) pos[{ActionType::WeightGrad, a.stage, a.index}] = i;
+      if ((a.isCompute() || a.type == ActionType::Step) && a.stage >= 0 && a.stage < S) {
+        if (a.type != ActionType::WeightGrad) pos[slot(slotOf(a.type), a.stage, a.index)] = i;
+        if (a.endsStash()) pos[slot(kEnd, a.stage, a.index)] = i;
       }
       ordinal[i + 1] = ordinal[i] + (a.isCompute() ? 1 : 0);
       if (a.isCompute()) computeIdx.push_back(i);
     }
     auto find = [&](ActionType t, int st, int i) {
-      auto it = pos.find({t, st, i});
-      return it == pos.end() ? -1 : it->second;
+      if (i < lo || i > hi) return -1;
+      return pos[slot(t == ActionType::WeightGrad ? kEnd : slotOf(t), st, i)];
     };
     // In front of list[i]: drops, then offloads, then prefetches.
     std::vector<std::vector<Action>> drops(n + 1), offs(n + 1), pres(n + 1);
@@ -284,6 +303,9 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
       if (i < n) merged.push_back(list[i]);
     }
     out.devices[d] = std::move(merged);
+    for (const Action& a : list)
+      if ((a.isCompute() || a.type == ActionType::Step) && a.stage >= 0 && a.stage < S)
+        for (int t = 0; t < kSlots; ++t) pos[slot(t, a.stage, a.index)] = -1;
   }
   return out;
 }
