@@ -58,13 +58,42 @@ Schedule addCommunication(const Schedule& in) {
   auto outputTravels = [&](int m) {
     return lastOutputTravels(p.split(S - 1), recomputesOutput.count(m) > 0);
   };
+  // The activation and gradient messages already on the device, the only keys asked for,
+  // as a flat table over (type, stage, index) (Note [Lowering speed]), reset per device.
+  int lo = 0, hi = -1;
+  for (const auto& list : in.devices)
+    for (const Action& a : list) {
+      lo = std::min(lo, a.index);
+      hi = std::max(hi, a.index);
+    }
+  const size_t width = static_cast<size_t>(hi - lo + 1);
+  auto slot = [&](const Action& a) -> long {
+    int t = a.type == ActionType::SendAct    ? 0
+            : a.type == ActionType::RecvAct  ? 1
+            : a.type == ActionType::SendGrad ? 2
+            : a.type == ActionType::RecvGrad ? 3
+                                             : -1;
+    if (t < 0 || a.stash != StashKind::Activation || a.stage < 0 || a.stage >= S) return -1;
+    return static_cast<long>((static_cast<size_t>(t) * S + a.stage) * width + (a.index - lo));
+  };
+  std::vector<char> present(4 * S * width, 0);
+  std::vector<long> marked;
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
-    std::set<Key> present;
+    for (long i : marked) present[i] = 0;
+    marked.clear();
+    auto mark = [&](const Action& a) {
+      const long i = slot(a);
+      if (i < 0 || present[i]) return false;
+      present[i] = 1;
+      marked.push_back(i);
+      return true;
+    };
     for (const Action& a : in.devices[d])
-      if (a.isSend() || a.isRecv()) present.insert(keyOf(a));
+      if (a.isSend() || a.isRecv()) mark(a);
     auto addIfMissing = [&](std::vector<Action>& list, const Action& a) {
-      if (present.insert(keyOf(a)).second) list.push_back(a);
+      PIPEFB_ASSERT(slot(a) >= 0, "a message outside the schedule's stages or indices");
+      if (mark(a)) list.push_back(a);
     };
     std::vector<Action> list;
     list.reserve(in.devices[d].size() * 2);
