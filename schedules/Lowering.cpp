@@ -58,13 +58,42 @@ Schedule addCommunication(const Schedule& in) {
   auto outputTravels = [&](int m) {
     return lastOutputTravels(p.split(S - 1), recomputesOutput.count(m) > 0);
   };
+  // The activation and gradient messages already on the device, the only keys asked for,
+  // as a flat table over (type, stage, index) (Note [Lowering speed]), reset per device.
+  int lo = 0, hi = -1;
+  for (const auto& list : in.devices)
+    for (const Action& a : list) {
+      lo = std::min(lo, a.index);
+      hi = std::max(hi, a.index);
+    }
+  const size_t width = static_cast<size_t>(hi - lo + 1);
+  auto slot = [&](const Action& a) -> long {
+    int t = a.type == ActionType::SendAct    ? 0
+            : a.type == ActionType::RecvAct  ? 1
+            : a.type == ActionType::SendGrad ? 2
+            : a.type == ActionType::RecvGrad ? 3
+                                             : -1;
+    if (t < 0 || a.stash != StashKind::Activation || a.stage < 0 || a.stage >= S) return -1;
+    return static_cast<long>((static_cast<size_t>(t) * S + a.stage) * width + (a.index - lo));
+  };
+  std::vector<char> present(4 * S * width, 0);
+  std::vector<long> marked;
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
-    std::set<Key> present;
+    for (long i : marked) present[i] = 0;
+    marked.clear();
+    auto mark = [&](const Action& a) {
+      const long i = slot(a);
+      if (i < 0 || present[i]) return false;
+      present[i] = 1;
+      marked.push_back(i);
+      return true;
+    };
     for (const Action& a : in.devices[d])
-      if (a.isSend() || a.isRecv()) present.insert(keyOf(a));
+      if (a.isSend() || a.isRecv()) mark(a);
     auto addIfMissing = [&](std::vector<Action>& list, const Action& a) {
-      if (present.insert(keyOf(a)).second) list.push_back(a);
+      PIPEFB_ASSERT(slot(a) >= 0, "a message outside the schedule's stages or indices");
+      if (mark(a)) list.push_back(a);
     };
     std::vector<Action> list;
     list.reserve(in.devices[d].size() * 2);
@@ -112,8 +141,11 @@ Schedule addOffload(const Schedule& in, const std::vector<StashPolicy>& policies
   const Schedule marked = markRecompute(in, policy);  // BR for checkpoint kinds
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
+    // The OFFs and PREs already on the device (only those are ever looked up: Note
+    // [Lowering speed]).
     std::set<Key> present;
-    for (const Action& a : in.devices[d]) present.insert(keyOf(a));
+    for (const Action& a : in.devices[d])
+      if (a.type == ActionType::Offload || a.type == ActionType::Prefetch) present.insert(keyOf(a));
 
     // Pass 1: OFF right after the producing F.
     std::vector<Action> list;
@@ -223,26 +255,42 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
   for (int s = 0; s < S; ++s) policy[s] = effectivePolicy(policy[s], in.placement.split(s));
   const std::vector<StashedVersion> versions = stashedVersions(in);
 
+  // pos[slot(t, stage, index)]: the position on the device of its action (t: F, B or I,
+  // the B or W that ends the stash, STEP), -1 = none; a flat table (Note [Lowering speed]),
+  // reset after each device.
+  int lo = 0, hi = -1;
+  for (const auto& list : in.devices)
+    for (const Action& a : list) {
+      lo = std::min(lo, a.index);
+      hi = std::max(hi, a.index);
+    }
+  const int width = hi - lo + 1;
+  enum Slot { kF, kB, kEnd, kStep, kSlots };
+  std::vector<int> pos(static_cast<size_t>(kSlots) * S * width, -1);
+  auto slot = [&](int t, int st, int i) {
+    return (static_cast<size_t>(t) * S + st) * width + (i - lo);
+  };
+  auto slotOf = [](ActionType t) {
+    return t == ActionType::Forward ? kF : t == ActionType::Step ? kStep : kB;  // B or I
+  };
   Schedule out = in;
   for (int d = 0; d < in.numDevices(); ++d) {
     const std::vector<Action>& list = in.devices[d];
     const int n = static_cast<int>(list.size());
-    std::map<std::tuple<ActionType, int, int>, int> pos;  // (type, stage, index) -> position
-    std::vector<int> computeIdx, ordinal(n + 1, 0);       // ordinal: compute actions before i
+    std::vector<int> computeIdx, ordinal(n + 1, 0);  // ordinal: compute actions before i
     for (int i = 0; i < n; ++i) {
       const Action& a = list[i];
       // I stands where B would for the version's first use, W for its last.
-      if (a.isCompute() || a.type == ActionType::Step) {
-        const ActionType t = a.type == ActionType::InputGrad ? ActionType::Backward : a.type;
-        if (a.type != ActionType::WeightGrad) pos[{t, a.stage, a.index}] = i;
-        if (a.endsStash()) pos[{ActionType::WeightGrad, a.stage, a.index}] = i;
+      if ((a.isCompute() || a.type == ActionType::Step) && a.stage >= 0 && a.stage < S) {
+        if (a.type != ActionType::WeightGrad) pos[slot(slotOf(a.type), a.stage, a.index)] = i;
+        if (a.endsStash()) pos[slot(kEnd, a.stage, a.index)] = i;
       }
       ordinal[i + 1] = ordinal[i] + (a.isCompute() ? 1 : 0);
       if (a.isCompute()) computeIdx.push_back(i);
     }
     auto find = [&](ActionType t, int st, int i) {
-      auto it = pos.find({t, st, i});
-      return it == pos.end() ? -1 : it->second;
+      if (i < lo || i > hi) return -1;
+      return pos[slot(t == ActionType::WeightGrad ? kEnd : slotOf(t), st, i)];
     };
     // In front of list[i]: drops, then offloads, then prefetches.
     std::vector<std::vector<Action>> drops(n + 1), offs(n + 1), pres(n + 1);
@@ -284,6 +332,9 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
       if (i < n) merged.push_back(list[i]);
     }
     out.devices[d] = std::move(merged);
+    for (const Action& a : list)
+      if ((a.isCompute() || a.type == ActionType::Step) && a.stage >= 0 && a.stage < S)
+        for (int t = 0; t < kSlots; ++t) pos[slot(t, a.stage, a.index)] = -1;
   }
   return out;
 }

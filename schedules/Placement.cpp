@@ -158,21 +158,6 @@ Placement Placement::defaultFor(const std::string& kind, int numStages, int virt
 }
 
 // Note [Stages per device]: the ratios of the placements defaultFor() builds.
-Placement::StagesPerDevice Placement::stagesPerDevice(ScheduleKind kind, int virtualStages) {
-  switch (info(kind).placement) {
-    case DefaultPlacement::SameDevice:
-      return {1, 1};
-    case DefaultPlacement::PipeFb:
-      return {1, 2};
-    case DefaultPlacement::Looped:
-      return {std::max(1, virtualStages), 1};
-    case DefaultPlacement::VShape:
-      return {2, 1};
-  }
-  PIPEFB_ASSERT(false, "a schedule kind without a default placement");
-  return {1, 1};
-}
-
 int Placement::devicesFor(ScheduleKind kind, int numStages, int virtualStages) {
   const StagesPerDevice r = stagesPerDevice(kind, virtualStages);
   return numStages % r.stages == 0 ? numStages / r.stages * r.devices : 0;

@@ -1,5 +1,6 @@
 #include "pipefb/schedules/WeightVersions.h"
 
+#include <algorithm>
 #include <map>
 
 namespace pipefb::schedules {
@@ -7,9 +8,18 @@ namespace pipefb::schedules {
 std::vector<StashedVersion> stashedVersions(const Schedule& s) {
   const int S = s.numStages;
   // (stage, mb) -> version at F / at B, by walking each device's list in order: only that
-  // device's own STEP and RW change what it holds.
-  std::vector<std::map<int, int>> fVer(S), bVer(S);
-  std::vector<std::map<int, bool>> recompute(S);
+  // device's own STEP and RW change what it holds. Flat tables over [stage][mb - lo]
+  // (Note [Lowering speed] in Lowering.h); hasB: whether B (or I) of (stage, mb) runs.
+  int lo = 0, hi = -1;
+  for (const auto& list : s.devices)
+    for (const Action& a : list) {
+      lo = std::min(lo, a.index);
+      hi = std::max(hi, a.index);
+    }
+  const size_t width = static_cast<size_t>(hi - lo + 1);
+  auto at = [&](int st, int m) { return static_cast<size_t>(st) * width + (m - lo); };
+  std::vector<int> fVer(S * width, 0), bVer(S * width, 0);
+  std::vector<char> hasB(S * width, 0), recompute(S * width, 0);
   std::vector<std::vector<int>> fOrder(S);
   for (int d = 0; d < s.numDevices(); ++d) {
     std::vector<int> cur(S, 0);
@@ -18,12 +28,13 @@ std::vector<StashedVersion> stashedVersions(const Schedule& s) {
       if (a.type == ActionType::Step || a.type == ActionType::RecvWeights)
         cur[a.stage] = a.index + 1;
       else if (a.type == ActionType::Forward && s.placement.forward(a.stage) == d) {
-        fVer[a.stage][a.index] = cur[a.stage];
+        fVer[at(a.stage, a.index)] = cur[a.stage];
         fOrder[a.stage].push_back(a.index);
       } else if (a.isInputBackward() && s.placement.backward(a.stage) == d) {
         // I and its W run on the version the device holds at I: a STEP waits for every W.
-        bVer[a.stage][a.index] = cur[a.stage];
-        recompute[a.stage][a.index] = a.recompute;
+        bVer[at(a.stage, a.index)] = cur[a.stage];
+        hasB[at(a.stage, a.index)] = 1;
+        recompute[at(a.stage, a.index)] = a.recompute;
       }
     }
   }
@@ -32,12 +43,12 @@ std::vector<StashedVersion> stashedVersions(const Schedule& s) {
     const bool split = s.placement.split(st);
     std::map<int, StashedVersion> byVersion;
     for (int m : fOrder[st]) {
-      auto b = bVer[st].find(m);
-      if (b == bVer[st].end() || b->second == fVer[st][m]) continue;
-      if (split && !recompute[st][m]) continue;  // kept by the graph on the forward device
-      StashedVersion& v = byVersion[fVer[st][m]];
+      const int f = fVer[at(st, m)];
+      if (!hasB[at(st, m)] || bVer[at(st, m)] == f) continue;
+      if (split && !recompute[at(st, m)]) continue;  // kept by the graph on the forward device
+      StashedVersion& v = byVersion[f];
       v.stage = st;
-      v.version = fVer[st][m];
+      v.version = f;
       v.device = s.placement.backward(st);
       v.madeByStep = split;
       v.microbatches.push_back(m);

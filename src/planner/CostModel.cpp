@@ -478,9 +478,7 @@ double CostModel::scale(const PipelineShape& shape) const {
 }
 
 namespace {
-std::int64_t scaled(std::int64_t bytes, double f) {
-  return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * f));
-}
+std::int64_t scaled(std::int64_t bytes, double f) { return scaledBytes(bytes, f); }
 }  // namespace
 
 const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shape) const {
@@ -669,16 +667,15 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // stages' counts (each the most over the device's compute starts: an upper bound).
   // Note [Recomputed last output]: a recomputing B(S-1) is sent no output.
   const bool outputTravels = k == S - 1 && schedules::lastOutputTravels(split, ckpt);
-  const WaitingBytes waiting = waitingBytes(shape, k, first, last, outputTravels);
+  // (Memory only: the DP's times-only look, Note [Planner speed], never reads them.)
+  const WaitingBytes waiting =
+      timesOnly ? WaitingBytes{} : waitingBytes(shape, k, first, last, outputTravels);
   const std::int64_t actsWaiting = waiting.activations, gradsWaiting = waiting.gradients;
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out. An offloaded
   // graph holds what of it the last layer's graph saved (Note [Measured saved bytes]).
   const std::int64_t savedOutput = scaled(profile_.layers[last - 1].savedOutputBytes, f);
   e.stashBytes = ckpt ? input : graph + (off ? savedOutput : output);
-  e.inFlight =
-      unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M) : inFlightStashes(shape.kind, S, k, M);
-  e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M);
   const int copies = unsplitPipeFb ? 0 : weightCopies(shape.kind, S, k, M);
   // Note [Weight-version offload] (Lowering.h): an offloaded stage's stashed versions go to
   // the host pool; the contract's count stays on the device (pipefb-async's one copy always
@@ -726,8 +723,50 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   if (outputTravels && !decoupled)
     e.linkOut = cluster_.link(fd, bd).time(scaled(profile_.layers[last - 1].outputBytes, f));
 
+  // Times: the busiest of the stage's resources. The DP's times-only look stops here
+  // (Note [Planner speed]): what follows is memory.
+  if (split) {
+    e.forwardCompute = e.forwardTime + e.snapshotTime;
+    e.backwardCompute = e.backwardTime + stepPerMb;
+    e.forwardCopy = off ? fdev.host.time(e.stashBytes) : 0;
+    e.backwardCopy = off ? bdev.host.time(e.stashBytes) : 0;
+    if (shape.lookahead == 0) {  // Note [Prefetch distance zero]
+      e.backwardCompute += e.backwardCopy;
+      e.backwardCopy = 0;
+    }
+    if (e.linkOut > 0 && outputAtReceive(shape.kind, S, M, shape.folded)) {
+      // Note [Output at its receive in the cost model]
+      e.forwardCompute += e.linkOut;
+      e.backwardCompute += e.linkOut;
+    }
+    struct {
+      double t;
+      Resource r;
+    } rs[] = {{e.forwardCompute, Resource::ForwardCompute},
+              {e.backwardCompute, Resource::BackwardCompute},
+              {e.forwardCopy, Resource::ForwardCopy},
+              {e.backwardCopy, Resource::BackwardCopy},
+              {e.linkIn, Resource::LinkIn},
+              {e.linkOut, Resource::LinkOut}};
+    e.time = -1;
+    for (auto& x : rs)
+      if (x.t > e.time) e.time = x.t, e.binding = x.r;
+  } else {
+    e.forwardCompute = e.backwardCompute =
+        e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;
+    e.forwardCopy = e.backwardCopy = (off ? 2 * fdev.host.time(e.stashBytes) : 0) +
+                                     (movesCopies ? 2 * fdev.host.time(W) : 0);  // OFFW + PREW
+    e.time = e.forwardCompute;
+    e.binding = Resource::Compute;
+    if (e.forwardCopy > e.time) e.time = e.forwardCopy, e.binding = Resource::Copy;
+    if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
+  }
+  if (timesOnly) return e;
+  e.inFlight =
+      unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M) : inFlightStashes(shape.kind, S, k, M);
+  e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M);
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
-  if (!timesOnly) {  // Note [Forward peak]; under a checkpoint kind the stash is the input
+  {  // Note [Forward peak]; under a checkpoint kind the stash is the input
     const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
     e.forwardPeakBytes = ckpt ? fpeak + e.stashBytes : std::max(fpeak, e.stashBytes);
   }
@@ -793,32 +832,6 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     return std::max<std::int64_t>(0, stepWs - (gone + working));
   };
   if (split) {
-    e.forwardCompute = e.forwardTime + e.snapshotTime;
-    e.backwardCompute = e.backwardTime + stepPerMb;
-    e.forwardCopy = off ? fdev.host.time(e.stashBytes) : 0;
-    e.backwardCopy = off ? bdev.host.time(e.stashBytes) : 0;
-    if (shape.lookahead == 0) {  // Note [Prefetch distance zero]
-      e.backwardCompute += e.backwardCopy;
-      e.backwardCopy = 0;
-    }
-    if (e.linkOut > 0 && outputAtReceive(shape.kind, S, M, shape.folded)) {
-      // Note [Output at its receive in the cost model]
-      e.forwardCompute += e.linkOut;
-      e.backwardCompute += e.linkOut;
-    }
-    struct {
-      double t;
-      Resource r;
-    } rs[] = {{e.forwardCompute, Resource::ForwardCompute},
-              {e.backwardCompute, Resource::BackwardCompute},
-              {e.forwardCopy, Resource::ForwardCopy},
-              {e.backwardCopy, Resource::BackwardCopy},
-              {e.linkIn, Resource::LinkIn},
-              {e.linkOut, Resource::LinkOut}};
-    e.time = -1;
-    for (auto& x : rs)
-      if (x.t > e.time) e.time = x.t, e.binding = x.r;
-    if (timesOnly) return e;
     const std::int64_t wsB = backwardWs();
     e.backwardWorkingBytes = wsB;
     // Forward device (Note [Forward device memory]): weights, the stash until its offload
@@ -899,15 +912,6 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::WorkingSet,
       wsB + stepExcess(resident, atStep, wsB - waiting.outputsAfterLoss));
   } else {
-    e.forwardCompute = e.backwardCompute =
-        e.forwardTime + e.snapshotTime + e.backwardTime + stepPerMb;
-    e.forwardCopy = e.backwardCopy = (off ? 2 * fdev.host.time(e.stashBytes) : 0) +
-                                     (movesCopies ? 2 * fdev.host.time(W) : 0);  // OFFW + PREW
-    e.time = e.forwardCompute;
-    e.binding = Resource::Compute;
-    if (e.forwardCopy > e.time) e.time = e.forwardCopy, e.binding = Resource::Copy;
-    if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
-    if (timesOnly) return e;
     const std::int64_t wsB = backwardWs();
     e.backwardWorkingBytes = wsB;
     // Note [Split backward]: the stashes waiting for their W stay beside the prefetched ones.

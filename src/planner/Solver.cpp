@@ -832,9 +832,7 @@ std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& sh
     return kShave *
            (split ? std::max(fw * invF[st], (bw + step) * invB[st]) : (fw + bw + step) * invF[st]);
   };
-  auto scaledBytes = [f](std::int64_t b) {
-    return static_cast<std::int64_t>(std::llround(static_cast<double>(b) * f));
-  };
+  auto scaledAtF = [f](std::int64_t b) { return scaledBytes(b, f); };
   // Memory lower bound of stage k = [i, j) with the scaled working set `ws`: the larger of
   // its two devices' (one device unless split).
   auto memLb = [&](int k, int i, int j, std::int64_t ws) {
@@ -846,7 +844,7 @@ std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& sh
     // (memoryLowerBound with no working set: the states, without the optimizer's when it is
     // on the host, Note [Optimizer offload in the cost model].)
     return model.memoryLowerBound(leanest, k, i, j, 0) + copies[k] * W +
-           std::max(ws, scaledBytes(model.savedSum(i, j)));
+           std::max(ws, scaledAtF(model.savedSum(i, j)));
   };
   auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
     const std::int64_t mb = memLb(k, i, j, ws);
@@ -1640,8 +1638,8 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
     // Note [Backward after a step]: the first B after a STEP pays the excess; charged to
     // the STEP, on the same device and once per step.
     c.step = e.stepTime + e.afterStepTime + e.allReduceTime;  // Note [Replicated pipelines]
-    c.activationBytes = std::llround(model.profile().layers[st.last - 1].outputBytes * f);
-    c.gradientBytes = std::llround(model.inputBytes(st.first) * f);
+    c.activationBytes = scaledBytes(model.profile().layers[st.last - 1].outputBytes, f);
+    c.gradientBytes = scaledBytes(model.inputBytes(st.first), f);
     std::int64_t saved = 0, W = 0, G = 0, O = 0, stepWs = 0;
     for (int l = st.first; l < st.last; ++l) {
       const auto& lc = model.profile().layers[l];
@@ -1651,7 +1649,7 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
       O += lc.optimizerBytes;
       stepWs = std::max(stepWs, lc.stepWorkingBytes);
     }
-    c.stashBytes = std::llround(saved * f);
+    c.stashBytes = scaledBytes(saved, f);
     c.checkpointBytes = c.gradientBytes;
     c.weightVersionBytes = W;
     c.weightsBytes = W;
@@ -1661,7 +1659,7 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
     c.workingSetBytes = model.backwardWorking(sh, k, st.first, st.last,
                                               CostModel::gradientsInPlace(sh, k, st.policy));
     // Note [Forward device memory]: a split stage's forward device runs only F.
-    c.forwardWorkingSetBytes = std::llround(model.forwardWorking(st.first, st.last) * f);
+    c.forwardWorkingSetBytes = scaledBytes(model.forwardWorking(st.first, st.last), f);
     c.stepWorkingBytes = st.optimizerOnHost ? 0 : stepWs;  // Note [Step working set]
     ct.stages.push_back(c);
   }

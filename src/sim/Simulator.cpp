@@ -48,6 +48,16 @@
 //    graph stash made on it (Note [Old forward copies in the simulator]), as weight versions.
 // Samples are taken after all changes at one instant (frees and allocations at the same time
 // net out), which is also how the stash counts are taken.
+//
+// Note [Simulator speed]
+// The planner re-scores its best candidates here (simulatePlan in planner/Solver.cpp), and
+// bench_planner's 64-stage PipeDream plans run 9 iterations of 16 microbatches: tens of
+// thousands of actions per run, several runs per plan. So the per-action work stays
+// O(1): links, hosts' links and each microbatch's stashed weight version are flat tables
+// looked up by index (not maps), and the event lists are reserved up front. The events are
+// sorted with std::sort, not a stable sort: an instant's changes are all applied before it
+// is sampled (above), and they are integer sums, so their order within the instant cannot
+// change a sample, a peak or a count.
 
 namespace pipefb::sim {
 
@@ -144,14 +154,27 @@ class Simulation {
           explicitW_[a.stage] = true;
           if (a.type == ActionType::Drop) wv_[{a.stage, a.index}].dropInSchedule = true;
         }
+    usesV_.assign(SN, -1);
     for (const auto& v : schedules::stashedVersions(s)) {
       if (!explicitW_[v.stage]) continue;
       Stashed& w = wv_[{v.stage, v.version}];
       w.madeByStep = v.madeByStep;
       w.remaining = static_cast<int>(v.microbatches.size());
-      for (int m : v.microbatches) usesV_[{v.stage, m}] = v.version;
+      for (int m : v.microbatches) usesV_[at(v.stage, m)] = v.version;
     }
     passes_ = schedules::rendezvousPasses(s);
+    async_ = s.kind == "pipefb-async";
+    // Note [Simulator speed]: the links looked up once, not per message.
+    links_.resize(static_cast<size_t>(D_) * D_);
+    hostLinks_.resize(D_);
+    size_t actions = 0;
+    for (int d = 0; d < D_; ++d) {
+      hostLinks_[d] = &c.hostLink(d);
+      for (int e = 0; e < D_; ++e) links_[static_cast<size_t>(d) * D_ + e] = &c.link(d, e);
+      actions += s.devices[d].size();
+    }
+    mem_.reserve(4 * actions);
+    counts_.reserve(2 * actions);
     pc_.assign(D_, 0);
     threadTime_.assign(D_, 0.0);
     copyQueue_.assign(D_, {});
@@ -293,7 +316,7 @@ class Simulation {
   double sendData(int d, int step, const Action& a, int kind, std::int64_t bytes,
                   bool buffered = true, double notBefore = 0.0) {
     double t = threadTime_[d];
-    const LinkCost& link = c_.link(d, a.peer);
+    const LinkCost& link = *links_[static_cast<size_t>(d) * D_ + a.peer];
     double& free = linkFree_[static_cast<size_t>(d) * D_ + a.peer];
     double start = std::max({t, free, notBefore});
     double xfer = link.transferTime(bytes);
@@ -348,7 +371,7 @@ class Simulation {
         double start = t;
         Stashed* w = versionOf(st, i);
         if (w && w->preIssued) {  // its weight version comes back first
-          double ready = need(key(kPreEndW, st, usesV_.at({st, i})), agent, d, step);
+          double ready = need(key(kPreEndW, st, usesV_[at(st, i)]), agent, d, step);
           if (ready == kUnknown) return false;
           start = std::max(start, ready);
         }
@@ -405,7 +428,7 @@ class Simulation {
         // pipefb-sync's forward device of fc6 peak at 1.02 GiB against the cost model's
         // 538.81 MiB on VGG16 224 px, 4x-t4-pcie.)
         sendData(d, step, a, kArrWeights, cost(st).weightVersionBytes, /*buffered=*/false);
-        if (s_.kind == "pipefb-async" && !byReference(st))
+        if (async_ && !byReference(st))
           mem(threadTime_[d], d, MemoryCategory::CommBuffers, cost(st).weightVersionBytes);
         return true;
       case ActionType::RecvAct:
@@ -429,7 +452,7 @@ class Simulation {
           if (s_.placement.split(st)) replaced_.push_back({st, d, cur, end});
           cur = i + 1;
           updateVersions(end, st);
-          if (s_.kind == "pipefb-async" && !byReference(st))  // the sender's snapshot goes
+          if (async_ && !byReference(st))  // the sender's snapshot goes
             mem(end, a.peer, MemoryCategory::CommBuffers, -cost(st).weightVersionBytes);
           resolve(key(kRecvW, st, i), end);
         }
@@ -552,15 +575,15 @@ class Simulation {
   };
   // The stashed version B(st, m) differentiates at, when its stage is charged per version.
   Stashed* versionOf(int st, int m) {
-    auto u = usesV_.find({st, m});
-    return u == usesV_.end() ? nullptr : &wv_.at({st, u->second});
+    const int v = usesV_[at(st, m)];
+    return v < 0 ? nullptr : &wv_.at({st, v});
   }
 
   bool copyStep(int d, int agent) {
     const int step = copyQueue_[d][copyHead_[d]];
     const Action& a = s_.devices[d][step];
     const int st = a.stage, i = a.index;
-    const LinkCost& link = c_.hostLink(d);
+    const LinkCost& link = *hostLinks_[d];
     double start = std::max(issueTime_[d][step], copyFree_[d]);
     const bool weights = a.stash == StashKind::Weights;
     if (a.type == ActionType::Offload) {
@@ -654,9 +677,10 @@ class Simulation {
       mem(r.time, r.device, MemoryCategory::WeightVersions, cost(r.stage).weightVersionBytes);
       mem(it->second, r.device, MemoryCategory::WeightVersions, -cost(r.stage).weightVersionBytes);
     }
-    // Memory: sort, then sample after each instant.
-    std::stable_sort(mem_.begin(), mem_.end(),
-                     [](const MemEvent& x, const MemEvent& y) { return x.time < y.time; });
+    // Memory: sort, then sample after each instant (any order within it: Note [Simulator
+    // speed]).
+    std::sort(mem_.begin(), mem_.end(),
+              [](const MemEvent& x, const MemEvent& y) { return x.time < y.time; });
     r.memory.assign(D_, DeviceMemory{});
     std::vector<CategoryBytes> cur(D_, CategoryBytes{});
     std::vector<char> dirty(D_, 0);
@@ -703,8 +727,8 @@ class Simulation {
     }
 
     // Stash counts: per (device, stage), per device, and in flight per stage.
-    std::stable_sort(counts_.begin(), counts_.end(),
-                     [](const CountEvent& x, const CountEvent& y) { return x.time < y.time; });
+    std::sort(counts_.begin(), counts_.end(),
+              [](const CountEvent& x, const CountEvent& y) { return x.time < y.time; });
     r.peakStashCount.assign(D_, 0);
     r.peakStashCountByStage.assign(D_, std::vector<int>(S_, 0));
     r.peakInFlight.assign(S_, 0);
@@ -745,13 +769,15 @@ class Simulation {
   std::vector<bool> recompute_;
   std::vector<bool> recvW_;  // [stage][index]: the schedule has RW s.index
   // Note [Weights by reference]: pipefb-async with a graph stash (its B's do not recompute).
-  bool byReference(int st) const { return s_.kind == "pipefb-async" && !recompute_[at(st, 0)]; }
+  bool byReference(int st) const { return async_ && !recompute_[at(st, 0)]; }
+  bool async_ = false;                              // s_.kind == "pipefb-async"
+  std::vector<const LinkCost*> links_, hostLinks_;  // [src * D + dst], [device]
   std::vector<int> curVersion_;
   std::vector<std::map<int, int>> versionRefs_;
   std::vector<int> extraVersions_;
   std::vector<bool> explicitW_;
   std::map<std::pair<int, int>, Stashed> wv_;  // (stage, version)
-  std::map<std::pair<int, int>, int> usesV_;   // (stage, mb) -> its stashed version
+  std::vector<int> usesV_;                     // [stage][mb]: its stashed version, -1 none
   // Note [Old forward copies in the simulator]: per RW of a split stage, (stage, forward
   // device, the version it replaced, its end); per (stage, forward version), the end of the
   // last B (or W) that consumed a graph stash made on that version.

@@ -1,6 +1,9 @@
 // The solver on literal numbers (STYLE.md habit 6, like torchgpipe's blockpartition tests).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
+
 #include "PlannerTestUtil.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/BruteForce.h"
@@ -647,6 +650,27 @@ TEST(SolverLiteral, SnapshotAndBackwardAfterStepTimes) {
   EXPECT_DOUBLE_EQ(s1.time, 2 * 1 + 2 * 2 + 3 + 0.5);
   PipelineShape fb = shapeOf(ScheduleKind::OneFOneB, 2, 4, {0, 1}, 2);
   EXPECT_DOUBLE_EQ(m.stage(fb, 0, 0, 1, StashPolicy::Keep).time, 2 * 1 + 2 * 2 + (3 + 0.5) / 4);
+}
+
+TEST(SolverLiteral, ScaledBytesRoundLikeLlround) {
+  // Note [Planner speed]: scaledBytes is std::llround(bytes x f), inline. Halves go away
+  // from zero; above 2^53 every double is an integer.
+  EXPECT_EQ(scaledBytes(1, 0.5), 1);
+  EXPECT_EQ(scaledBytes(3, 0.5), 2);
+  EXPECT_EQ(scaledBytes(-3, 0.5), -2);
+  EXPECT_EQ(scaledBytes(5, 0.1), 1);   // 0.5000000000000001
+  EXPECT_EQ(scaledBytes(7, 0.07), 0);  // 0.49000000000000005
+  EXPECT_EQ(scaledBytes((std::int64_t(1) << 53) + 2, 1.0), (std::int64_t(1) << 53) + 2);
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<std::int64_t> bytes(-(std::int64_t(1) << 40), std::int64_t(1)
+                                                                                  << 40);
+  std::uniform_real_distribution<double> f(0, 64);
+  for (int i = 0; i < 200000; ++i) {
+    const std::int64_t b = i % 4 == 0 ? bytes(rng) : bytes(rng) >> (i % 40);
+    // Every fourth f a multiple of 1/2^k, so that products hit exact halves too.
+    const double g = i % 4 == 1 ? std::ldexp(double(rng() % 4096), -int(rng() % 12)) : f(rng);
+    ASSERT_EQ(scaledBytes(b, g), std::llround(static_cast<double>(b) * g)) << b << " x " << g;
+  }
 }
 
 TEST(SolverLiteral, FixedTimeIsTheInterceptOfTheTwoSizes) {

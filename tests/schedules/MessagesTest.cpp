@@ -26,6 +26,21 @@ TEST(WaitingMessages, GpipeActivationsRunAheadItsGradientsAreSentAtTheReceive) {
   EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 0}));
 }
 
+TEST(WaitingMessages, ListsTooLongForSixteenBitPositionsCountTheSame) {
+  // Note [Waiting messages speed]: positions are 16-bit numbers only while every list is
+  // shorter than 32767 actions. gpipe S = 2, M = 100: each iteration's activations wait on
+  // device 1 from its last B of the iteration before, all but one of them, and its inputs
+  // on device 0. Over 160 iterations a device has 32000 actions (16-bit positions), over
+  // 170 it has 34000 (int: 16-bit ones would wrap, and count 694 activations, 600 of them
+  // at device 1's backwards).
+  for (int K : {160, 170}) {
+    const WaitingMessages w = of("gpipe", 2, 100, K);
+    EXPECT_EQ(w.activations, (std::vector<int>{0, 99})) << K << " iterations";
+    EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 0})) << K << " iterations";
+    EXPECT_EQ(w.inputsAtBackward, 100) << K << " iterations";
+  }
+}
+
 TEST(WaitingMessages, OneFOneBBoundsWhatWaitsByItsWarmUp) {
   // Device 0: F0.0 F0.1 B0.0 F0.2 B0.1 ...; F0.2 waits for B0.0, so no more than one
   // activation waits on device 1. B1.1 may run before B0.0 starts (it waits only for

@@ -95,6 +95,19 @@ struct LayerCost {
 /// pass, at f x that microbatch.
 inline double scaledTime(double time, double fixed, double f) { return fixed + (time - fixed) * f; }
 
+/// Bytes of an activation (output, saved, working, input) that take `bytes` at the
+/// profile's microbatch, at f x that microbatch, to the nearest byte (halves away from
+/// zero): exactly std::llround(bytes x f), inline. The cost model rounds millions of these
+/// per solve, and llround is a library call (Note [Planner speed] in CostModel.h). Exact:
+/// for |x| < 2^63, t = trunc(x) converts back to double exactly and x - t is exact (x is
+/// an integer above 2^52; below, |t| >= |x| / 2 or t = 0), so x - t is x's fraction.
+inline std::int64_t scaledBytes(std::int64_t bytes, double f) {
+  const double x = static_cast<double>(bytes) * f;
+  const auto t = static_cast<std::int64_t>(x);
+  const double fraction = x - static_cast<double>(t);
+  return t + (fraction >= 0.5 ? 1 : 0) - (fraction <= -0.5 ? 1 : 0);
+}
+
 /// The fixed part of an affine fit through (mb, time) and (mb2, time2), mb != mb2, kept
 /// in [0, time] (a noisy pair that implies a negative slope or intercept scales as a
 /// whole, or not at all).
@@ -126,7 +139,7 @@ inline double fitFixedTime(double time, double mb, double time2, double mb2) {
 /// microbatch]), and the fit serves a size it could not run and older profiles.
 /// Bytes that are `bytes` at the profile's microbatch, `fixed` of them per pass, at f x it.
 inline std::int64_t scaledBytes(std::int64_t bytes, std::int64_t fixed, double f) {
-  return fixed + static_cast<std::int64_t>(std::llround(static_cast<double>(bytes - fixed) * f));
+  return fixed + scaledBytes(bytes - fixed, f);
 }
 /// The fixed part of an affine fit through (mb, bytes) and (mb2, bytes2), mb != mb2, kept
 /// in [0, bytes].

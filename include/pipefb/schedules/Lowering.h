@@ -188,6 +188,15 @@ MemoryContract offloadContract(const MemoryContract& contract, const Placement& 
 
 /// markRecompute, addCommunication, then addOffload, then (offloadWeights: pipeline.offload_weights
 /// auto) addWeightOffload, with the contract updated.
+///
+/// Note [Lowering speed]
+/// The planner lowers every candidate it re-scores (simulatePlan in planner/Solver.cpp):
+/// bench_planner's 64-stage PipeDream plans over 9 iterations are tens of thousands of
+/// actions, lowered several times per solve. So the passes look actions up in flat tables
+/// indexed by (stage, index) (addWeightOffload's positions, stashedVersions' versions,
+/// addCommunication's messages already there) rather than in ordered maps and sets, and
+/// addOffload's set of what is already there holds only the OFFs and PREs, the only keys
+/// it looks for. The output is the same action for action.
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,
                    const std::vector<int>& lookahead, bool offloadWeights = true);
 SchedulePlan lower(const SchedulePlan& plan, const std::vector<StashPolicy>& policies,

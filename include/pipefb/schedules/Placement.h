@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "pipefb/common/Error.h"
 #include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::schedules {
@@ -112,8 +113,23 @@ class Placement {
     int stages = 1;
     int devices = 1;
   };
+  /// (Inline: the planner's cost model asks for it millions of times per solve, Note
+  /// [Planner speed] in planner/CostModel.h.)
   static StagesPerDevice stagesPerDevice(ScheduleKind kind,
-                                         int virtualStages = kDefaultVirtualStages);
+                                         int virtualStages = kDefaultVirtualStages) {
+    switch (info(kind).placement) {
+      case DefaultPlacement::SameDevice:
+        return {1, 1};
+      case DefaultPlacement::PipeFb:
+        return {1, 2};
+      case DefaultPlacement::Looped:
+        return {virtualStages > 1 ? virtualStages : 1, 1};
+      case DefaultPlacement::VShape:
+        return {2, 1};
+    }
+    PIPEFB_ASSERT(false, "a schedule kind without a default placement");
+    return {1, 1};
+  }
   /// Devices that defaultFor(kind, numStages, virtualStages) uses; 0 when numStages does
   /// not fill them (looped: not a multiple of v; vShape: odd).
   static int devicesFor(ScheduleKind kind, int numStages,
