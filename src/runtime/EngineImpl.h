@@ -63,6 +63,9 @@ struct DeviceState {
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
   std::set<Key> heldOffloads;  // Note [Held offloads] (Stash.cpp)
+  // Note [Versions held through the next compute] (WeightVersions.cpp): the weight
+  // versions offloaded since the device's last compute action, (stage, version).
+  std::vector<Key> versionsHeld;
   // Note [Prefetches across a flush] (Stash.cpp): PREs issued before the device's last
   // compute of the previous iteration.
   std::set<Key> laterPrefetches;
@@ -287,6 +290,8 @@ struct PipelineEngine::Impl {
   void offloadVersion(DeviceState& dev, const Action& a);
   void prefetchVersion(DeviceState& dev, const Action& a);
   void dropVersion(DeviceState& dev, const Action& a);
+  // Note [Versions held through the next compute]: after each compute action.
+  void releaseVersionsHeld(DeviceState& dev);
   // Note [Weights, versions and replicas] and [Weight prediction], around STEP.
   void keepVersionsBeforeStep(DeviceState& dev, StageState& st);
   void predictAfterStep(StageState& st);

@@ -143,6 +143,9 @@ int residentStashedVersions(int versions, int lookahead);
 /// copy ran after it), 1116672 bytes where the plan said 1084672 (+3.0%, 2 charged);
 /// resnet50/8 pipedream-offload S=3 M=2 held 3 in its drain, before B0.3. (The runtime's
 /// own bound, WeightOffloadTest.ResidentVersionsFollowTheLookahead, was lookahead + 2.)
+/// The runtime holds that device copy through the device's next compute action, so the
+/// B right after an OFFW has it every time (Note [Versions held through the next compute]
+/// in src/runtime/WeightVersions.cpp); later, only while the copy lags.
 int heldStashedVersions(int versions, int lookahead);
 
 /// Note [Stashes at a step]
