@@ -112,6 +112,21 @@ const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lo
   });
 }
 
+// Note [Held at a same-device stage's starts] (Lowering.h): per stage, on the generated
+// schedule of (kind, S, M) lowered with `lookahead`, every stage offloaded with its weight
+// versions, over enough iterations for the steady state and the drain (2S + 2 microbatches,
+// at least 3 iterations).
+const std::vector<std::vector<schedules::SameDeviceHeld>>& sameDeviceHeld(ScheduleKind k, int S,
+                                                                          int M, int lookahead) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead), [&] {
+    const int K = isFlushing(k) ? 1 : std::max(3, (2 * S + 2 + M - 1) / M);
+    const schedules::SchedulePlan lowered = schedules::lower(
+        schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K),
+        {StashPolicy::Offload}, lookahead, /*offloadWeights=*/true);
+    return schedules::heldAtSameDeviceStarts(lowered.schedule, schedules::stepsPerMicrobatch(k));
+  });
+}
+
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
 // placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
 // iterations, to see the next iteration's feed.
@@ -898,6 +913,36 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
           stepExcess(resident, flushing ? 0 : resident,
                      wsB + freedAtStep + (flushing ? lossInputs : 0)) +
           forwardExcess);
+    // Note [Held at a same-device stage's starts] (Lowering.h): a pipedream stage that
+    // stashes weight versions and offloads them (not the last: it has none, and keeps its
+    // outputs for the loss) is charged its stashes, versions and inputs as they are held
+    // together at its B, F and STEP starts, not each category's worst beside the others'.
+    if (shape.kind == ScheduleKind::PipeDream && offW && copies > 0 && k < S - 1 &&
+        forwardBesideBackward(shape) && !twoPhases) {
+      using Held = schedules::SameDeviceHeld;
+      auto held = [&](const Held& h) {
+        return h.stashes * e.stashBytes + h.versions * W + h.inputs * oneInput;
+      };
+      const Held* atB = nullptr;
+      std::int64_t atF = 0, atStep = 0;
+      for (const Held& h : sameDeviceHeld(shape.kind, S, M, shape.lookahead).at(k)) {
+        if (h.at == Held::At::Backward && (!atB || held(h) > held(*atB))) atB = &h;
+        if (h.at == Held::At::Forward) atF = std::max(atF, held(h));
+        if (h.at == Held::At::Step) atStep = std::max(atStep, held(h));
+      }
+      PIPEFB_ASSERT(
+          atB, "stage " << k << " of pipedream S=" << S << " M=" << M << " has no backward start");
+      const std::int64_t messages = actsWaiting + gradsWaiting;
+      const std::int64_t backward = held(*atB) + wsB + messages;
+      const std::int64_t forward = atF + e.forwardPeakBytes + waiting.atForward;
+      const std::int64_t step = atStep + stepWs + messages;
+      m[index(MemoryCategory::Stash)] = atB->stashes * e.stashBytes;
+      m[index(MemoryCategory::WeightVersions)] = atB->versions * W;
+      m[index(MemoryCategory::CommBuffers)] =
+          buckets + atB->inputs * oneInput + targetsFed + messages;
+      m[index(MemoryCategory::WorkingSet)] =
+          wsB + std::max<std::int64_t>(0, std::max(forward, step) - backward);
+    }
     // Note [Two phases]
     // A stage whose iteration runs all its Fs before its first B (Note [Prefetches after
     // the forward phase]) peaks in one of two phases. In the B phase every F ran: no
