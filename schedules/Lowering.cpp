@@ -383,9 +383,9 @@ std::vector<std::vector<SameDeviceHeld>> heldAtSameDeviceStarts(const Schedule& 
         case ActionType::Forward: {
           const int v = fVersion[a.index];
           if (fVersion[a.index] != bVersion[a.index]) setVersion(v, true);  // its snapshot
+          if (s == 0) --inputs;  // its own: in F's peak (its first layer saves it)
           record(SameDeviceHeld::At::Forward, 0);
           setStash(a.index, true);
-          if (s == 0) --inputs;
           break;
         }
         case ActionType::Backward:
@@ -436,6 +436,26 @@ std::vector<std::vector<SameDeviceHeld>> heldAtSameDeviceStarts(const Schedule& 
       }
     }
     out[s].assign(seen.begin(), seen.end());
+  }
+  return out;
+}
+
+std::vector<SameDeviceHeld> pipedreamHeld(int S, int k, int M, int lookahead) {
+  const int n = S - k;
+  const int K = std::max(3, (2 * n + 2 + M - 1) / M);
+  SchedulePlan plan = makeSchedule(ScheduleKind::PipeDream, n, M,
+                                   Placement::defaultFor(ScheduleKind::PipeDream, n), K);
+  for (int d = 1; d < plan.schedule.numDevices(); ++d) plan.schedule.devices[d].clear();
+  const SchedulePlan lowered = lower(plan, {StashPolicy::Offload}, lookahead, true);
+  std::vector<SameDeviceHeld> out =
+      heldAtSameDeviceStarts(lowered.schedule, stepsPerMicrobatch(ScheduleKind::PipeDream))[0];
+  if (k > 0) {
+    std::set<SameDeviceHeld> noInputs;
+    for (SameDeviceHeld h : out) {
+      h.inputs = 0;
+      noInputs.insert(h);
+    }
+    out.assign(noInputs.begin(), noInputs.end());
   }
   return out;
 }

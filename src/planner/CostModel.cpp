@@ -112,19 +112,11 @@ const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lo
   });
 }
 
-// Note [Held at a same-device stage's starts] (Lowering.h): per stage, on the generated
-// schedule of (kind, S, M) lowered with `lookahead`, every stage offloaded with its weight
-// versions, over enough iterations for the steady state and the drain (2S + 2 microbatches,
-// at least 3 iterations).
-const std::vector<std::vector<schedules::SameDeviceHeld>>& sameDeviceHeld(ScheduleKind k, int S,
-                                                                          int M, int lookahead) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead), [&] {
-    const int K = isFlushing(k) ? 1 : std::max(3, (2 * S + 2 + M - 1) / M);
-    const schedules::SchedulePlan lowered = schedules::lower(
-        schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K),
-        {StashPolicy::Offload}, lookahead, /*offloadWeights=*/true);
-    return schedules::heldAtSameDeviceStarts(lowered.schedule, schedules::stepsPerMicrobatch(k));
-  });
+// Note [Held at a same-device stage's starts] (Lowering.h): stage k of pipedream (S, M) lowered
+// with `lookahead`, per (S - k, k == 0, M, lookahead) (pipedreamHeld).
+const std::vector<schedules::SameDeviceHeld>& pipedreamHeld(int S, int k, int M, int lookahead) {
+  return memoized(std::make_tuple(S - k, k == 0, M, lookahead),
+                  [&] { return schedules::pipedreamHeld(S, k, M, lookahead); });
 }
 
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
@@ -925,7 +917,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       };
       const Held* atB = nullptr;
       std::int64_t atF = 0, atStep = 0;
-      for (const Held& h : sameDeviceHeld(shape.kind, S, M, shape.lookahead).at(k)) {
+      for (const Held& h : pipedreamHeld(S, k, M, shape.lookahead)) {
         if (h.at == Held::At::Backward && (!atB || held(h) > held(*atB))) atB = &h;
         if (h.at == Held::At::Forward) atF = std::max(atF, held(h));
         if (h.at == Held::At::Step) atStep = std::max(atStep, held(h));

@@ -334,12 +334,12 @@ TEST(LoweringTest, HeldAtSameDeviceStartsCountsStashesVersionsAndInputsTogether)
     return h;
   };
   const std::vector<SameDeviceHeld> stage0 = {
-      counts(At::Forward, 0, 0, 2),   // F0.0: its iteration's inputs
-      counts(At::Forward, 1, 1, 1),   // F0.1: OFF0.0 copying, its snapshot v0
-      counts(At::Forward, 1, 2, 1),   // F0.3: PRE0.1, PREW0.0, its v1
-      counts(At::Forward, 1, 3, 1),   // F0.5: PRE0.3, PREW0.1, OFFW0.2 copying, its v3
-      counts(At::Forward, 1, 3, 2),   // F0.4: PRE0.2, v0, OFFW0.1 copying, its v2
-      counts(At::Forward, 2, 1, 2),   // F0.2: PRE0.0 and OFF0.1 copying
+      counts(At::Forward, 0, 0, 1),   // F0.0: the other input
+      counts(At::Forward, 1, 1, 0),   // F0.1: OFF0.0 copying, its snapshot v0
+      counts(At::Forward, 1, 2, 0),   // F0.3: PRE0.1, PREW0.0, its v1
+      counts(At::Forward, 1, 3, 0),   // F0.5: PRE0.3, PREW0.1, OFFW0.2 copying, its v3
+      counts(At::Forward, 1, 3, 1),   // F0.4: PRE0.2, v0, OFFW0.1 copying, its v2
+      counts(At::Forward, 2, 1, 1),   // F0.2: PRE0.0 and OFF0.1 copying
       counts(At::Backward, 1, 1, 0),  // B0.5
       counts(At::Backward, 1, 1, 1),  // B0.0: on the live weights, OFFW0.0 copying
       counts(At::Backward, 1, 2, 0),  // B0.1: v0, OFFW0.1 copying
@@ -368,4 +368,23 @@ TEST(LoweringTest, HeldAtSameDeviceStartsCountsStashesVersionsAndInputsTogether)
                                  .schedule,
                              false);
   for (const auto& s : split) EXPECT_TRUE(s.empty());
+}
+
+// pipedreamHeld counts stage k as stage 0 of pipedream (S - k, M) on that device's list
+// alone: the same counts as the whole lowering's, over a table of shapes.
+TEST(LoweringTest, PipedreamHeldIsTheWholeLoweringsCount) {
+  const auto k = parseScheduleKind("pipedream");
+  for (int lookahead : {0, 1, 2})
+    for (int S : {2, 3, 4, 6})
+      for (int M : {1, 2, 3, 4, 8}) {
+        const int K = std::max(3, (2 * S + 2 + M - 1) / M);
+        const auto whole =
+            heldAtSameDeviceStarts(lower(makeSchedule(k, S, M, Placement::defaultFor(k, S), K),
+                                         {StashPolicy::Offload}, lookahead, true)
+                                       .schedule,
+                                   true);
+        for (int s = 0; s < S; ++s)
+          EXPECT_EQ(pipedreamHeld(S, s, M, lookahead), whole[s])
+              << "S=" << S << " M=" << M << " lookahead " << lookahead << " stage " << s;
+      }
 }

@@ -172,7 +172,8 @@ int heldStashedVersions(int versions, int lookahead);
 ///    [Copies held through the next compute] in src/runtime/WeightVersions.cpp; later
 ///    starts only while the copy lags: an upper bound over timing);
 ///  * an iteration's M inputs wait from the device's first action of it (iterationOf in
-///    Schedule.h) to their F, counted at that F.
+///    Schedule.h) to their F; an F's own is not counted at it: its first layer saves it
+///    (in F's peak, as the cost model charged M - 1 inputs beside an F before).
 /// The planner's cost model charges a same-device pipedream stage that moves its versions
 /// the most, over these starts, of the bytes they hold beside what each start's action
 /// holds (CostModel.cpp).
@@ -192,6 +193,14 @@ struct SameDeviceHeld {
 /// runs F and B on two). `stepsPerMicrobatch`: the kind's (ScheduleKind.h).
 std::vector<std::vector<SameDeviceHeld>> heldAtSameDeviceStarts(const Schedule& lowered,
                                                                 bool stepsPerMicrobatch);
+/// Those of stage k of pipedream (S, M) over enough iterations for its steady state and its
+/// drain (2S + 2 microbatches, at least 3 iterations), lowered with `lookahead`, its stages
+/// offloaded with their versions: counted as stage 0 of pipedream (S - k, M), whose device
+/// runs the same list, on that list alone (each lowering pass lowers a same-device stage on
+/// its own device), its inputs only for k = 0: the planner asks for every stage of many
+/// shapes, and lowering them whole took bench_planner from 4 s to 9-14 s. LoweringTest
+/// checks it against the whole lowering.
+std::vector<SameDeviceHeld> pipedreamHeld(int S, int k, int M, int lookahead);
 
 /// Note [Stashes at a step]
 /// The activation stashes of stage s resident on its backward device when one of its STEPs
