@@ -146,7 +146,10 @@ int residentStashedVersions(int versions, int lookahead);
 /// own bound, WeightOffloadTest.ResidentVersionsFollowTheLookahead, was lookahead + 2.)
 /// The runtime holds that device copy through the device's next compute action, so the
 /// B right after an OFFW has it every time (Note [Copies held through the next compute]
-/// in src/runtime/WeightVersions.cpp); later, only while the copy lags.
+/// in src/runtime/WeightVersions.cpp); later, only while the copy lags. A pipedream stage
+/// whose versions move is charged its versions, stashes and inputs together instead (Note
+/// [Held at a same-device stage's starts]): this per-category bound is what is left for
+/// the other cases.
 int heldStashedVersions(int versions, int lookahead);
 
 /// Note [Held at a same-device stage's starts]
