@@ -289,6 +289,13 @@ void TransferManager::drop(TransferKey key) {
   e->destination.clear();
 }
 
+void TransferManager::releaseHold(TransferKey key) {
+  std::vector<at::Tensor> released;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) release(*it->second, released);
+}
+
 void TransferManager::bindDestinations(int device, int epoch) {
   for (auto& [key, e] : entries_) {
     if (e->prefetchDevice != device || e->epoch > epoch || e->copyStarted || e->ready ||

@@ -373,6 +373,159 @@ std::vector<int> stashesAtBackward(const Schedule& lowered) {
   return stashesAt(lowered, [](const Action& a) { return a.isInputBackward(); });
 }
 
+std::vector<std::vector<SameDeviceHeld>> heldAtSameDeviceStarts(const Schedule& lowered,
+                                                                bool stepsPerMicrobatch) {
+  // Note [Held at a same-device stage's starts]
+  static_assert(kOffloadsInFlight == 1, "one offload's device copy may still be there");
+  const int S = lowered.numStages, M = lowered.numMicrobatches;
+  const int N = lowered.totalMicrobatches();
+  const Placement& p = lowered.placement;
+  std::vector<std::vector<SameDeviceHeld>> out(S);
+  for (int s = 0; s < S; ++s) {
+    const int d = p.forward(s);
+    bool alone = p.backward(s) == d;
+    for (int t = 0; t < S && alone; ++t)
+      alone = t == s || (p.forward(t) != d && p.backward(t) != d);
+    if (!alone) continue;
+    const std::vector<Action>& list = lowered.devices[d];
+    // The weight version F(s,m) and B(s,m) run on: the STEPs before them on the device.
+    std::vector<int> fVersion(N, 0), bVersion(N, 0);
+    int steps = 0, versionsMade = 0;
+    for (const Action& a : list) {
+      if (a.stage != s) continue;
+      if (a.type == ActionType::Step) ++steps;
+      if (a.type == ActionType::Forward) fVersion[a.index] = steps;
+      if (a.isInputBackward()) bVersion[a.index] = steps;
+    }
+    versionsMade = steps + 1;
+    std::vector<int> lastUse(versionsMade, -1);  // version -> last microbatch that stashes it
+    std::vector<bool> dropped(versionsMade, false);
+    for (int m = 0; m < N; ++m)
+      if (fVersion[m] != bVersion[m]) lastUse[fVersion[m]] = m;
+    for (const Action& a : list)
+      if (a.stage == s && a.type == ActionType::Drop && a.stash == StashKind::Weights &&
+          a.index < versionsMade)
+        dropped[a.index] = true;
+    // Iteration inputs: fed at the device's first action of their iteration (stage 0).
+    std::vector<int> feedAt;
+    if (s == 0) {
+      for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+        const int k = iterationOf(list[i], stepsPerMicrobatch, M);
+        if (k >= static_cast<int>(feedAt.size())) feedAt.resize(k + 1, -1);
+        if (k >= 0 && feedAt[k] < 0) feedAt[k] = i;
+      }
+    }
+    std::vector<bool> stash(N, false), version(versionsMade, false);
+    int stashes = 0, versions = 0, inputs = 0;
+    // The last offload issued: (weights?, index), counted until the next one.
+    bool pending = false, pendingWeights = false;
+    int pendingIndex = 0;
+    auto setStash = [&](int m, bool on) {
+      if (stash[m] != on) stashes += on ? 1 : -1;
+      stash[m] = on;
+    };
+    auto setVersion = [&](int v, bool on) {
+      if (version[v] != on) versions += on ? 1 : -1;
+      version[v] = on;
+    };
+    std::set<SameDeviceHeld> seen;
+    auto record = [&](SameDeviceHeld::At at, int ownStash) {
+      SameDeviceHeld h;
+      h.at = at;
+      const bool pendingStash = pending && !pendingWeights && !stash[pendingIndex];
+      const bool pendingVersion = pending && pendingWeights && !version[pendingIndex];
+      h.stashes = stashes + pendingStash - ownStash;
+      h.versions = versions + pendingVersion;
+      h.inputs = inputs;
+      seen.insert(h);
+    };
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Action& a = list[i];
+      for (int k = 0; k < static_cast<int>(feedAt.size()); ++k)
+        if (feedAt[k] == i) inputs += M;
+      if (a.stage != s) continue;
+      const bool weights = a.stash == StashKind::Weights;
+      switch (a.type) {
+        case ActionType::Forward: {
+          const int v = fVersion[a.index];
+          if (fVersion[a.index] != bVersion[a.index]) setVersion(v, true);  // its snapshot
+          if (s == 0) --inputs;  // its own: in F's peak (its first layer saves it)
+          record(SameDeviceHeld::At::Forward, 0);
+          setStash(a.index, true);
+          break;
+        }
+        case ActionType::Backward:
+        case ActionType::InputGrad:
+          setStash(a.index, true);  // a PRE brought it, or it stayed
+          if (fVersion[a.index] != bVersion[a.index]) setVersion(fVersion[a.index], true);
+          record(SameDeviceHeld::At::Backward, 0);
+          if (a.type == ActionType::Backward) setStash(a.index, false);
+          if (fVersion[a.index] != bVersion[a.index] && !dropped[fVersion[a.index]] &&
+              lastUse[fVersion[a.index]] == a.index)
+            setVersion(fVersion[a.index], false);
+          break;
+        case ActionType::WeightGrad:
+          setStash(a.index, false);
+          break;
+        case ActionType::Step:
+          record(SameDeviceHeld::At::Step, 0);
+          break;
+        case ActionType::Offload:
+          if (weights)
+            setVersion(a.index, false);
+          else
+            setStash(a.index, false);
+          pending = true;
+          pendingWeights = weights;
+          pendingIndex = a.index;
+          break;
+        case ActionType::Prefetch:
+          if (weights)
+            setVersion(a.index, true);
+          else
+            setStash(a.index, true);
+          break;
+        case ActionType::Drop:
+          if (weights)
+            setVersion(a.index, false);
+          else
+            setStash(a.index, false);
+          break;
+        case ActionType::SendAct:
+        case ActionType::RecvAct:
+        case ActionType::SendGrad:
+        case ActionType::RecvGrad:
+        case ActionType::SyncWeights:
+        case ActionType::RecvWeights:
+        case ActionType::AllReduce:
+          break;
+      }
+    }
+    out[s].assign(seen.begin(), seen.end());
+  }
+  return out;
+}
+
+std::vector<SameDeviceHeld> pipedreamHeld(int S, int k, int M, int lookahead) {
+  const int n = S - k;
+  const int K = std::max(3, (2 * n + 2 + M - 1) / M);
+  SchedulePlan plan = makeSchedule(ScheduleKind::PipeDream, n, M,
+                                   Placement::defaultFor(ScheduleKind::PipeDream, n), K);
+  for (int d = 1; d < plan.schedule.numDevices(); ++d) plan.schedule.devices[d].clear();
+  const SchedulePlan lowered = lower(plan, {StashPolicy::Offload}, lookahead, true);
+  std::vector<SameDeviceHeld> out =
+      heldAtSameDeviceStarts(lowered.schedule, stepsPerMicrobatch(ScheduleKind::PipeDream))[0];
+  if (k > 0) {
+    std::set<SameDeviceHeld> noInputs;
+    for (SameDeviceHeld h : out) {
+      h.inputs = 0;
+      noInputs.insert(h);
+    }
+    out.assign(noInputs.begin(), noInputs.end());
+  }
+  return out;
+}
+
 std::vector<bool> forwardPhaseFirst(const Schedule& schedule) {
   const int S = schedule.numStages, M = schedule.numMicrobatches;
   const Placement& p = schedule.placement;

@@ -7,6 +7,17 @@
 
 namespace pipefb::schedules {
 
+int iterationOf(const Action& a, bool stepsPerMicrobatch, int M) {
+  const bool stepLike = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||
+                        a.type == ActionType::RecvWeights || a.type == ActionType::AllReduce;
+  if (stepLike) return stepsPerMicrobatch ? a.index / M : a.index;
+  if (a.stash == StashKind::Weights &&
+      (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
+       a.type == ActionType::Drop))
+    return -1;  // that of the action before it on its device
+  return a.index / M;
+}
+
 std::size_t Schedule::numActions() const {
   std::size_t n = 0;
   for (const auto& d : devices) n += d.size();

@@ -142,6 +142,14 @@ bool outputAtReceive(ScheduleKind k, int S, int M, bool folded) {
     return schedules::rendezvous(schedules::rendezvousPasses(s), placement.forward(S - 1),
                                  placement.backward(S - 1), schedules::MessageKind::Output);
   });
+});
+}
+
+// Note [Held at a same-device stage's starts] (Lowering.h): stage k of pipedream (S, M) lowered
+// with `lookahead`, per (S - k, k == 0, M, lookahead) (pipedreamHeld).
+const std::vector<schedules::SameDeviceHeld>& pipedreamHeld(int S, int k, int M, int lookahead) {
+  return memoized(std::make_tuple(S - k, k == 0, M, lookahead),
+                  [&] { return schedules::pipedreamHeld(S, k, M, lookahead); });
 }
 
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
@@ -972,6 +980,36 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
           stepExcess(resident, flushing ? 0 : resident,
                      wsB + freedAtStep + (flushing ? lossInputs : 0)) +
           forwardExcess);
+    // Note [Held at a same-device stage's starts] (Lowering.h): a pipedream stage that
+    // stashes weight versions and offloads them (not the last: it has none, and keeps its
+    // outputs for the loss) is charged its stashes, versions and inputs as they are held
+    // together at its B, F and STEP starts, not each category's worst beside the others'.
+    if (shape.kind == ScheduleKind::PipeDream && offW && copies > 0 && k < S - 1 &&
+        forwardBesideBackward(shape) && !twoPhases) {
+      using Held = schedules::SameDeviceHeld;
+      auto held = [&](const Held& h) {
+        return h.stashes * e.stashBytes + h.versions * W + h.inputs * oneInput;
+      };
+      const Held* atB = nullptr;
+      std::int64_t atF = 0, atStep = 0;
+      for (const Held& h : pipedreamHeld(S, k, M, shape.lookahead)) {
+        if (h.at == Held::At::Backward && (!atB || held(h) > held(*atB))) atB = &h;
+        if (h.at == Held::At::Forward) atF = std::max(atF, held(h));
+        if (h.at == Held::At::Step) atStep = std::max(atStep, held(h));
+      }
+      PIPEFB_ASSERT(
+          atB, "stage " << k << " of pipedream S=" << S << " M=" << M << " has no backward start");
+      const std::int64_t messages = actsWaiting + gradsWaiting;
+      const std::int64_t backward = held(*atB) + wsB + messages;
+      const std::int64_t forward = atF + e.forwardPeakBytes + waiting.atForward;
+      const std::int64_t step = atStep + stepWs + messages;
+      m[index(MemoryCategory::Stash)] = atB->stashes * e.stashBytes;
+      m[index(MemoryCategory::WeightVersions)] = atB->versions * W;
+      m[index(MemoryCategory::CommBuffers)] =
+          buckets + atB->inputs * oneInput + targetsFed + messages;
+      m[index(MemoryCategory::WorkingSet)] =
+          wsB + std::max<std::int64_t>(0, std::max(forward, step) - backward);
+    }
     // Note [Two phases]
     // A stage whose iteration runs all its Fs before its first B (Note [Prefetches after
     // the forward phase]) peaks in one of two phases. In the B phase every F ran: no

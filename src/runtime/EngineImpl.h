@@ -63,6 +63,9 @@ struct DeviceState {
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
   std::set<Key> heldOffloads;  // Note [Held offloads] (Stash.cpp)
+  // Note [Copies held through the next compute] (WeightVersions.cpp): the offloads
+  // issued since the device's last compute action whose device copies it holds.
+  std::vector<offload::TransferKey> heldThroughCompute;
   // Note [Prefetches across a flush] (Stash.cpp): PREs issued before the device's last
   // compute of the previous iteration.
   std::set<Key> laterPrefetches;
@@ -96,6 +99,9 @@ struct StageState {
   bool split = false;
   bool recompute = false;     // checkpoint kinds
   bool offloadSaved = false;  // effective policy offload: saved tensors through the hooks
+  // Note [Copies held through the next compute]: F and B on one device, and the schedule
+  // moves its weight versions (OFFW).
+  bool holdsThroughCompute = false;
   // F leaves its output for a later action of its device: the next stage's F, its own B, or
   // a send. Not for a last stage whose B recomputes on another device (Note [Recomputed
   // last output]): the lowered schedule sends that output nowhere.
@@ -287,6 +293,12 @@ struct PipelineEngine::Impl {
   void offloadVersion(DeviceState& dev, const Action& a);
   void prefetchVersion(DeviceState& dev, const Action& a);
   void dropVersion(DeviceState& dev, const Action& a);
+  // Note [Copies held through the next compute]: offload with it, end it after each
+  // compute action, or before a prefetch of the same key.
+  void offloadThroughCompute(DeviceState& dev, offload::TransferKey key,
+                             std::vector<Tensor> tensors, MemoryCategory category);
+  void releaseHeldThroughCompute(DeviceState& dev);
+  void releaseHeldThroughCompute(DeviceState& dev, offload::TransferKey key);
   // Note [Weights, versions and replicas] and [Weight prediction], around STEP.
   void keepVersionsBeforeStep(DeviceState& dev, StageState& st);
   void predictAfterStep(StageState& st);

@@ -29,6 +29,8 @@ void PipelineEngine::Impl::workerMain(int d) {
       dev.waitedNs = 0;
       int64_t start = memory::nowNs();
       execute(dev, a);
+      if (a.isCompute())
+        releaseHeldThroughCompute(dev);  // Note [Copies held through the next compute]
       int64_t end = memory::nowNs();
       schedules::ActionSpan r;
       r.start = secondsSinceOrigin(start);

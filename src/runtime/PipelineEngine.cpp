@@ -60,14 +60,7 @@ PipelineOutOfMemoryError::PipelineOutOfMemoryError(OomInfo info, std::string mes
 // ------------------------------------------------------------------------ set-up
 
 int PipelineEngine::Impl::iterationOf(const Action& a) const {
-  const bool stepLike = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||
-                        a.type == ActionType::RecvWeights || a.type == ActionType::AllReduce;
-  if (stepLike) return schedules::stepsPerMicrobatch(scheduleKind) ? a.index / M : a.index;
-  if (a.stash == StashKind::Weights &&
-      (a.type == ActionType::Offload || a.type == ActionType::Prefetch ||
-       a.type == ActionType::Drop))
-    return -1;  // that of the action before it on its device
-  return a.index / M;
+  return schedules::iterationOf(a, schedules::stepsPerMicrobatch(scheduleKind), M);
 }
 
 void PipelineEngine::Impl::build() {

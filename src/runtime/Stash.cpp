@@ -79,6 +79,11 @@ void PipelineEngine::Impl::forEachNextMatch(First first, Next next, Visit visit)
 // flight] in planner/CostModel.h). The last OFF before a flush is not held: with one
 // microbatch in flight (n = 1) the device is charged the stash F builds and nothing else.
 void PipelineEngine::Impl::planHeldOffloads() {
+  // Note [Copies held through the next compute] (WeightVersions.cpp)
+  for (const auto& list : plan.schedule.devices)
+    for (const Action& a : list)
+      if (a.type == ActionType::Offload && a.stash == StashKind::Weights && !stages[a.stage].split)
+        stages[a.stage].holdsThroughCompute = true;
   forEachNextMatch(
       [](const Action& a) {
         return a.type == ActionType::Offload && a.stash != StashKind::Weights;
@@ -130,14 +135,19 @@ void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {
   e->stage = a.stage;
   e->index = a.index;
   const bool hold = dev.heldOffloads.erase({a.stage, a.index}) > 0;  // Note [Held offloads]
+  // Note [Copies held through the next compute] (WeightVersions.cpp)
+  auto offload = [&](std::vector<Tensor> t) {
+    if (stages[a.stage].holdsThroughCompute && !hold)
+      return offloadThroughCompute(dev, {0, a.stage, a.index}, std::move(t), MemoryCategory::Stash);
+    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t), MemoryCategory::Stash, hold);
+  };
   if (!e->graph) {
     std::vector<Tensor> t{std::move(e->input)};
     e->input = Tensor();
-    transfers->offload(dev.id, {0, a.stage, a.index}, std::move(t), MemoryCategory::Stash, hold);
+    offload(std::move(t));
     e->onHost = true;
   } else if (e->saved) {
-    transfers->offload(dev.id, {0, a.stage, a.index}, e->saved->take(), MemoryCategory::Stash,
-                       hold);
+    offload(e->saved->take());
     e->onHost = true;
   }
   Message m;
@@ -161,6 +171,8 @@ void PipelineEngine::Impl::execPrefetch(DeviceState& dev, const Action& a) {
   }
   // Never blocks (Note [Asynchronous host copies]); B acquires. A graph stash that is not
   // offloaded (keep handed over on a split stage without saved tensors) has no copy.
+  // Note [Copies held through the next compute]: a held copy is the stash itself.
+  releaseHeldThroughCompute(dev, {0, a.stage, a.index});
   if (stages[a.stage].recompute || stages[a.stage].offloadSaved)
     transfers->prefetch(dev.id, {0, a.stage, a.index}, *dev.domain, MemoryCategory::Stash,
                         prefetchEpoch(a.index),

@@ -190,9 +190,10 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   // other goes to the host pool (2 - 1 - 0 / 2 = 1: 100, beside the 2 x 10 stash bytes),
   // and each microbatch copies one version out and back: 2 x 100 / 1000 = 0.2 s on the
   // copy engine beside the stash's 2 x 10 / 1000 = 0.02 s. The version an OFFW is still
-  // copying out stays until it is copied (Note [Versions being copied out]): one copy goes
-  // out at a time, and the stash count (min(2, 0 + 2) = 2) holds a slot for a stash going
-  // out, so the device is charged 100 + (100 - 10) = 190 for its versions.
+  // copying out stays through the next B (Note [Copies held through the next compute]):
+  // counted together (Note [Held at a same-device stage's starts]), B(0,m) runs beside 2
+  // versions (its own and that one) and 1 stash, where the old per-category charge was
+  // 2 stashes beside 100 + (100 - 10): the same 210.
   // pipeline.offload_weights none keeps both copies on the device.
   Profile p = timesProfile({1, 1});
   for (auto& l : p.layers) {
@@ -210,7 +211,8 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   EXPECT_EQ(keep.hostBytes, 0);
   EXPECT_DOUBLE_EQ(keep.forwardCopy, 0);
   StageEstimate off = m.stage(pd, 0, 0, 1, StashPolicy::Offload);
-  EXPECT_EQ(off.backwardMemory[wv], 190);
+  EXPECT_EQ(off.backwardMemory[wv], 200);
+  EXPECT_EQ(off.backwardMemory[index(MemoryCategory::Stash)], 10);
   EXPECT_EQ(off.hostBytes, 2 * 10 + 100);
   EXPECT_NEAR(off.forwardCopy, 0.02 + 0.2, 1e-12);
   // Checkpoint-offload stashes the stage input (0 bytes here); the weights move the same,
@@ -241,9 +243,11 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
   EXPECT_NEAR(none.forwardCopy, 0.02, 1e-12);
   // S=3: stage 0 stashes 3 versions; lookahead 1 leaves 2 at compute starts and 3 held
   // while an OFFW's copy waits (measured: gpt2-tiny's embedding held 3 at the end of an F
-  // whose earlier OFFW the copy engine had not reached; 2 charged, 3.0% above the plan):
-  // 2 x 100 + (100 - 10) beside the 3 stashes' slots. Stage 1 (2 versions, 2 stashes in
-  // flight, all charged) holds both.
+  // whose earlier OFFW the copy engine had not reached; 2 charged, 3.0% above the plan).
+  // Counted together, its most is in its drain: B0.m beside its version, the next one
+  // prefetched and the one just taken out, and 2 stashes (its own and the next,
+  // prefetched): 3 x 100 + 2 x 10, the old charge's 2 x 100 + (100 - 10) + 3 x 10.
+  // Stage 1 (2 versions, 2 stashes in flight, all charged) holds both.
   PipelineShape pd3 = shapeOf(ScheduleKind::PipeDream, 3, 4, {0, 1, 2});
   pd3.lookahead = 1;
   Profile p3 = timesProfile({1, 1, 1});
@@ -252,10 +256,10 @@ TEST(SolverLiteral, PipeDreamOffloadsItsWeightCopiesToTheHostPool) {
     l.savedBytes = 10;
   }
   CostModel m3(p3, Cluster::uniform(3, 1.0, -1, Link{}, Link{1000, 0}));
-  EXPECT_EQ(m3.stage(pd3, 0, 0, 1, StashPolicy::Offload).backwardMemory[wv], 290);
+  EXPECT_EQ(m3.stage(pd3, 0, 0, 1, StashPolicy::Offload).backwardMemory[wv], 300);
   EXPECT_EQ(
       m3.stage(pd3, 0, 0, 1, StashPolicy::Offload).backwardMemory[index(MemoryCategory::Stash)],
-      30);
+      20);
   EXPECT_EQ(m3.stage(pd3, 0, 0, 1, StashPolicy::Keep).backwardMemory[wv], 300);
   EXPECT_EQ(m3.stage(pd3, 1, 1, 2, StashPolicy::Offload).backwardMemory[wv], 200);
   // The last stage stashes no version.

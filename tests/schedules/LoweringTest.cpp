@@ -335,3 +335,77 @@ TEST(LoweringTest, StashesAtABackwardAreCountedOnTheLoweredSchedule) {
   // runtime binds only at their iteration's first acquire (Note [Prefetches across a flush]).
   EXPECT_EQ(atB("pipefb-sync", 2, 1, Placement::defaultFor("pipefb-sync", 2), 2), (V{3, 3}));
 }
+
+// Note [Held at a same-device stage's starts]: pipedream S=3 M=2, lookahead 1, stage 0's
+// device (worked by hand over its list: F0.0 OFF0.0 SA F0.1 OFF0.1 SA PRE0.0 F0.2 OFF0.2
+// OFFW0.0 SA RG B0.0 STEP0.0 ...; iteration inputs fed at F0.0, F0.2 and F0.4).
+TEST(LoweringTest, HeldAtSameDeviceStartsCountsStashesVersionsAndInputsTogether) {
+  const auto k = parseScheduleKind("pipedream");
+  const SchedulePlan plan = makeSchedule(k, 3, 2, Placement::defaultFor(k, 3), /*iterations=*/3);
+  const auto held =
+      heldAtSameDeviceStarts(lower(plan, {StashPolicy::Offload}, 1, true).schedule, true);
+  ASSERT_EQ(held.size(), 3u);
+  using At = SameDeviceHeld::At;
+  auto counts = [](At at, int stashes, int versions, int inputs) {
+    SameDeviceHeld h;
+    h.at = at;
+    h.stashes = stashes;
+    h.versions = versions;
+    h.inputs = inputs;
+    return h;
+  };
+  const std::vector<SameDeviceHeld> stage0 = {
+      counts(At::Forward, 0, 0, 1),   // F0.0: the other input
+      counts(At::Forward, 1, 1, 0),   // F0.1: OFF0.0 copying, its snapshot v0
+      counts(At::Forward, 1, 2, 0),   // F0.3: PRE0.1, PREW0.0, its v1
+      counts(At::Forward, 1, 3, 0),   // F0.5: PRE0.3, PREW0.1, OFFW0.2 copying, its v3
+      counts(At::Forward, 1, 3, 1),   // F0.4: PRE0.2, v0, OFFW0.1 copying, its v2
+      counts(At::Forward, 2, 1, 1),   // F0.2: PRE0.0 and OFF0.1 copying
+      counts(At::Backward, 1, 1, 0),  // B0.5
+      counts(At::Backward, 1, 1, 1),  // B0.0: on the live weights, OFFW0.0 copying
+      counts(At::Backward, 1, 2, 0),  // B0.1: v0, OFFW0.1 copying
+      counts(At::Backward, 1, 2, 1),  // B0.2
+      counts(At::Backward, 2, 2, 0),  // B0.4: PRE0.5, PREW0.3
+      counts(At::Backward, 2, 3, 0),  // B0.3: PRE0.4, PREW0.2 and OFFW0.3 copying
+      counts(At::Step, 0, 1, 0),      // STEP0.5: OFFW0.3 counted until another offload
+      counts(At::Step, 0, 1, 1),      // STEP0.0
+      counts(At::Step, 0, 2, 0),      // STEP0.1
+      counts(At::Step, 1, 1, 0),      // STEP0.4
+      counts(At::Step, 1, 2, 0)};     // STEP0.3
+  EXPECT_EQ(held[0], stage0);
+  // Never lookahead + 2 stashes (the per-category bound) at a B, nor 3 versions beside an
+  // input: the categories peak apart.
+  for (const SameDeviceHeld& h : held[0]) {
+    if (h.at == At::Backward) EXPECT_LE(h.stashes, 2);
+    if (h.at == At::Backward && h.versions == 3) EXPECT_EQ(h.inputs, 0);
+  }
+  // The last stage keeps no versions and waits no inputs.
+  for (const SameDeviceHeld& h : held[2]) EXPECT_EQ(h.versions + h.inputs, 0);
+  // Split stages are not counted.
+  const auto fb = parseScheduleKind("pipefb-sync");
+  const auto split =
+      heldAtSameDeviceStarts(lower(makeSchedule(fb, 2, 2, Placement::defaultFor(fb, 2), 1),
+                                   {StashPolicy::Offload}, 1, true)
+                                 .schedule,
+                             false);
+  for (const auto& s : split) EXPECT_TRUE(s.empty());
+}
+
+// pipedreamHeld counts stage k as stage 0 of pipedream (S - k, M) on that device's list
+// alone: the same counts as the whole lowering's, over a table of shapes.
+TEST(LoweringTest, PipedreamHeldIsTheWholeLoweringsCount) {
+  const auto k = parseScheduleKind("pipedream");
+  for (int lookahead : {0, 1, 2})
+    for (int S : {2, 3, 4, 6})
+      for (int M : {1, 2, 3, 4, 8}) {
+        const int K = std::max(3, (2 * S + 2 + M - 1) / M);
+        const auto whole =
+            heldAtSameDeviceStarts(lower(makeSchedule(k, S, M, Placement::defaultFor(k, S), K),
+                                         {StashPolicy::Offload}, lookahead, true)
+                                       .schedule,
+                                   true);
+        for (int s = 0; s < S; ++s)
+          EXPECT_EQ(pipedreamHeld(S, s, M, lookahead), whole[s])
+              << "S=" << S << " M=" << M << " lookahead " << lookahead << " stage " << s;
+      }
+}

@@ -168,6 +168,10 @@ class TransferManager {
                                   int epoch = std::numeric_limits<int>::max());
   /// Forgets the key (its copies finish and are freed).
   void drop(TransferKey key);
+  /// Ends the hold of `key`'s offload (Note [Held offload copies]) before its release point:
+  /// its device tensors go now if its copy is done, else when it is. No-op for a key that
+  /// is not held.
+  void releaseHold(TransferKey key);
   /// Copies src[i] into dst[i] (same sizes, both already allocated: no buffer is made on
   /// either side) on `device`'s second copy engine (a second stream on a GPU), after the
   /// copyInPlace() jobs queued before it: the first engine may be blocked by a prefetch

@@ -28,7 +28,9 @@
 //   weights W; weight copies c x W (weightCopies: PipeDream S-s, else v-1), with an offload
 //   kind and offloadWeights only min(c, lookahead + 1) x W (the contract's
 //   residentStashedVersions, Note [Weight-version offload]; min(c, lookahead + 2) while
-//   PipeDream's copies move, Note [Versions being copied out]) and, when PipeDream's copies
+//   PipeDream's copies move, Note [Versions being copied out]; such a stage, but the last,
+//   is charged its versions, stashes and inputs as held together at its starts, Note
+//   [Held at a same-device stage's starts] in schedules/Lowering.h) and, when PipeDream's copies
 //   move, c - 1 - floor(lookahead / 2) x W in the host pool (CostModel.cpp), their
 //   OFFW/PREW on the copy engine; grads G and optimizer state O on the backward
 //   device; stash = resident x stash bytes; working set = B's, in place or with the

@@ -11,6 +11,7 @@
 //    OFF s.m on F(s) right after F and PRE s.m on B(s) before B (addOffload). A stash
 //    cannot stay on a device that does not run the backward, so for split stages keep
 //    acts as offload and checkpoint as checkpoint-offload (effectivePolicy()).
+#include <tuple>
 #include <vector>
 
 #include "pipefb/schedules/Generators.h"
@@ -144,7 +145,66 @@ int residentStashedVersions(int versions, int lookahead);
 /// copy ran after it), 1116672 bytes where the plan said 1084672 (+3.0%, 2 charged);
 /// resnet50/8 pipedream-offload S=3 M=2 held 3 in its drain, before B0.3. (The runtime's
 /// own bound, WeightOffloadTest.ResidentVersionsFollowTheLookahead, was lookahead + 2.)
+/// The runtime holds that device copy through the device's next compute action, so the
+/// B right after an OFFW has it every time (Note [Copies held through the next compute]
+/// in src/runtime/WeightVersions.cpp); later, only while the copy lags. A pipedream stage
+/// whose versions move is charged its versions, stashes and inputs together instead (Note
+/// [Held at a same-device stage's starts]): this per-category bound is what is left for
+/// the other cases.
 int heldStashedVersions(int versions, int lookahead);
+
+/// Note [Held at a same-device stage's starts]
+/// A stage alone on its device with F and B there (pipedream, 1f1b, gpipe) holds, beside
+/// its states, activation stashes, stashed weight versions and (stage 0) iteration inputs.
+/// Each category's own worst case comes at its own starts: pipedream-offload's stage 0
+/// holds lookahead + 1 stashes near B only in its drain, the version an OFFW is copying
+/// out beside M - 1 waiting inputs only in its steady state, so their sum is never
+/// reached (PlanRunsTest: resnet50/8 pipedream-offload S=3 M=2, seed 2 instance 44, device
+/// 0 25.6% below a plan that charged 3 stashes beside 2 versions; it held 2 beside 3 in
+/// B0.3 of its drain). This counts the three together at each F, B (or I) and STEP start
+/// of the stage on a lowered schedule, as the runtime holds them:
+///  * a stash from the end of its F (an F's own is its peak, Note [Forward peak] in
+///    planner/CostModel.h) to the end of its B (or W); a version from the F that makes
+///    its snapshot (a STEP separates that F from its B) to its DROPW, or to the end of its
+///    last B;
+///  * OFF and OFFW take one off the device, PRE and PREW bring it back (its tensors are
+///    allocated when issued, Note [Planned prefetch destinations] in
+///    offload/TransferManager.h); but an offload's device copy goes only once copied, and
+///    the device's next offload waits for that (kOffloadsInFlight, Note [Offloads in
+///    flight]): the last one the device issued is counted until it issues another, at
+///    each start between (the B right after an OFFW holds that version every time, Note
+///    [Copies held through the next compute] in src/runtime/WeightVersions.cpp; later
+///    starts only while the copy lags: an upper bound over timing);
+///  * an iteration's M inputs wait from the device's first action of it (iterationOf in
+///    Schedule.h) to their F; an F's own is not counted at it: its first layer saves it
+///    (in F's peak, as the cost model charged M - 1 inputs beside an F before).
+/// The planner's cost model charges a same-device pipedream stage that moves its versions
+/// the most, over these starts, of the bytes they hold beside what each start's action
+/// holds (CostModel.cpp).
+struct SameDeviceHeld {
+  enum class At { Forward, Backward, Step };
+  At at = At::Forward;
+  int stashes = 0, versions = 0, inputs = 0;
+  bool operator<(const SameDeviceHeld& o) const {
+    return std::tie(at, stashes, versions, inputs) <
+           std::tie(o.at, o.stashes, o.versions, o.inputs);
+  }
+  bool operator==(const SameDeviceHeld& o) const {
+    return at == o.at && stashes == o.stashes && versions == o.versions && inputs == o.inputs;
+  }
+};
+/// Per stage, the distinct counts at its starts (none for a stage that shares its device or
+/// runs F and B on two). `stepsPerMicrobatch`: the kind's (ScheduleKind.h).
+std::vector<std::vector<SameDeviceHeld>> heldAtSameDeviceStarts(const Schedule& lowered,
+                                                                bool stepsPerMicrobatch);
+/// Those of stage k of pipedream (S, M) over enough iterations for its steady state and its
+/// drain (2S + 2 microbatches, at least 3 iterations), lowered with `lookahead`, its stages
+/// offloaded with their versions: counted as stage 0 of pipedream (S - k, M), whose device
+/// runs the same list, on that list alone (each lowering pass lowers a same-device stage on
+/// its own device), its inputs only for k = 0: the planner asks for every stage of many
+/// shapes, and lowering them whole took bench_planner from 4 s to 9-14 s. LoweringTest
+/// checks it against the whole lowering.
+std::vector<SameDeviceHeld> pipedreamHeld(int S, int k, int M, int lookahead);
 
 /// Note [Stashes at a step]
 /// The activation stashes of stage s resident on its backward device when one of its STEPs

@@ -35,6 +35,15 @@ struct Schedule {
   bool operator==(const Schedule& o) const;
 };
 
+/// The iteration an action of a schedule with M microbatches per iteration belongs to: its
+/// microbatch's, or for STEP, SW, RW and AR its step's (one per microbatch when the kind
+/// steps per microbatch, ScheduleKind.h); -1 for OFFW, PREW and DROPW, which belong to the
+/// action before them on their device. The runtime feeds an iteration's inputs to a
+/// same-device stage 0 once that device ran every action before its first one of it
+/// (Note [Overlapping iterations] in src/runtime/PipelineEngine.cpp), and the planner's
+/// cost model counts them so (Note [Held at a same-device stage's starts] in Lowering.h).
+int iterationOf(const Action& a, bool stepsPerMicrobatch, int M);
+
 /// The whole schedule in the text form (Note [Schedule text form]).
 std::string toText(const Schedule& s);
 /// Parses the text form. `source` names the file in error messages.
