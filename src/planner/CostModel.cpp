@@ -142,7 +142,6 @@ bool outputAtReceive(ScheduleKind k, int S, int M, bool folded) {
     return schedules::rendezvous(schedules::rendezvousPasses(s), placement.forward(S - 1),
                                  placement.backward(S - 1), schedules::MessageKind::Output);
   });
-});
 }
 
 // Note [Held at a same-device stage's starts] (Lowering.h): stage k of pipedream (S, M) lowered
