@@ -217,9 +217,9 @@ offload::TransferKey versionKey(int stage, int version) { return {1, stage, vers
 // before), 12.1% below the plan; with versions held, 0.1% below. Seed 2's 21 and seed 3's
 // 19 (M=2): -11.7% to -1.9% and -0.1%. resnet50/8 pipedream-offload S=3 M=2 (seed 2's 44):
 // F0.2 runs after OFF0.1 and PRE0.0, beside 3 stashes when OFF0.1's copy lags; it did not,
-// 19.1% below the plan that charged them; with stashes held too, -3.9%. Held until the device's next OFF instead (after
-// its next F), stage 0 held lookahead + 3 versions in WeightOffloadTest, one more than
-// charged; held to the end of the next compute, at most lookahead + 2 there.
+// 19.1% below the plan that charged them; with stashes held too, -3.9%. Held until the device's
+// next OFF instead (after its next F), stage 0 held lookahead + 3 versions in WeightOffloadTest,
+// one more than charged; held to the end of the next compute, at most lookahead + 2 there.
 
 void PipelineEngine::Impl::bringVersionBack(StageState& st, int v) {
   DeviceState& dev = devices[st.bDev];
