@@ -236,6 +236,17 @@ class PlanRuns : public ::testing::Test {
     return path;
   }
 
+  // `plan` (a pipefb_plan command line) at its smallest feasible budget, written to
+  // planFile; that budget in *budget.
+  void planAtSmallestBudget(const std::string& plan, const std::string& planFile,
+                            std::int64_t* budget) {
+    auto lo = test::runProgram(plan + " --budget 1KiB");
+    *budget = smallestBudget(lo.out);
+    ASSERT_GT(*budget, 0) << plan << "\n" << lo.out;
+    auto p = test::runProgram(plan + " --budget " + std::to_string(*budget) + " -o " + planFile);
+    ASSERT_EQ(p.code, 0) << plan << "\n" << p.out;
+  }
+
   Outcome run(const Instance& x) {
     Outcome o;
     const std::string plan = "pipefb_plan " + x.sets() + " --profile " + profile(x) +
@@ -406,12 +417,10 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
     const std::string plan =
         "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet" +
         (isSplit(family) ? " --no-folded --no-decoupled" : "");  // the 2S form (folded: below)
-    auto lo = test::runProgram(plan + " --budget 1KiB");
-    const std::int64_t budget = smallestBudget(lo.out);
-    ASSERT_GT(budget, 0) << family << "\n" << lo.out;
     const std::string planFile = dir_ + "/" + family + ".yaml";
-    auto p = test::runProgram(plan + " --budget " + std::to_string(budget) + " -o " + planFile);
-    ASSERT_EQ(p.code, 0) << family << "\n" << p.out;
+    std::int64_t budget = -1;
+    planAtSmallestBudget(plan, planFile, &budget);
+    if (HasFatalFailure()) return;
     const std::string runDir = dir_ + "/run-" + family;
     auto t = trainOnPlan(sets, planFile, budget, 2, runDir);
     ASSERT_EQ(t.code, 0) << family << " at " << budget << "\n" << t.out;
@@ -449,12 +458,10 @@ TEST_F(PlanRuns, PlansAtAnotherMicrobatchRunAsPlanned) {
   for (const std::string family : {"1f1b", "pipefb-sync"}) {
     const std::string plan = "pipefb_plan " + sets + " --profile " + profile + " --schedules " +
                              family + " --microbatches 64 --quiet";
-    auto lo = test::runProgram(plan + " --budget 1KiB");
-    const std::int64_t budget = smallestBudget(lo.out);
-    ASSERT_GT(budget, 0) << family << "\n" << lo.out;
     const std::string planFile = dir_ + "/" + family + ".yaml";
-    auto p = test::runProgram(plan + " --budget " + std::to_string(budget) + " -o " + planFile);
-    ASSERT_EQ(p.code, 0) << family << "\n" << p.out;
+    std::int64_t budget = -1;
+    planAtSmallestBudget(plan, planFile, &budget);
+    if (HasFatalFailure()) return;
     ASSERT_EQ(YAML::LoadFile(planFile)["microbatch_size"].as<int>(), 1) << family;
     const std::string runDir = dir_ + "/run-" + family;
     auto t = trainOnPlan(sets, planFile, budget, 2, runDir);
@@ -544,12 +551,10 @@ TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
   for (const std::string family : {"pipefb-sync", "pipefb-async"}) {
     const std::string plan = "pipefb_plan " + sets + " --profile " + profile + " --schedules " +
                              family + " --microbatches 4 --quiet";
-    auto lo = test::runProgram(plan + " --budget 1KiB");
-    const std::int64_t budget = smallestBudget(lo.out);
-    ASSERT_GT(budget, 0) << family << "\n" << lo.out;
     const std::string planFile = dir_ + "/" + family + ".yaml";
-    auto p = test::runProgram(plan + " --budget " + std::to_string(budget) + " -o " + planFile);
-    ASSERT_EQ(p.code, 0) << family << "\n" << p.out;
+    std::int64_t budget = -1;
+    planAtSmallestBudget(plan, planFile, &budget);
+    if (HasFatalFailure()) return;
     const YAML::Node planYaml = YAML::LoadFile(planFile);
     std::string placement;
     for (const auto& o : planYaml["overrides"]) {
@@ -557,7 +562,7 @@ TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
       if (v.rfind("pipeline.placement=", 0) == 0) placement = v.substr(19);
     }
     // Decoupled: more segments than devices, some device running several of them.
-    ASSERT_GT(planYaml["stages"].size(), 4u) << family << ": not decoupled\n" << p.out;
+    ASSERT_GT(planYaml["stages"].size(), 4u) << family << ": not decoupled";
     const bool sync = family == "pipefb-sync";
     const std::int64_t limit = sync ? budget : budget + budget / 20;
     const std::string runDir = dir_ + "/run-" + family;
