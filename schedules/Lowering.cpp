@@ -60,13 +60,9 @@ Schedule addCommunication(const Schedule& in) {
   };
   // The activation and gradient messages already on the device, the only keys asked for,
   // as a flat table over (type, stage, index) (Note [Lowering speed]), reset per device.
-  int lo = 0, hi = -1;
-  for (const auto& list : in.devices)
-    for (const Action& a : list) {
-      lo = std::min(lo, a.index);
-      hi = std::max(hi, a.index);
-    }
-  const size_t width = static_cast<size_t>(hi - lo + 1);
+  const IndexSpan span = indexSpan(in);
+  const int lo = span.lo;
+  const size_t width = span.width();
   auto slot = [&](const Action& a) -> long {
     int t = a.type == ActionType::SendAct    ? 0
             : a.type == ActionType::RecvAct  ? 1
@@ -258,13 +254,9 @@ Schedule addWeightOffload(const Schedule& in, const std::vector<StashPolicy>& po
   // pos[slot(t, stage, index)]: the position on the device of its action (t: F, B or I,
   // the B or W that ends the stash, STEP), -1 = none; a flat table (Note [Lowering speed]),
   // reset after each device.
-  int lo = 0, hi = -1;
-  for (const auto& list : in.devices)
-    for (const Action& a : list) {
-      lo = std::min(lo, a.index);
-      hi = std::max(hi, a.index);
-    }
-  const int width = hi - lo + 1;
+  const IndexSpan span = indexSpan(in);
+  const int lo = span.lo, hi = span.hi;
+  const int width = static_cast<int>(span.width());
   enum Slot { kF, kB, kEnd, kStep, kSlots };
   std::vector<int> pos(static_cast<size_t>(kSlots) * S * width, -1);
   auto slot = [&](int t, int st, int i) {

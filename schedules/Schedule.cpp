@@ -1,11 +1,22 @@
 #include "pipefb/schedules/Schedule.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
 
 namespace pipefb::schedules {
+
+IndexSpan indexSpan(const Schedule& s) {
+  IndexSpan span;
+  for (const auto& list : s.devices)
+    for (const Action& a : list) {
+      span.lo = std::min(span.lo, a.index);
+      span.hi = std::max(span.hi, a.index);
+    }
+  return span;
+}
 
 int iterationOf(const Action& a, bool stepsPerMicrobatch, int M) {
   const bool stepLike = a.type == ActionType::Step || a.type == ActionType::SyncWeights ||

@@ -10,13 +10,9 @@ std::vector<StashedVersion> stashedVersions(const Schedule& s) {
   // (stage, mb) -> version at F / at B, by walking each device's list in order: only that
   // device's own STEP and RW change what it holds. Flat tables over [stage][mb - lo]
   // (Note [Lowering speed] in Lowering.h); hasB: whether B (or I) of (stage, mb) runs.
-  int lo = 0, hi = -1;
-  for (const auto& list : s.devices)
-    for (const Action& a : list) {
-      lo = std::min(lo, a.index);
-      hi = std::max(hi, a.index);
-    }
-  const size_t width = static_cast<size_t>(hi - lo + 1);
+  const IndexSpan span = indexSpan(s);
+  const int lo = span.lo;
+  const size_t width = span.width();
   auto at = [&](int st, int m) { return static_cast<size_t>(st) * width + (m - lo); };
   std::vector<int> fVer(S * width, 0), bVer(S * width, 0);
   std::vector<char> hasB(S * width, 0), recompute(S * width, 0);

@@ -13,6 +13,7 @@
 // A device line may repeat ("device 0:" again appends). Every device 0..D-1 of the
 // placement gets a list (possibly empty). Parse errors are pipefb::UserError naming the
 // source, the line and the token.
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,15 @@ struct Schedule {
 /// (Note [Overlapping iterations] in src/runtime/PipelineEngine.cpp), and the planner's
 /// cost model counts them so (Note [Held at a same-device stage's starts] in Lowering.h).
 int iterationOf(const Action& a, bool stepsPerMicrobatch, int M);
+
+/// The microbatch indices of a schedule's actions, [lo, hi] with lo <= 0 (hi < lo: no
+/// action): the span of the flat tables over (stage, index) that lowering keeps (Note
+/// [Lowering speed] in Lowering.h).
+struct IndexSpan {
+  int lo = 0, hi = -1;
+  size_t width() const { return static_cast<size_t>(hi - lo + 1); }
+};
+IndexSpan indexSpan(const Schedule& s);
 
 /// The whole schedule in the text form (Note [Schedule text form]).
 std::string toText(const Schedule& s);
