@@ -380,14 +380,6 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       c.gatheredWorkingBytes = w.gatheredWorkingBytes;
       c.forwardWorkingBytes = w.forwardWorkingBytes;
       c.noGradForwardBytes = w.noGradForwardBytes;
-      // Note [Parameter-sized working sets] in LayerCost.h: B's working sets at the second
-      // size too, for the bytes that do not scale (the parameters' fresh gradients).
-      if (input2.defined()) {
-        const LayerBytes w2 = layerBytes(layer, input2, inputGrad, dom);
-        c.workingFixedBytes = fitFixedBytes(w.workingBytes, double(b), w2.workingBytes, double(b2));
-        c.gatheredWorkingFixedBytes =
-            fitFixedBytes(w.gatheredWorkingBytes, double(b), w2.gatheredWorkingBytes, double(b2));
-      }
     }
 
     // A weight snapshot (Note [Weight snapshots] in CostModel.h): the runtime clones every
@@ -472,10 +464,22 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     prof.recomputedLossBytes = at.recomputedLossBytes;
   }
   // Note [Bytes at every microbatch] in LayerCost.h: every other size the planner may pick,
-  // each divisor of the batch.
+  // each divisor of the batch, and the second size of the fits.
   for (std::int64_t size = 1; size <= cfg.training.batch; ++size)
-    if (cfg.training.batch % size == 0 && size != b)
+    if ((cfg.training.batch % size == 0 || size == b2) && size != b)
       if (auto at = measureBytesAt(*model, size, dom)) prof.bytesAt.push_back(std::move(*at));
+  // Note [Parameter-sized working sets] in LayerCost.h: B's working sets at the second size
+  // too, for the bytes that do not scale (the parameters' fresh gradients).
+  for (const MeasuredBytes& m : prof.bytesAt) {
+    if (m.microbatch != b2) continue;
+    for (size_t l = 0; l < prof.layers.size(); ++l) {
+      LayerCost& c = prof.layers[l];
+      c.workingFixedBytes =
+          fitFixedBytes(c.workingBytes, double(b), m.layers[l].workingBytes, double(b2));
+      c.gatheredWorkingFixedBytes = fitFixedBytes(c.gatheredWorkingBytes, double(b),
+                                                  m.layers[l].gatheredWorkingBytes, double(b2));
+    }
+  }
   if (o.times == "analytic") {
     // Note [Analytic times in a measured profile]: the bytes above, the times of the roofline.
     const DeviceSpec spec = findDeviceSpec(o.device, configsDirFor(cfg.source) + "/devices");
