@@ -83,6 +83,29 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
   return p.planYaml;
 }
 
+// Note [The planner's whole plan in pipefb_train] (planner/ConfigPartition.h): the plan
+// pipefb_plan writes for the config's schedule, stash and microbatches, on the same cached
+// profile as usePlannerPartition. Returns "" when nothing fits devices.memory.
+std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
+  using namespace pipefb::planner;
+  const std::string cached = defaultProfilePath(profileHeader(config, ProfilerOptions{}));
+  if (!std::filesystem::exists(cached))
+    spdlog::info("pipeline: measuring the model's profile for the planner (once; cached in {})",
+                 cached);
+  loadOrMeasureProfile(config, ProfilerOptions{}, cached);
+  const WholePlan p = planWholePipeline(config, cached, configPath);
+  if (p.planYaml.empty())
+    spdlog::info("pipeline: no {} plan fits devices.memory; planning the partition alone",
+                 config.pipeline.schedule);
+  else
+    spdlog::info(
+        "pipeline: planned by the planner ({} profile): {} (as pipefb_plan --schedules {}-{} "
+        "--microbatches {}; set pipeline.placement or pipeline.stages to choose the shape)",
+        p.profileText, p.summary, config.pipeline.schedule, config.pipeline.stash,
+        config.pipeline.microbatches);
+  return p.planYaml;
+}
+
 // Note [Closing lines]: what 1f1b with `keep` (every stash stays on its device) would
 // need per device on the same devices, batch and microbatches, by the planner's cost
 // model (the memory-minimal 1f1b-keep plan, analytic or cached profile, no budget).
@@ -250,8 +273,14 @@ int main(int argc, char** argv) {
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&
         config.pipeline.partition.empty() && config.pipeline.partition_by == "planner") {
-      // Note [Planner partition of a placement] (planner/TrainPlan.h)
-      if (pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
+      // Note [The planner's whole plan in pipefb_train] (planner/ConfigPartition.h); when
+      // nothing fits devices.memory, the partition below, so the run names the OOM.
+      if (!group && pipefb::planner::plansWholePipeline(config))
+        planYaml = useWholePlan(config, configPath);
+      if (!planYaml.empty()) {
+        spec = pipefb::planner::parsePlan(planYaml, "the planner's plan");
+        pipefb::planner::applyPlan(config, *spec, "the planner's plan");
+      } else if (pipefb::planner::plannerPartitions(config, pipefb::runtime::stagesFor(config)))
         planYaml = usePlannerPartition(config, configPath, group.get());
       else
         spdlog::info(

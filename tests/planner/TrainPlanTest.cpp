@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/planner/ConfigPartition.h"
 #include "pipefb/planner/PlanFile.h"
 #include "pipefb/planner/Setup.h"
 #include "pipefb/planner/TrainPlan.h"
@@ -145,6 +146,50 @@ TEST(TrainPlan, PlannerPartitionsDefaultAndFoldedPlacementsOnly) {
   EXPECT_FALSE(plannerPartitions(looped, 8));  // v = 2 only
   looped.pipeline.virtual_stages = 2;
   EXPECT_TRUE(plannerPartitions(looped, 8));
+}
+
+// Note [The planner's whole plan in pipefb_train]: a PipeFB config that pins no shape is
+// planned whole; anything pinned (placement, stages, partition, a per-stage list, another
+// family) keeps the partition-only path.
+TEST(TrainPlan, WholePipelineOnlyForPipeFbConfigsThatPinNoShape) {
+  config::Config cfg = config::parseConfig(kVgg, {"pipeline.schedule=pipefb-sync"});
+  EXPECT_TRUE(plansWholePipeline(cfg));
+  EXPECT_TRUE(plansWholePipeline(config::parseConfig(kVgg, {"pipeline.schedule=pipefb-async"})));
+  EXPECT_FALSE(plansWholePipeline(config::parseConfig(kVgg)));  // 1f1b
+  for (const char* pin :
+       {"pipeline.placement=0/3 1/2", "pipeline.stages=2", "pipeline.partition=[8]",
+        "pipeline.partition_by=params", "pipeline.stash=[offload,keep]"}) {
+    SCOPED_TRACE(pin);
+    EXPECT_FALSE(
+        plansWholePipeline(config::parseConfig(kVgg, {"pipeline.schedule=pipefb-sync", pin})));
+  }
+}
+
+// The whole plan searches the partition-only plan's 2S shape among others, so it is never
+// predicted slower; on the default-like VGG16 (4 devices, M = 4) pipefb-sync's is not the 2S
+// shape; and it keeps the config's schedule, microbatches and stash policy.
+TEST(TrainPlan, WholePipelineIsNoSlowerThanTheConfigsPlacement) {
+  for (const char* kind : {"pipefb-sync", "pipefb-async"}) {
+    SCOPED_TRACE(kind);
+    config::Config cfg = config::parseConfig(
+        kVgg, {std::string("pipeline.schedule=") + kind, "pipeline.stash=offload"});
+    const WholePlan whole = planWholePipeline(cfg, "", cfg.source);
+    ASSERT_FALSE(whole.planYaml.empty()) << whole.summary;
+    const PlanSpec spec = parsePlan(whole.planYaml, "plan.yaml");
+    config::Config applied = cfg;
+    applyPlan(applied, spec, "plan.yaml");
+    EXPECT_EQ(applied.pipeline.schedule, kind);
+    EXPECT_EQ(applied.pipeline.microbatches, 4);
+    EXPECT_EQ(applied.pipeline.stash, "offload");
+    // pipefb-sync's 2S shape flushes with its forward devices idle half the time; pipefb-async
+    // overlaps iterations, and the planner may keep 2S for it.
+    if (std::string(kind) == "pipefb-sync")
+      EXPECT_TRUE(spec.folded() || spec.decoupled()) << whole.summary;
+
+    const Planning pl = setupPlanning(cfg, SetupOptions{});
+    const PlannedPartition twoS = plannerPartition(*pl.model, cfg, 2);
+    EXPECT_LE(spec.predictedIterationTime, twoS.plan.iterationTime * (1 + 1e-9)) << whole.summary;
+  }
 }
 
 // Note [Optimizer placement search]: a plan's optimizer placement per stage goes into the

@@ -69,6 +69,46 @@ TEST(PipefbTrain, TinyRunSucceedsAndWritesRunFolder) {
 // Note [Planner partition in pipefb_train]: without pipeline.partition, the first run
 // measures the model's profile into profiles/ of its working directory and plans on it;
 // the next run reads the cache. The run folder keeps the plan the partition came from.
+// Note [The planner's whole plan in pipefb_train]: a PipeFB config that pins no shape runs
+// the plan pipefb_plan writes for its schedule, stash and microbatches on the same profile:
+// the same stages, layers and devices.
+TEST(PipefbTrain, PipeFbConfigRunsThePlanPipefbPlanWrites) {
+  const fs::path work = pipefb::test::freshDir("cli_whole_plan");
+  const std::string shape = " --config " + cfg("mlp-tiny.yaml") +
+                            " --set pipeline.schedule=pipefb-sync --set devices.count=4"
+                            " --set pipeline.microbatches=2 --set pipeline.stash=offload";
+  CommandResult train = pipefb::test::runCommand(
+      "cd " + work.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_train" + shape +
+      " --set training.iterations=2 --set training.eval=false --set output.dir=" +
+      (work / "run").string());
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("planned by the planner (measured profiles/mlp-mb16-"),
+            std::string::npos)
+      << train.out;
+  fs::path profile;
+  for (const auto& e : fs::directory_iterator(work / "profiles")) profile = e.path();
+  ASSERT_FALSE(profile.empty());
+  CommandResult plan =
+      pipefb::test::runCommand("cd " + work.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_plan" +
+                               shape + " --profile profiles/" + profile.filename().string() +
+                               " --schedules pipefb-sync-offload --microbatches 2 -o planned.yaml");
+  ASSERT_EQ(plan.code, 0) << plan.out;
+  // Each stage's layers and devices, in order.
+  auto stages = [](const fs::path& p) {
+    std::ifstream in(p);
+    std::string line, out;
+    while (std::getline(in, line))
+      if (line.find("  - layers:") == 0 || line.find("forward_device:") != std::string::npos ||
+          line.find("backward_device:") != std::string::npos)
+        out += line + "\n";
+    return out;
+  };
+  const std::string ran = stages(work / "run" / "plan.yaml");
+  EXPECT_FALSE(ran.empty());
+  EXPECT_EQ(ran, stages(work / "planned.yaml"));
+  fs::remove_all(work);
+}
+
 TEST(PipefbTrain, PlannerPartitionIsPlannedOnAMeasuredProfileCachedOnFirstUse) {
   const fs::path work = pipefb::test::freshDir("cli_partition");
   const std::string cmd = "cd " + work.string() + " && " + PIPEFB_BINARY_DIR +
