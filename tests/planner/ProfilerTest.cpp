@@ -201,6 +201,64 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
     }
 }
 
+// Note [Fresh gradients in the analytic profile]: the analytic profile's fixed part of
+// B's working sets is the measured one wherever a layer's gradients come from linear
+// layers and embeddings (the CPU convolution's backward keeps a column buffer besides, so
+// convolutions are left out); a GPT-2 block's is charged c_fc's, 3E bytes of bias more
+// than the measured c_proj's. The fits take 2 and the batch's samples.
+TEST(ProfilerTest, AnalyticFreshGradientsAreTheMeasuredOnes) {
+  DeviceSpec cpu;  // times are not compared; any spec will do
+  cpu.peakFlops = 1e11;
+  cpu.hbmBandwidth = 2e10;
+  ProfilerOptions o = quick();
+  o.warmup = 0;
+  o.repeats = 1;
+  auto profiles = [&](const char* config, const std::vector<std::string>& sets) {
+    const auto cfg = loadCfg(config, sets);
+    Profile measured = measureProfile(cfg, o);
+    Profile analytic = analyticProfile(
+        modelWork(cfg.model), measured.microbatch, cpu,
+        optimizerMemory(cfg.training.optimizer, cfg.training.momentum, cfg.training.weight_decay));
+    EXPECT_EQ(analytic.numLayers(), measured.numLayers()) << config;
+    return std::make_pair(std::move(analytic), std::move(measured));
+  };
+  {  // every layer linear: in place and gathered, the layer's weight and bias
+    const auto [a, m] = profiles("mlp-tiny.yaml", {"model.hidden=[512,256]", "training.batch=8"});
+    for (int i = 0; i < m.numLayers(); ++i) {
+      EXPECT_EQ(a.layers[i].workingFixedBytes, m.layers[i].workingFixedBytes) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].workingFixedBytes, m.layers[i].paramBytes) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].gatheredWorkingFixedBytes, m.layers[i].gatheredWorkingFixedBytes)
+          << m.layers[i].name;
+    }
+  }
+  {  // VGG16's fc6 to fc8
+    const auto [a, m] = profiles("vgg16-single.yaml",
+                                 {"model.width=0.0625", "model.input_size=32", "training.batch=8"});
+    int linears = 0;
+    for (int i = 0; i < m.numLayers(); ++i) {
+      if (m.layers[i].name.rfind("fc", 0) != 0) continue;
+      ++linears;
+      EXPECT_GT(m.layers[i].workingFixedBytes, 0) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].workingFixedBytes, m.layers[i].workingFixedBytes) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].gatheredWorkingFixedBytes, m.layers[i].gatheredWorkingFixedBytes)
+          << m.layers[i].name;
+    }
+    EXPECT_EQ(linears, 3);
+  }
+  {  // GPT-2: the embedding (wte and wpe), the blocks, the head (lm_head), in place
+    const auto [a, m] = profiles("gpt2-tiny.yaml", {"model.input_size=16", "training.batch=8"});
+    const std::int64_t E = 128;
+    ASSERT_EQ(m.layers.front().paramBytes, (256 + 16) * E * 4);  // the sizes assumed here
+    for (int i = 0; i < m.numLayers(); ++i) {
+      const bool block = m.layers[i].name.rfind("block", 0) == 0;
+      EXPECT_GT(m.layers[i].workingFixedBytes, 0) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].workingFixedBytes,
+                m.layers[i].workingFixedBytes + (block ? 3 * E * 4 : 0))
+          << m.layers[i].name;
+    }
+  }
+}
+
 // VGG16 at width 1/16 on 32 px: 16 layers (13 conv+ReLU[+pool], fc6..fc8).
 TEST(ProfilerTest, TinyVgg) {
   const auto cfg =
