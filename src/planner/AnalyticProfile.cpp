@@ -74,7 +74,7 @@ LayerWork linear(const std::string& name, int64_t in, int64_t out, bool relu,
   w.flops = 2.0 * in * out + (relu ? out : 0);
   w.params = in * out + out;
   w.largestParam = in * out;
-  w.freshGradient = w.params;  // addmm's backward: the weight's and the bias's at once
+  w.freshGradient = out;  // the bias's; model::linear adds the weight's into .grad
   w.outputBytes = out * kF;
   w.savedBytes = (in + (relu ? out : 0)) * kF;
   w.workingBytes = 2 * std::max(in + pooledFrom, out) * kF;
@@ -217,8 +217,10 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.name = "block" + std::to_string(l);
     w.params = 12 * E * E + 13 * E;
     w.largestParam = 4 * E * E;  // c_attn (E x 3E) < c_fc, c_proj (E x 4E)
-    // c_fc's addmm, weight and bias (4E); c_proj's has E of bias; LayerNorm's 2E.
-    w.freshGradient = 4 * E * E + 4 * E;
+    // The Conv1Ds' weights go straight into .grad; c_fc's bias (4E) and a LayerNorm's
+    // (weight and bias, 2E, and as much again of partial sums, measured on ln_f) are the
+    // largest left.
+    w.freshGradient = 4 * E;
     // QKV, projection and MLP matmuls (24 E^2 per token) and the two attention matmuls.
     w.flops = double(T) * (24.0 * E * E + 4.0 * T * E);
     w.outputBytes = T * E * kF;
@@ -233,8 +235,10 @@ ModelWork gpt2(const model::ModelOptions& o) {
     LayerWork w;
     w.name = "head";
     w.params = E * V + 2 * E;
-    w.largestParam = E * V;   // lm_head
-    w.freshGradient = E * V;  // lm_head has no bias; ln_f's 2E come from another node
+    w.largestParam = E * V;  // lm_head
+    // ln_f's weight and bias and their partial sums (4E, measured); lm_head's (no bias)
+    // goes straight into .grad.
+    w.freshGradient = 4 * E;
     w.flops = 2.0 * T * E * V;
     w.outputBytes = T * V * kF;
     w.savedBytes = (2 * T * E + T * V) * kF;  // LN input, lm_head input, log-softmax

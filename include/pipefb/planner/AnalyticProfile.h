@@ -49,27 +49,31 @@ struct ModelWork {
 ModelWork modelWork(const model::ModelOptions& options);
 
 /// Note [Fresh gradients in the analytic profile]
-/// The runtime's B makes every parameter's gradient as a fresh tensor, whether it then
-/// adds it into a defined .grad (in place, Note [In-place weight gradients] in
+/// The runtime's B makes a parameter's gradient as a fresh tensor, whether it then adds it
+/// into a defined .grad (in place, Note [In-place weight gradients] in
 /// src/runtime/StageCompute.cpp: .grad is always defined there, zeroStaleGrads zeroes it
 /// rather than dropping it) or gathers it (Note [Gathered weight gradients] in
-/// CostModel.h). An autograd node returns all its outputs at once (addmm's backward: the
-/// input's, the weight's and the bias's gradients), and the engine runs each
-/// AccumulateGrad as soon as its gradient is ready, so in place one node's parameter
-/// gradients are live at a time, beside the activations' gradients; gathering, the
-/// layer's all are by the time its B ends. So B's working set in place is
-///   workingBytes x microbatch + the largest node's parameter gradients  (fixed part),
+/// CostModel.h); a linear layer's weight in place is the exception: model::linear adds it
+/// straight into .grad (Note [Weight gradients into .grad] in model/Model.h). An autograd
+/// node returns all its outputs at once (convolution_backward: the input's, the weight's
+/// and the bias's gradients), and the engine runs each AccumulateGrad as soon as its
+/// gradient is ready, so in place one node's fresh parameter gradients are live at a time,
+/// beside the activations' gradients; gathering, all the layer's are by the time its B
+/// ends. So B's working set in place is
+///   workingBytes x microbatch + the largest node's fresh parameter gradients  (fixed),
 /// and gathering  workingBytes x microbatch + all the layer's parameter gradients.
 /// Both fixed parts do not scale with the microbatch (Note [Parameter-sized working sets]
 /// in LayerCost.h). Measured with pipefb_profile (LibTorch 1.13 CPU, fitted from two
-/// microbatch sizes): the in-place fixed part of every linear layer is its weight and bias
-/// (mlp 3072-512-256-4: 6293504, 525312 and 4112 bytes), of GPT-2's head lm_head's weight
-/// (E x V) and of its embedding wte's and wpe's together; of a GPT-2 block c_proj's
-/// (4E x E + E; charged c_fc's, 3E more, since one activation figure serves the layer).
+/// microbatch sizes): in place, a linear layer's is its bias (mlp 3072-512-256-4: 2048,
+/// 1024 and 16 bytes; before model::linear, its weight too: 6293504, 525312, 4112); GPT-2's
+/// embedding's is wte's and wpe's together ((V + T) x E, the largest left); its head's
+/// 4E (ln_f's weight and bias and as much again of partial sums: gpt2-tiny 2048 bytes),
+/// charged on a block too (measured E there: c_proj's bias, where the activations peak).
+/// Gathering, every layer's is its parameters'.
 /// The CPU convolution's backward keeps more than its weight's gradient (VGG16/16's
 /// conv4_2: 73984 bytes fitted, weight and bias 36992), a column buffer of the CPU path
-/// that a GPU's does not have; a measured profile has it. Uncharged, VGG16's fc6 at 224 px
-/// (411 MB of gradient) and GPT-2 small's head (154 MB) were missing from GPU plans.
+/// that a GPU's does not have; a measured profile has it. Uncharged, fresh gradients such
+/// as VGG16's fc6 at 224 px (411 MB before model::linear) were missing from GPU plans.
 ///
 /// Note [Analytic step transient]
 /// What LibTorch 1.13's optimizers hold per parameter tensor p: `statesPerParam` state
