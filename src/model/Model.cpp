@@ -17,6 +17,9 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
                                const torch::Tensor& weight, const torch::Tensor& bias,
                                bool inByOut) {
     ctx->save_for_backward({x, weight});
+    // The parameter itself, for its .grad: a saved variable unpacks as another tensor
+    // when saved-tensor hooks are open (an offloaded stash's, offload/SavedTensorHooks.h).
+    ctx->saved_data["param"] = weight;
     const bool hasBias = bias.numel() > 0;  // see linear()
     ctx->saved_data["in_by_out"] = inByOut;
     ctx->saved_data["has_bias"] = hasBias;
@@ -38,9 +41,10 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     if (ctx->needs_input_grad(1)) {
       const torch::Tensor rows = x.reshape({-1, in});
       // W (out, in): g^T x; W (in, out): x^T g, as addmm's backward makes them.
-      if (tlsWeightGradientsIntoGrad && weight.grad().defined()) {
+      const torch::Tensor param = ctx->saved_data["param"].toTensor();
+      if (tlsWeightGradientsIntoGrad && param.grad().defined()) {
         torch::NoGradGuard noGrad;
-        torch::Tensor into = weight.mutable_grad();
+        torch::Tensor into = param.grad();
         if (inByOut)
           into.addmm_(rows.t(), g);
         else
