@@ -25,19 +25,15 @@ constexpr double kLayerNormEps = 1e-5;
 /// HF's Conv1D: y = x W + b with W stored as (nx, nf).
 class Conv1DImpl : public nn::Module {
  public:
-  Conv1DImpl(int64_t nx, int64_t nf) : nx_(nx), nf_(nf) {
+  Conv1DImpl(int64_t nx, int64_t nf) {
     weight = register_parameter("weight", torch::empty({nx, nf}));
     bias = register_parameter("bias", torch::zeros({nf}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto sizes = x.sizes().vec();
-    sizes.back() = nf_;
-    return torch::addmm(bias, x.reshape({-1, nx_}), weight).view(sizes);
+    // Note [Weight gradients into .grad] in Model.h.
+    return model::linear(x, weight, bias, /*weightIsInByOut=*/true);
   }
   torch::Tensor weight, bias;
-
- private:
-  int64_t nx_, nf_;
 };
 TORCH_MODULE(Conv1D);
 
@@ -151,7 +147,9 @@ class HeadLayer : public Layer {
     lm_head_ =
         register_module("lm_head", nn::Linear(nn::LinearOptions(c.n_embd, c.vocab).bias(false)));
   }
-  torch::Tensor forward(torch::Tensor x) override { return lm_head_->forward(ln_f_->forward(x)); }
+  torch::Tensor forward(torch::Tensor x) override {
+    return model::linear(ln_f_->forward(x), lm_head_->weight, torch::Tensor());
+  }
 
  private:
   nn::LayerNorm ln_f_{nullptr};

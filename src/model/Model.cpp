@@ -9,6 +9,68 @@ namespace pipefb::model {
 
 namespace {
 thread_local at::Generator* tlsDropoutGen = nullptr;
+thread_local bool tlsWeightGradientsIntoGrad = false;
+
+// Note [Weight gradients into .grad] in Model.h.
+struct LinearFunction : torch::autograd::Function<LinearFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               bool inByOut) {
+    ctx->save_for_backward({x, weight});
+    // The parameter itself, for its .grad: a saved variable unpacks as another tensor
+    // when saved-tensor hooks are open (an offloaded stash's, offload/SavedTensorHooks.h).
+    ctx->saved_data["param"] = weight;
+    const bool hasBias = bias.numel() > 0;  // see linear()
+    ctx->saved_data["in_by_out"] = inByOut;
+    ctx->saved_data["has_bias"] = hasBias;
+    if (!inByOut) return torch::nn::functional::linear(x, weight, hasBias ? bias : torch::Tensor());
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(1);
+    const auto rows = x.reshape({-1, weight.size(0)});
+    return (hasBias ? torch::addmm(bias, rows, weight) : rows.mm(weight)).view(sizes);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1];
+    const bool inByOut = ctx->saved_data["in_by_out"].toBool();
+    const int64_t in = x.size(-1);
+    const torch::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});  // (rows, out)
+    torch::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = (inByOut ? g.mm(weight.t()) : g.mm(weight)).view(x.sizes());
+    if (ctx->needs_input_grad(1)) {
+      const torch::Tensor rows = x.reshape({-1, in});
+      // W (out, in): g^T x; W (in, out): x^T g, as addmm's backward makes them.
+      const torch::Tensor param = ctx->saved_data["param"].toTensor();
+      if (tlsWeightGradientsIntoGrad && param.grad().defined()) {
+        torch::NoGradGuard noGrad;
+        torch::Tensor into = param.grad();
+        if (inByOut)
+          into.addmm_(rows.t(), g);
+        else
+          into.t().addmm_(rows.t(), g);  // the same (in, out) product autograd makes
+      } else {
+        gw = inByOut ? rows.t().mm(g) : rows.t().mm(g).t();
+      }
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g.sum(0);
+    return {gx, gw, gb, torch::Tensor()};
+  }
+};
+}  // namespace
+
+WeightGradientsIntoGrad::WeightGradientsIntoGrad() : previous_(tlsWeightGradientsIntoGrad) {
+  tlsWeightGradientsIntoGrad = true;
+}
+
+WeightGradientsIntoGrad::~WeightGradientsIntoGrad() { tlsWeightGradientsIntoGrad = previous_; }
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     bool weightIsInByOut) {
+  // A custom Function's tensor arguments must be defined (LibTorch 1.13 records each one's
+  // device): no bias is an empty one.
+  return LinearFunction::apply(x, weight, bias.defined() ? bias : weight.new_empty({0}),
+                               weightIsInByOut);
 }
 
 DropoutStream::DropoutStream(uint64_t seed)

@@ -67,7 +67,7 @@ class LinearLayer : public Layer {
       x = x.flatten(1);
     }
     if (spec_.dropBefore > 0) x = model::dropout(x, spec_.dropBefore, is_training());
-    x = fc_->forward(x);
+    x = model::linear(x, fc_->weight, fc_->bias);  // Note [Weight gradients into .grad]
     if (spec_.relu) x = x.relu_();
     if (spec_.dropAfter > 0) x = model::dropout(x, spec_.dropAfter, is_training());
     return x;
@@ -141,7 +141,7 @@ class ResNetHead : public Layer {
     fc_ = register_module("fc", nn::Linear(in, classes));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    return fc_->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+    return model::linear(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1), fc_->weight, fc_->bias);
   }
 
  private:

@@ -49,6 +49,7 @@ LayerWork convRelu(const std::string& name, int64_t cin, int64_t cout, int64_t& 
   w.flops = 2.0 * cin * k * k * cout * ho * ho + 2 * pre;  // MACs + bias + ReLU
   w.params = cin * k * k * cout + cout;
   w.largestParam = cin * k * k * cout;
+  w.freshGradient = w.params;  // convolution_backward: the weight's and the bias's at once
   int64_t hout = ho;
   std::int64_t indices = 0;
   if (pk > 0) {
@@ -73,6 +74,7 @@ LayerWork linear(const std::string& name, int64_t in, int64_t out, bool relu,
   w.flops = 2.0 * in * out + (relu ? out : 0);
   w.params = in * out + out;
   w.largestParam = in * out;
+  w.freshGradient = out;  // the bias's; model::linear adds the weight's into .grad
   w.outputBytes = out * kF;
   w.savedBytes = (in + (relu ? out : 0)) * kF;
   w.workingBytes = 2 * std::max(in + pooledFrom, out) * kF;
@@ -98,7 +100,8 @@ ModelWork vgg16(const model::ModelOptions& o) {
         const double pre = double(out) * hin * hin;
         w.flops += 8 * pre;
         w.params += 2 * out;
-        w.savedBytes += static_cast<std::int64_t>(pre) * kF;  // its input; ReLU saves its output
+        w.freshGradient = std::max(w.freshGradient, 2 * out);  // its own node
+        w.savedBytes += static_cast<std::int64_t>(pre) * kF;   // its input; ReLU saves its output
         w.bytesMoved += 2 * pre * kF;
       }
       in = out;
@@ -137,6 +140,8 @@ void convBn(LayerWork& w, int64_t cin, int64_t cout, int64_t h, int64_t k, int64
   w.flops += 2.0 * cin * k * k * cout * ho * ho + 8 * out;
   w.params += cin * k * k * cout + 2 * cout;
   w.largestParam = std::max(w.largestParam, cin * k * k * cout);
+  // The convolution's node (no bias) and the batch norm's (weight and bias), one at a time.
+  w.freshGradient = std::max({w.freshGradient, cin * k * k * cout, 2 * cout});
   // conv input, BN input (+ stats), ReLU output.
   w.savedBytes += static_cast<std::int64_t>(in + out + (relu ? out : 0)) * kF;
   w.workingBytes = std::max<std::int64_t>(w.workingBytes, static_cast<std::int64_t>(2 * out) * kF);
@@ -197,6 +202,9 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.name = "embed";
     w.params = (V + c.n_ctx) * E;
     w.largestParam = std::max(V, c.n_ctx) * E;  // wte
+    // Measured: wte's and wpe's gradients at once (wpe's is the size of its incoming
+    // gradient, T x E, summed over the batch: one or the other is live beside wte's).
+    w.freshGradient = w.params;
     w.flops = double(T) * E;
     w.outputBytes = T * E * kF;
     w.savedBytes = 2 * T * kL;  // token and position ids
@@ -209,6 +217,10 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.name = "block" + std::to_string(l);
     w.params = 12 * E * E + 13 * E;
     w.largestParam = 4 * E * E;  // c_attn (E x 3E) < c_fc, c_proj (E x 4E)
+    // The Conv1Ds' weights go straight into .grad; c_fc's bias (4E) and a LayerNorm's
+    // (weight and bias, 2E, and as much again of partial sums, measured on ln_f) are the
+    // largest left.
+    w.freshGradient = 4 * E;
     // QKV, projection and MLP matmuls (24 E^2 per token) and the two attention matmuls.
     w.flops = double(T) * (24.0 * E * E + 4.0 * T * E);
     w.outputBytes = T * E * kF;
@@ -224,6 +236,9 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.name = "head";
     w.params = E * V + 2 * E;
     w.largestParam = E * V;  // lm_head
+    // ln_f's weight and bias and their partial sums (4E, measured); lm_head's (no bias)
+    // goes straight into .grad.
+    w.freshGradient = 4 * E;
     w.flops = 2.0 * T * E * V;
     w.outputBytes = T * V * kF;
     w.savedBytes = (2 * T * E + T * V) * kF;  // LN input, lm_head input, log-softmax
@@ -322,7 +337,13 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     // (convRelu, linear), unlike a measured profile's (Note [Measured saved bytes]).
     // savedInputBytes stays 0: a checkpointed B's recomputed graph is charged whole beside
     // its stash (Note [Backward layer by layer] in CostModel.h), never less.
-    c.workingBytes = w.workingBytes * microbatch;
+    // Note [Fresh gradients in the analytic profile]: B's working set in place holds the
+    // largest node's fresh gradients beside the activations; gathering, all of the layer's.
+    c.workingFixedBytes = w.freshGradient * kF;
+    c.workingBytes = w.workingBytes * microbatch + c.workingFixedBytes;
+    c.gatheredWorkingFixedBytes = c.paramBytes;
+    c.gatheredWorkingBytes = w.workingBytes * microbatch + c.gatheredWorkingFixedBytes;
+    c.forwardWorkingBytes = w.workingBytes * microbatch;  // F makes no gradient
     p.layers.push_back(c);
   }
   return p;

@@ -22,12 +22,14 @@ namespace pipefb::planner {
 // microbatch size, since method 7, Note [Microbatch scaling] in LayerCost.h; the part of
 // B's working sets that does not scale, working_fixed_bytes and
 // gathered_working_fixed_bytes, and every byte at the other microbatch sizes, bytes_at,
-// since method 8, Notes [Parameter-sized working sets], [Bytes at every microbatch]); a
+// since method 8, Notes [Parameter-sized working sets], [Bytes at every microbatch]; B
+// adding linear layers' weight gradients straight into .grad, no longer in the working
+// sets' fixed part, since method 9, Note [Weight gradients into .grad] in model/Model.h); a
 // profile cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 8;
+constexpr int kProfileMethod = 9;
 
 LayerBytes bytesOf(const LayerCost& c) {
   LayerBytes b;

@@ -131,7 +131,9 @@ LayerBytes layerBytes(model::Layer& layer, const torch::Tensor& in, bool inputGr
       // each parameter's gradient is added into its (zeroed, defined) .grad as autograd
       // makes it, so the fresh gradient is part of this transient only until then. A B
       // that gathers holds the later layers' gradients beside it: the cost model adds
-      // those from gradBytes.
+      // those from gradBytes. Linear layers add theirs straight into .grad (Note [Weight
+      // gradients into .grad] in model/Model.h).
+      model::WeightGradientsIntoGrad into;
       torch::autograd::backward({y}, {g}, /*retain_graph=*/false, /*create_graph=*/false, wrt);
     }
     const std::int64_t peakB = dom.peakBytes();
@@ -336,7 +338,10 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
         torch::Tensor y = layer.forward(x);
         auto t1 = Clock::now();
         if (!gy.defined()) gy = torch::randn_like(y);
-        torch::autograd::backward({y}, {gy});
+        {
+          model::WeightGradientsIntoGrad into;  // as the runtime's B on the master
+          torch::autograd::backward({y}, {gy});
+        }
         auto t2 = Clock::now();
         y = torch::Tensor();
         auto t3 = Clock::now();
@@ -442,7 +447,10 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
           torch::NoGradGuard noGrad;
           zeroGrads(params);
         }
-        torch::autograd::backward({y}, {gy}, /*retain_graph=*/false, /*create_graph=*/false, in);
+        {
+          model::WeightGradientsIntoGrad into;
+          torch::autograd::backward({y}, {gy}, /*retain_graph=*/false, /*create_graph=*/false, in);
+        }
         auto t1 = Clock::now();
         if (inputGrad) x.mutable_grad() = torch::Tensor();
         if (r >= o.warmup) tas.push_back(seconds(t0, t1));

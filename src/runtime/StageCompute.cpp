@@ -215,8 +215,9 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
 // every checkpoint kind of pipefb-sync) lets autograd accumulate each parameter's
 // gradient into its .grad as soon as it is computed (torch::autograd::backward with
 // `inputs`; AccumulateGrad adds in place into a defined .grad), so a fresh gradient lives
-// only until its accumulation. torch::autograd::grad instead gathers every parameter's
-// gradient of the stage until the whole backward is done, beside the working set the
+// only until its accumulation, and a linear layer's weight gradient not at all (Note
+// [Weight gradients into .grad] in model/Model.h). torch::autograd::grad instead gathers every
+// parameter's gradient of the stage until the whole backward is done, beside the working set the
 // profiler measures with in-place accumulation (planner/Profiler.cpp). Measured: the
 // decoupled pipefb-sync plan of experiments/pipefb_memory_measured.sh went out of memory at
 // its own budget in B of ResNet50's layer4.0 (device 2 peaked at 4178648 bytes against
@@ -236,8 +237,13 @@ void PipelineEngine::Impl::backwardInPlace(DeviceState& dev, StageState& st, con
     if (p.requires_grad()) inputs.push_back(p);
   const bool wantInput = input.defined() && input.requires_grad();
   if (wantInput) inputs.push_back(input);
-  torch::autograd::backward({output}, {gradOut}, /*retain_graph=*/false,
-                            /*create_graph=*/false, inputs);
+  {
+    // Linear layers add their weight gradients straight into .grad (Note [Weight
+    // gradients into .grad] in model/Model.h): no weight-sized transient.
+    model::WeightGradientsIntoGrad into;
+    torch::autograd::backward({output}, {gradOut}, /*retain_graph=*/false,
+                              /*create_graph=*/false, inputs);
+  }
   output = Tensor();
   gradOut = Tensor();
   torch::NoGradGuard noGrad;

@@ -437,5 +437,46 @@ TEST(Zoo, InitFollowsTorchvisionAndGpt2) {
   EXPECT_NEAR(stdOf(*gpt, "lm_head.weight"), 0.02, 0.001);
 }
 
+// Note [Weight gradients into .grad]: model::linear's gradients are autograd's own, of
+// torch::nn::functional::linear (W (out, in)) and of addmm on the rows (W (in, out),
+// GPT-2's Conv1D), on a 3-d input; with a WeightGradientsIntoGrad open the weight's is
+// added into its defined .grad (the bias's still accumulates), without it gathered.
+TEST(Zoo, LinearGradientsIntoGradAreAutogradsOwn) {
+  torch::manual_seed(3);
+  for (const bool inByOut : {false, true}) {
+    const torch::Tensor x0 = torch::randn({2, 5, 7}), gy = torch::randn({2, 5, 3});
+    const torch::Tensor w0 = inByOut ? torch::randn({7, 3}) : torch::randn({3, 7});
+    const torch::Tensor b0 = torch::randn({3});
+    // The reference, through autograd's own nodes.
+    auto rx = x0.clone().requires_grad_(true), rw = w0.clone().requires_grad_(true),
+         rb = b0.clone().requires_grad_(true);
+    auto ry = inByOut ? torch::addmm(rb, rx.reshape({-1, 7}), rw).view({2, 5, 3})
+                      : torch::nn::functional::linear(rx, rw, rb);
+    const auto ref = torch::autograd::grad({ry}, {rx, rw, rb}, {gy});
+    // Gathered: fresh gradients, as autograd's.
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+         b = b0.clone().requires_grad_(true);
+    const auto got = torch::autograd::grad({linear(x, w, b, inByOut)}, {x, w, b}, {gy});
+    EXPECT_TRUE(torch::allclose(linear(x0, w0, b0, inByOut), ry.detach())) << inByOut;
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(got[i], ref[i], 1e-5, 1e-6)) << i;
+    // Into .grad: twice, on a defined .grad, the sum of both.
+    w.mutable_grad() = torch::ones_like(w0);
+    b.mutable_grad() = torch::ones_like(b0);
+    for (int r = 0; r < 2; ++r) {
+      WeightGradientsIntoGrad into;
+      torch::autograd::backward({linear(x, w, b, inByOut)}, {gy}, false, false, {w, b, x});
+    }
+    const torch::Tensor grad = w.grad();
+    EXPECT_TRUE(torch::allclose(grad, 1 + 2 * ref[1], 1e-5, 1e-5)) << inByOut;
+    EXPECT_TRUE(torch::allclose(b.grad(), 1 + 2 * ref[2], 1e-5, 1e-5)) << inByOut;
+    EXPECT_TRUE(torch::allclose(x.grad(), 2 * ref[0], 1e-5, 1e-5)) << inByOut;
+    EXPECT_TRUE(grad.is_contiguous());
+    // The guard is closed again: a gathered gradient, not an addition into .grad.
+    const auto again = torch::autograd::grad({linear(x, w, b, inByOut)}, {w}, {gy});
+    EXPECT_TRUE(torch::allclose(again[0], ref[1], 1e-5, 1e-6)) << inByOut;
+    EXPECT_TRUE(torch::equal(w.grad(), grad)) << inByOut;
+  }
+}
+
 }  // namespace
 }  // namespace pipefb::model

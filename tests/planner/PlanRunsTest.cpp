@@ -32,7 +32,11 @@
 // instances peaked the same, 7 within 1.2 points of the other run. Last runs (2026-11-27,
 // analytic times, all this round's changes, a quiet machine): seeds 0 to 4, 250 instances,
 // every one planned and ran, none out of memory, none above its budget; worst error seed 0
-// 7.0%, seed 1 8.8%, seed 2 7.3%, seed 3 5.4%; seed 4 one miss, below. Closed this round:
+// 7.0%, seed 1 8.8%, seed 2 7.3%, seed 3 5.4%; seed 4 one miss, below. With linear layers'
+// weight gradients added straight into .grad (Note [Weight gradients into .grad] in
+// model/Model.h, profile method 9): seed 0 all 50 ran, worst 7.3%; seed 1 all, 8.9%
+// (once seed 0's 29, gpt2-tiny gpipe-offload, went out of memory in a PRE on a loaded
+// machine and ran alone at +0.0%). Closed this round:
 //   - pipedream with an offload kind, stage 0 (seed 0's 26, seed 2's 21 and 44, seed 3's 19:
 //     -11.7% to -25.6%): the stashes, versions and inputs are counted together at each start
 //     of the lowered schedule, and the runtime holds each offload's device copy through the

@@ -86,7 +86,9 @@ TEST(ProfilerTest, MlpClosedForms) {
     EXPECT_GE(l.gatheredWorkingBytes, std::max(l.workingBytes, l.gradBytes)) << l.name;
     // Of those, what does not scale with the microbatch is the layer's fresh gradients
     // (Note [Parameter-sized working sets] in LayerCost.h): fitted from 2 and 32 samples.
-    EXPECT_EQ(l.workingFixedBytes, l.gradBytes) << l.name;
+    // In place only the bias's: the weight's goes straight into .grad (Note [Weight
+    // gradients into .grad] in model/Model.h).
+    EXPECT_EQ(l.workingFixedBytes, out[i] * 4) << l.name;
     EXPECT_EQ(l.gatheredWorkingFixedBytes, l.gradBytes) << l.name;
     // Without autograd (Note [Forward without autograd] in CostModel.h): the input and
     // addmm's output, which the ReLU rectifies in place; nothing saved.
@@ -199,6 +201,70 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
         EXPECT_EQ(a.stepWorkingBytes, m.stepWorkingBytes) << at;
       }
     }
+}
+
+// Note [Fresh gradients in the analytic profile]: the analytic profile's fixed part of
+// B's working sets is the measured one wherever a layer's gradients come from linear
+// layers and embeddings (the CPU convolution's backward keeps a column buffer besides, so
+// convolutions are left out): in place a linear layer's bias, gathering all its
+// parameters. The fits take 2 and the batch's samples.
+TEST(ProfilerTest, AnalyticFreshGradientsAreTheMeasuredOnes) {
+  DeviceSpec cpu;  // times are not compared; any spec will do
+  cpu.peakFlops = 1e11;
+  cpu.hbmBandwidth = 2e10;
+  ProfilerOptions o = quick();
+  o.warmup = 0;
+  o.repeats = 1;
+  auto profiles = [&](const char* config, const std::vector<std::string>& sets) {
+    const auto cfg = loadCfg(config, sets);
+    Profile measured = measureProfile(cfg, o);
+    Profile analytic = analyticProfile(
+        modelWork(cfg.model), measured.microbatch, cpu,
+        optimizerMemory(cfg.training.optimizer, cfg.training.momentum, cfg.training.weight_decay));
+    EXPECT_EQ(analytic.numLayers(), measured.numLayers()) << config;
+    return std::make_pair(std::move(analytic), std::move(measured));
+  };
+  {  // every layer linear: in place the bias, gathered the weight and the bias
+    const auto [a, m] = profiles("mlp-tiny.yaml", {"model.hidden=[512,256]", "training.batch=8"});
+    const std::int64_t out[] = {512, 256, 4};
+    ASSERT_EQ(m.numLayers(), 3);
+    for (int i = 0; i < m.numLayers(); ++i) {
+      EXPECT_EQ(a.layers[i].workingFixedBytes, m.layers[i].workingFixedBytes) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].workingFixedBytes, out[i] * 4) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].gatheredWorkingFixedBytes, m.layers[i].paramBytes) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].gatheredWorkingFixedBytes, m.layers[i].gatheredWorkingFixedBytes)
+          << m.layers[i].name;
+    }
+  }
+  {  // VGG16's fc6 to fc8
+    const auto [a, m] = profiles("vgg16-single.yaml",
+                                 {"model.width=0.0625", "model.input_size=32", "training.batch=8"});
+    int linears = 0;
+    for (int i = 0; i < m.numLayers(); ++i) {
+      if (m.layers[i].name.rfind("fc", 0) != 0) continue;
+      ++linears;
+      EXPECT_GT(m.layers[i].workingFixedBytes, 0) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].workingFixedBytes, m.layers[i].workingFixedBytes) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].gatheredWorkingFixedBytes, m.layers[i].gatheredWorkingFixedBytes)
+          << m.layers[i].name;
+    }
+    EXPECT_EQ(linears, 3);
+  }
+  {  // GPT-2 in place: the embedding wte's and wpe's, the head ln_f's 4E; a block is
+     // charged 4E, measured c_proj's bias (E)
+    const auto [a, m] = profiles("gpt2-tiny.yaml", {"model.input_size=16", "training.batch=8"});
+    const std::int64_t E = 128;
+    ASSERT_EQ(m.layers.front().paramBytes, (256 + 16) * E * 4);  // the sizes assumed here
+    EXPECT_EQ(m.layers.front().workingFixedBytes, m.layers.front().paramBytes);
+    for (int i = 0; i < m.numLayers(); ++i) {
+      const bool block = m.layers[i].name.rfind("block", 0) == 0;
+      EXPECT_GT(m.layers[i].workingFixedBytes, 0) << m.layers[i].name;
+      EXPECT_EQ(a.layers[i].workingFixedBytes,
+                m.layers[i].workingFixedBytes + (block ? 3 * E * 4 : 0))
+          << m.layers[i].name;
+    }
+    EXPECT_EQ(m.layers.back().workingFixedBytes, 4 * E * 4);
+  }
 }
 
 // VGG16 at width 1/16 on 32 px: 16 layers (13 conv+ReLU[+pool], fc6..fc8).

@@ -113,6 +113,47 @@ uint64_t dropoutSeed(uint64_t seed, int stage, int64_t microbatch);
 /// open, else from torch's global generator.
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 
+// Note [Weight gradients into .grad]
+// Autograd makes a linear layer's weight gradient as a fresh tensor (addmm's backward:
+// input^T x output gradient) and AccumulateGrad then adds it into the defined .grad, so a
+// B that accumulates in place (Note [In-place weight gradients] in
+// src/runtime/StageCompute.cpp) held a weight-sized transient beside .grad: VGG16's fc6 at
+// 224 px, 392 MiB (Note [Fresh gradients in the analytic profile] in
+// planner/AnalyticProfile.h). Every linear layer of the zoo goes through model::linear,
+// whose backward, while a WeightGradientsIntoGrad is open on the thread that runs it and
+// the parameter's .grad is defined, adds the product straight into .grad (addmm_ with beta
+// 1) and returns no weight gradient, so no transient exists (measured: VGG16 width 1/4,
+// 1f1b on 2 devices, SGD, the classifier's device peaked at 115938232 bytes, now at
+// 90248120, fc6's weight less). The sum is the same up to
+// rounding: BLAS adds into .grad block by block over the rows (torch 1.13's CPU sgemm
+// differs from mm then add_ in the last bits from about 1024 rows on; the pipeline
+// equivalence tests' 1e-5 against one device hold). The context keeps the parameter
+// itself for its .grad: under an offloaded stash's saved-tensor hooks a saved variable
+// unpacks as another tensor. Otherwise (a B that gathers its gradients with autograd::grad,
+// on a copy or into buckets, or plain loss.backward()) it returns the fresh gradient as
+// autograd would. The bias's gradient (one row of sums) is returned fresh either way. The
+// runtime opens one around B on the master's weights, the profiler around the B it
+// measures so. LibTorch 1.13 runs a CPU graph's backward on the thread that calls it; a
+// CUDA graph's runs on the device's own thread, where this flag would have to travel with
+// the graph (a set of the parameters instead of a thread-local flag).
+class WeightGradientsIntoGrad {
+ public:
+  WeightGradientsIntoGrad();
+  ~WeightGradientsIntoGrad();
+  WeightGradientsIntoGrad(const WeightGradientsIntoGrad&) = delete;
+  WeightGradientsIntoGrad& operator=(const WeightGradientsIntoGrad&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// y = x W^T + b (weightIsInByOut = false: torch::nn::Linear's (out, in) weight, as
+/// torch::nn::functional::linear) or y = x W + b (true: GPT-2's Conv1D, (in, out), as
+/// torch::addmm on x's rows); x (..., in) -> y (..., out); bias may be undefined.
+/// Note [Weight gradients into .grad].
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     bool weightIsInByOut = false);
+
 /// Builds a model from the zoo. Throws pipefb::UserError for an unknown name or a
 /// bad option (naming the key and what is allowed). The weights are initialised
 /// as torchvision / GPT-2 do, from torch's global RNG (seed it first).

@@ -30,9 +30,12 @@ struct LayerWork {
   std::int64_t params = 0;  // parameter count (fp32)
   std::int64_t largestParam =
       0;  // elements of the largest parameter tensor (Note [Analytic step transient])
+  /// Elements of the parameter gradients one autograd node makes at once, the most of any
+  /// node of the layer (Note [Fresh gradients in the analytic profile]).
+  std::int64_t freshGradient = 0;
   std::int64_t outputBytes = 0;
   std::int64_t savedBytes = 0;
-  std::int64_t workingBytes = 0;
+  std::int64_t workingBytes = 0;  // per sample, beside the fresh gradients
 };
 
 struct ModelWork {
@@ -45,6 +48,33 @@ struct ModelWork {
 /// The zoo's layer chain for these options (same layers as model::buildModel).
 ModelWork modelWork(const model::ModelOptions& options);
 
+/// Note [Fresh gradients in the analytic profile]
+/// The runtime's B makes a parameter's gradient as a fresh tensor, whether it then adds it
+/// into a defined .grad (in place, Note [In-place weight gradients] in
+/// src/runtime/StageCompute.cpp: .grad is always defined there, zeroStaleGrads zeroes it
+/// rather than dropping it) or gathers it (Note [Gathered weight gradients] in
+/// CostModel.h); a linear layer's weight in place is the exception: model::linear adds it
+/// straight into .grad (Note [Weight gradients into .grad] in model/Model.h). An autograd
+/// node returns all its outputs at once (convolution_backward: the input's, the weight's
+/// and the bias's gradients), and the engine runs each AccumulateGrad as soon as its
+/// gradient is ready, so in place one node's fresh parameter gradients are live at a time,
+/// beside the activations' gradients; gathering, all the layer's are by the time its B
+/// ends. So B's working set in place is
+///   workingBytes x microbatch + the largest node's fresh parameter gradients  (fixed),
+/// and gathering  workingBytes x microbatch + all the layer's parameter gradients.
+/// Both fixed parts do not scale with the microbatch (Note [Parameter-sized working sets]
+/// in LayerCost.h). Measured with pipefb_profile (LibTorch 1.13 CPU, fitted from two
+/// microbatch sizes): in place, a linear layer's is its bias (mlp 3072-512-256-4: 2048,
+/// 1024 and 16 bytes; before model::linear, its weight too: 6293504, 525312, 4112); GPT-2's
+/// embedding's is wte's and wpe's together ((V + T) x E, the largest left); its head's
+/// 4E (ln_f's weight and bias and as much again of partial sums: gpt2-tiny 2048 bytes),
+/// charged on a block too (measured E there: c_proj's bias, where the activations peak).
+/// Gathering, every layer's is its parameters'.
+/// The CPU convolution's backward keeps more than its weight's gradient (VGG16/16's
+/// conv4_2: 73984 bytes fitted, weight and bias 36992), a column buffer of the CPU path
+/// that a GPU's does not have; a measured profile has it. Uncharged, fresh gradients such
+/// as VGG16's fc6 at 224 px (411 MB before model::linear) were missing from GPU plans.
+///
 /// Note [Analytic step transient]
 /// What LibTorch 1.13's optimizers hold per parameter tensor p: `statesPerParam` state
 /// tensors of p's size for good, and while p's update runs `stepTransients` temporaries of

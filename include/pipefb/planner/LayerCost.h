@@ -129,8 +129,8 @@ inline double fitFixedTime(double time, double mb, double time2, double mb2) {
 /// B working sets are affine in the microbatch too, like times, with the fixed part fitted
 /// from the profiler's second microbatch size (fitFixedBytes); a profile of an older method
 /// scales them whole. F's working sets, the saved bytes and the outputs are activations
-/// and scale whole. The analytic profile charges no parameter gradient in B's working set
-/// (its fixed part is 0).
+/// and scale whole. The analytic profile's fixed parts are the fresh gradients autograd
+/// makes (Note [Fresh gradients in the analytic profile] in AnalyticProfile.h).
 /// Not every transient is affine: LibTorch's CPU convolution of one sample takes another
 /// path with a column buffer (vgg16/8's conv1_2: B's working set 313632 bytes measured at
 /// 1 sample, 15844 fitted from 16 and 2; conv1_1 to conv3_3 alike), so at microbatch 1 a
