@@ -624,6 +624,9 @@ TEST_F(PlanRuns, AsyncPlansRunAtTheirLagAndPeakWherePlanned) {
   // The runtime's contract: M + 1 stashes in flight at lag 1 (2M at the config's -1).
   for (const auto& n : summary["pipeline"]["contract"]["in_flight"]) EXPECT_EQ(n.get<int>(), 5);
   int devices = 0;
+  std::ostringstream line;
+  line << "async lag 1, budget " << budget << ":" << std::showpos << std::fixed
+       << std::setprecision(2);
   for (const auto& d : summary["devices"]) {
     const std::string name = d["name"];
     if (name.rfind("cpu:", 0) != 0) continue;
@@ -631,8 +634,10 @@ TEST_F(PlanRuns, AsyncPlansRunAtTheirLagAndPeakWherePlanned) {
     const double want = static_cast<double>(predicted.at(std::stoul(name.substr(4))));
     EXPECT_LE(peak, budget) << name;
     EXPECT_NEAR(static_cast<double>(peak), want, 0.1 * want) << name;
+    line << " " << 100 * (static_cast<double>(peak) - want) / want << "%";
     ++devices;
   }
+  std::printf("%s\n", line.str().c_str());
   EXPECT_EQ(devices, 4);
 }
 
