@@ -251,17 +251,22 @@ std::int64_t scaled(std::int64_t bytes, double f);
 // Note [Simulated fill]: per (kind, S, M, F : B : copy : sync), computed once. F and B
 // are the model's totals; copy, a stage's hand-off copy (one way), and sync, its weight
 // sync, in the same unit (0 for the kinds that do not split).
-double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double copy, double sync) {
+// pipefb-async at a lag below M (Note [Planned async lag]): the steady state's iteration
+// time over 3 iterations in place of one iteration's makespan.
+double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double copy, double sync,
+                     int lag = -1) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, double, double, double>, double> cache;
+  static std::map<std::tuple<int, int, int, double, double, double, int>, double> cache;
   const double F1 = F / (F + B), copy1 = copy / (F + B), sync1 = sync / (F + B);
-  const auto key = std::make_tuple(static_cast<int>(k), S, M, F1, copy1, sync1);
+  const auto key = std::make_tuple(static_cast<int>(k), S, M, F1, copy1, sync1, lag);
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  const schedules::SchedulePlan plan = schedules::makeSchedule(toString(k), S, M);
+  const bool steady = k == ScheduleKind::PipeFbAsync;
+  const schedules::SchedulePlan plan =
+      schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), steady ? 3 : 1, lag);
   const int D = plan.schedule.numDevices();
   double fill = 0;
   if (D > 1) {
@@ -281,7 +286,8 @@ double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double co
         schedules::lower(plan, std::vector<StashPolicy>(S, StashPolicy::Keep), 1, false);
     sim::SimOptions so;
     so.recordMemoryTimeline = false;
-    const double makespan = sim::simulate(lowered.schedule, costs, so).makespan;
+    const sim::SimResult r = sim::simulate(lowered.schedule, costs, so);
+    const double makespan = steady ? r.iterationTime : r.makespan;
     // A device's work per microbatch: its stages' F + B (PipeFB: F or B, on 2S devices).
     double pace = 0;
     for (int d = 0; d < D; ++d) {
@@ -303,7 +309,10 @@ double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double co
 double PipelineShape::slots() const {
   // A folded device runs iteration k's backwards before iteration k+1's forwards (Note
   // [PipeFB device order]), so folded pipefb-async fills and drains like a flush too.
-  return isFlushing(kind) || folded ? microbatches + (chainLength() - 1) * fill : microbatches;
+  // Note [Planned async lag]: so does pipefb-async's 2S chain below a whole iteration's lag.
+  const bool lagged = kind == ScheduleKind::PipeFbAsync && lag() < microbatches && !decoupled();
+  return isFlushing(kind) || folded || lagged ? microbatches + (chainLength() - 1) * fill
+                                              : microbatches;
 }
 
 double CostModel::fill(const PipelineShape& shape) const {
@@ -314,7 +323,12 @@ double CostModel::fill(const PipelineShape& shape) const {
   const double F = forwardTime(0, L, f), B = backwardTime(0, L, f);
   if (k == ScheduleKind::ZbH2) return 0;
   if (F + B <= 0) return 1;
-  if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb) {
+  // Note [Planned async lag]: below a whole iteration's lag, pipefb-async's forwards wait
+  // for the previous iteration's weights, so its chain fills and drains; on its 2S chain.
+  const bool lagged = k == ScheduleKind::PipeFbAsync && shape.lag() < shape.microbatches &&
+                      !shape.folded && !shape.decoupled();
+  if (lagged || k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B ||
+      k == ScheduleKind::PipeFbZb) {
     // Note [Simulated fill]: a split kind hands every stash over through the host pool and
     // syncs the weights back to the forward devices; both at the model's totals / S, on
     // stage 0's devices (compute at the forward device's speed).
@@ -326,7 +340,7 @@ double CostModel::fill(const PipelineShape& shape) const {
       copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp;
       sync = cluster_.link(bd, fd).time(param_[L] / S) * sp;
     }
-    return simulatedFill(k, S, shape.microbatches, F, B, copy, sync);
+    return simulatedFill(k, S, shape.microbatches, F, B, copy, sync, lagged ? shape.lag() : -1);
   }
   if (k != ScheduleKind::ZbH1) return 1;
   const sim::SplitBackward iw = sim::splitBackward(B, -1, -1);  // Note [I and W costs]

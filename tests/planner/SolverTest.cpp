@@ -955,6 +955,30 @@ TEST(SolverFill, SimulatedFillOfTheSharedKinds) {
   EXPECT_NEAR((8 + 3 * m.fill(interleaved)) * 6.0, 57.0, 1e-9);
 }
 
+// Note [Planned async lag]: below a whole iteration's lag pipefb-async's forwards wait for
+// the previous iteration's weights, so its 2S chain fills and drains: unit costs per stage
+// (F = 1, B = 2), S = 4, M = 4, pipefb_sim --schedule pipefb-async --iterations 3 takes
+// 9 units an iteration at lag -1 (M x the pace of 2, and a little), 16 at lag 1 and 18 at
+// lag 0; the cost model said M x 2 = 8 at every lag.
+TEST(SolverFill, PipefbAsyncBelowAWholeIterationFillsAndDrains) {
+  Profile p = timesProfile(std::vector<double>(4, 1.0));
+  for (auto& l : p.layers) l.backward = 2.0;
+  CostModel m(p, freeCluster(8));
+  std::map<int, double> predicted;
+  for (int lag : {-1, 0, 1, 2, 4}) {
+    PipelineShape sh = shapeOf(ScheduleKind::PipeFbAsync, 4, 4, {0, 1, 2, 3, 4, 5, 6, 7});
+    sh.asyncLag = lag;
+    sh.fill = m.fill(sh);
+    predicted[lag] = sh.iterationTime(2.0);
+  }
+  EXPECT_DOUBLE_EQ(predicted[-1], 8);
+  EXPECT_DOUBLE_EQ(predicted[4], 8);
+  EXPECT_NEAR(predicted[1], 16, 1e-9);
+  EXPECT_NEAR(predicted[0], 18, 1e-9);
+  EXPECT_GT(predicted[2], predicted[4]);
+  EXPECT_LT(predicted[2], predicted[1]);
+}
+
 // Note [Simulated fill]: pipefb-zb hands every stash over through the host pool and syncs
 // the weights back to the forward devices; its fill counts both. Unit costs per stage
 // (F = 1, B = 2, a stash copy 1, a weight sync 1): pipefb_sim --schedule pipefb-zb

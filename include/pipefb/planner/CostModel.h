@@ -387,6 +387,13 @@ inline bool foldsAndDecouples(ScheduleKind k) { return isSplit(k) && k != Schedu
 ///   had not run yet beside the one version: 49200 bytes on device 1, 5672 on device 3 of
 ///   the run below): charged with the states, every segment's (an upper bound). A version
 ///   is in the host pool from its OFFW to its PREW: charged there (hostBytes).
+/// Time: below a whole iteration's lag the forwards after the first L wait for the previous
+/// iteration's last STEP and SyncWeights, so the 2S chain fills and drains as a flush does,
+/// by less: slots() = M + (2S - 1) x fill with the fill simulated on the generated schedule
+/// at that lag in the steady state (Note [Simulated fill]; unit stages F = 1, B = 2, S = M =
+/// 4: 16 units an iteration at lag 1, 18 at 0, against M x 2 = 8 that the cost model said
+/// at every lag). Folded shapes already fill and drain; decoupled ones keep M paces here and
+/// get their lag's time from the simulator's re-scoring (Solver.cpp), which runs the lag.
 /// Measured (resnet50 224 px, decoupled 1 + 3 devices, M = 4, lookahead 0, checkpoint-offload,
 /// experiments/pipefb_memory_measured.sh): planned at L = M and run at L = 1, the backward
 /// devices peaked 10.05%, 6.6% and 5.4% below the plan, every byte of it the segments'
