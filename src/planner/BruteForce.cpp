@@ -116,6 +116,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
           partitionsOf(L, n - Df, c0, bparts);
           for (const auto& chain : chains) {
             PipelineShape sh = PipelineShape::of(fam.kind, L, M, options.batch, options.lookahead);
+            sh.asyncLag = options.asyncLag;
             sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
             sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
             sh.forwardDevices = Df;
@@ -183,6 +184,7 @@ BruteForceResult bruteForce(const CostModel& model, const SolverOptions& options
               continue;
             if (!schedules::takesShape(toString(fam.kind), S, M)) continue;
             PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
+            sh.asyncLag = options.asyncLag;
             sh.replicas = R;
             sh.folded = folded;
             sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;

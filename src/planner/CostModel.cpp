@@ -2,6 +2,7 @@
 #include "pipefb/planner/CostModel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -84,29 +85,32 @@ const schedules::MemoryContract& generatedContract(ScheduleKind k, int S, int M)
 
 // Note [Prefetches after the forward phase] (Lowering.h): per stage of the generated
 // schedule (the kind's default placement; asynchronous kinds over 3 iterations, whose
-// next iteration's Fs come before the last Bs), per (kind, S, M).
-const std::vector<bool>& phasedStages(ScheduleKind k, int S, int M) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M), [&] {
+// next iteration's Fs come before the last Bs), per (kind, S, M, lag) (Note [Planned async
+// lag]: `lag` is effectiveLag's, -1 for the kinds without one).
+const std::vector<bool>& phasedStages(ScheduleKind k, int S, int M, int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lag), [&] {
     const int K = isFlushing(k) ? 1 : 3;
     return schedules::forwardPhaseFirst(
-        schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K).schedule);
+        schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), K, lag).schedule);
   });
 }
 
-// Note [Stashes held together]: per device of the generated schedule, per (kind, S, M).
-const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKind k, int S, int M) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M), [&] {
-    return schedules::stashesHeldTogether(schedules::makeSchedule(toString(k), S, M).schedule);
+// Note [Stashes held together]: per device of the generated schedule, per (kind, S, M, lag).
+const std::vector<std::vector<schedules::HeldAtStart>>& heldTogether(ScheduleKind k, int S, int M,
+                                                                     int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lag), [&] {
+    return schedules::stashesHeldTogether(
+        schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), 1, lag).schedule);
   });
 }
 
 // Note [Stashes at a step]: per stage, on the folded schedule of (kind, S, M) lowered with
 // `lookahead`, every stage offloaded (a split stage always is: effectivePolicy), over 2
 // iterations (the step between them).
-const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lookahead) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead), [&] {
+const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lookahead, int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead, lag), [&] {
     const schedules::SchedulePlan lowered =
-        schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 2),
+        schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 2, lag),
                          {StashPolicy::Offload}, lookahead, /*offloadWeights=*/false);
     return schedules::stashesAtStep(lowered.schedule);
   });
@@ -114,10 +118,11 @@ const std::vector<int>& foldedStashesAtStep(ScheduleKind k, int S, int M, int lo
 
 // Note [Stashes at a backward]: per stage, on the same folded schedule over 3 iterations
 // (the steady state between two of them).
-const std::vector<int>& foldedStashesAtBackward(ScheduleKind k, int S, int M, int lookahead) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead), [&] {
+const std::vector<int>& foldedStashesAtBackward(ScheduleKind k, int S, int M, int lookahead,
+                                                int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead, lag), [&] {
     const schedules::SchedulePlan lowered =
-        schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 3),
+        schedules::lower(schedules::makeSchedule(k, S, M, schedules::Placement::folded(S), 3, lag),
                          {StashPolicy::Offload}, lookahead, /*offloadWeights=*/false);
     return schedules::stashesAtBackward(lowered.schedule);
   });
@@ -133,12 +138,12 @@ const std::vector<int>& foldedStashesAtBackward(ScheduleKind k, int S, int M, in
 // iteration, simulated 5.186 s.) Whether it is so is read off the generated schedule, as the
 // runtime and the simulator do: the 2S form's, not the folded one's. A decoupled plan's
 // last backward range does the same with its boundary (RangeBoundary::atReceive).
-bool outputAtReceive(ScheduleKind k, int S, int M, bool folded) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M, folded), [&] {
+bool outputAtReceive(ScheduleKind k, int S, int M, bool folded, int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, folded, lag), [&] {
     if (!isSplit(k)) return false;
     const schedules::Placement placement =
         folded ? schedules::Placement::folded(S) : schedules::Placement::defaultFor(k, S);
-    const schedules::Schedule s = schedules::makeSchedule(k, S, M, placement, 1).schedule;
+    const schedules::Schedule s = schedules::makeSchedule(k, S, M, placement, 1, lag).schedule;
     return schedules::rendezvous(schedules::rendezvousPasses(s), placement.forward(S - 1),
                                  placement.backward(S - 1), schedules::MessageKind::Output);
   });
@@ -154,17 +159,34 @@ const std::vector<schedules::SameDeviceHeld>& pipedreamHeld(int S, int k, int M,
 // Note [Waiting messages]: counted on the generated schedule (the kind's default
 // placement, or the folded one, Note [Folded placements]); asynchronous kinds over 3
 // iterations, to see the next iteration's feed.
-const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M, bool folded) {
-  return memoized(std::make_tuple(static_cast<int>(k), S, M, folded), [&] {
+const schedules::WaitingMessages& waitingFor(ScheduleKind k, int S, int M, bool folded, int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, folded, lag), [&] {
     const int K = isFlushing(k) ? 1 : 3;
     const schedules::Placement placement =
         folded ? schedules::Placement::folded(S) : schedules::Placement::defaultFor(k, S);
-    return schedules::waitingMessages(schedules::makeSchedule(k, S, M, placement, K).schedule);
+    return schedules::waitingMessages(schedules::makeSchedule(k, S, M, placement, K, lag).schedule);
+  });
+}
+
+// Note [Planned async lag]: pipefb-async's contract at its lag, over 2 iterations (the
+// second one's forwards before RW run beside the first one's stashes), per (S, M, lag).
+const schedules::MemoryContract& asyncContract(int S, int M, int lag) {
+  return memoized(std::make_tuple(S, M, lag), [&] {
+    const ScheduleKind k = ScheduleKind::PipeFbAsync;
+    return schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), 2, lag)
+        .contract;
   });
 }
 }  // namespace
 
-int inFlightStashes(ScheduleKind k, int S, int s, int M) {
+int effectiveLag(ScheduleKind k, int M, int asyncLag) {
+  if (k != ScheduleKind::PipeFbAsync) return -1;
+  return asyncLag < 0 || asyncLag > M ? M : asyncLag;
+}
+
+int PipelineShape::lag() const { return effectiveLag(kind, microbatches, asyncLag); }
+
+int inFlightStashes(ScheduleKind k, int S, int s, int M, int asyncLag) {
   switch (k) {
     case ScheduleKind::GPipe:
       return M;
@@ -174,8 +196,8 @@ int inFlightStashes(ScheduleKind k, int S, int s, int M) {
       return S - s;  // min(S-s, K*M) with many iterations K
     case ScheduleKind::PipeFbSync:
       return M;
-    case ScheduleKind::PipeFbAsync:
-      return 2 * M;
+    case ScheduleKind::PipeFbAsync:  // M + lag (Note [Planned async lag])
+      return asyncContract(S, M, effectiveLag(k, M, asyncLag)).inFlight.at(s);
     case ScheduleKind::ZbH1:
     case ScheduleKind::ZbH2:
     case ScheduleKind::Zbv:
@@ -187,12 +209,12 @@ int inFlightStashes(ScheduleKind k, int S, int s, int M) {
   return M;
 }
 
-int weightVersions(ScheduleKind k, int S, int s, int M) {
+int weightVersions(ScheduleKind k, int S, int s, int M, int asyncLag) {
   switch (k) {
     case ScheduleKind::PipeDream:
       return S - s;
-    case ScheduleKind::PipeFbAsync:
-      return 2;
+    case ScheduleKind::PipeFbAsync:  // 2, or 1 at lag 0 (Note [Planned async lag])
+      return asyncContract(S, M, effectiveLag(k, M, asyncLag)).weightVersions.at(s);
     case ScheduleKind::GPipe:
     case ScheduleKind::OneFOneB:
     case ScheduleKind::PipeFbSync:
@@ -206,12 +228,12 @@ int weightVersions(ScheduleKind k, int S, int s, int M) {
   return 1;
 }
 
-int weightCopies(ScheduleKind k, int S, int s, int M) {
+int weightCopies(ScheduleKind k, int S, int s, int M, int asyncLag) {
   if (k == ScheduleKind::PipeDream) {
     const int n = inFlightStashes(k, S, s, M);
     return n > 1 ? n : 0;  // with one in flight no update separates F from B
   }
-  return weightVersions(k, S, s, M) - 1;
+  return weightVersions(k, S, s, M, asyncLag) - 1;
 }
 
 double stepsPerMicrobatch(ScheduleKind k, int M) {
@@ -229,17 +251,22 @@ std::int64_t scaled(std::int64_t bytes, double f);
 // Note [Simulated fill]: per (kind, S, M, F : B : copy : sync), computed once. F and B
 // are the model's totals; copy, a stage's hand-off copy (one way), and sync, its weight
 // sync, in the same unit (0 for the kinds that do not split).
-double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double copy, double sync) {
+// pipefb-async at a lag below M (Note [Planned async lag]): the steady state's iteration
+// time over 3 iterations in place of one iteration's makespan.
+double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double copy, double sync,
+                     int lag = -1) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, double, double, double>, double> cache;
+  static std::map<std::tuple<int, int, int, double, double, double, int>, double> cache;
   const double F1 = F / (F + B), copy1 = copy / (F + B), sync1 = sync / (F + B);
-  const auto key = std::make_tuple(static_cast<int>(k), S, M, F1, copy1, sync1);
+  const auto key = std::make_tuple(static_cast<int>(k), S, M, F1, copy1, sync1, lag);
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  const schedules::SchedulePlan plan = schedules::makeSchedule(toString(k), S, M);
+  const bool steady = k == ScheduleKind::PipeFbAsync;
+  const schedules::SchedulePlan plan =
+      schedules::makeSchedule(k, S, M, schedules::Placement::defaultFor(k, S), steady ? 3 : 1, lag);
   const int D = plan.schedule.numDevices();
   double fill = 0;
   if (D > 1) {
@@ -259,7 +286,8 @@ double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double co
         schedules::lower(plan, std::vector<StashPolicy>(S, StashPolicy::Keep), 1, false);
     sim::SimOptions so;
     so.recordMemoryTimeline = false;
-    const double makespan = sim::simulate(lowered.schedule, costs, so).makespan;
+    const sim::SimResult r = sim::simulate(lowered.schedule, costs, so);
+    const double makespan = steady ? r.iterationTime : r.makespan;
     // A device's work per microbatch: its stages' F + B (PipeFB: F or B, on 2S devices).
     double pace = 0;
     for (int d = 0; d < D; ++d) {
@@ -281,7 +309,10 @@ double simulatedFill(ScheduleKind k, int S, int M, double F, double B, double co
 double PipelineShape::slots() const {
   // A folded device runs iteration k's backwards before iteration k+1's forwards (Note
   // [PipeFB device order]), so folded pipefb-async fills and drains like a flush too.
-  return isFlushing(kind) || folded ? microbatches + (chainLength() - 1) * fill : microbatches;
+  // Note [Planned async lag]: so does pipefb-async's 2S chain below a whole iteration's lag.
+  const bool lagged = kind == ScheduleKind::PipeFbAsync && lag() < microbatches && !decoupled();
+  return isFlushing(kind) || folded || lagged ? microbatches + (chainLength() - 1) * fill
+                                              : microbatches;
 }
 
 double CostModel::fill(const PipelineShape& shape) const {
@@ -292,7 +323,12 @@ double CostModel::fill(const PipelineShape& shape) const {
   const double F = forwardTime(0, L, f), B = backwardTime(0, L, f);
   if (k == ScheduleKind::ZbH2) return 0;
   if (F + B <= 0) return 1;
-  if (k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B || k == ScheduleKind::PipeFbZb) {
+  // Note [Planned async lag]: below a whole iteration's lag, pipefb-async's forwards wait
+  // for the previous iteration's weights, so its chain fills and drains; on its 2S chain.
+  const bool lagged = k == ScheduleKind::PipeFbAsync && shape.lag() < shape.microbatches &&
+                      !shape.folded && !shape.decoupled();
+  if (lagged || k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B ||
+      k == ScheduleKind::PipeFbZb) {
     // Note [Simulated fill]: a split kind hands every stash over through the host pool and
     // syncs the weights back to the forward devices; both at the model's totals / S, on
     // stage 0's devices (compute at the forward device's speed).
@@ -304,7 +340,7 @@ double CostModel::fill(const PipelineShape& shape) const {
       copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp;
       sync = cluster_.link(bd, fd).time(param_[L] / S) * sp;
     }
-    return simulatedFill(k, S, shape.microbatches, F, B, copy, sync);
+    return simulatedFill(k, S, shape.microbatches, F, B, copy, sync, lagged ? shape.lag() : -1);
   }
   if (k != ScheduleKind::ZbH1) return 1;
   const sim::SplitBackward iw = sim::splitBackward(B, -1, -1);  // Note [I and W costs]
@@ -524,7 +560,8 @@ bool CostModel::gradientsInPlace(const PipelineShape& shape, int k, StashPolicy 
     return shape.kind == ScheduleKind::PipeFbSync &&
            schedules::isCheckpoint(schedules::effectivePolicy(policy, split));
   const bool unsplitPipeFb = isSplit(shape.kind);
-  return unsplitPipeFb || weightCopies(shape.kind, shape.stages, k, shape.microbatches) == 0;
+  return unsplitPipeFb ||
+         weightCopies(shape.kind, shape.stages, k, shape.microbatches, shape.asyncLag) == 0;
 }
 
 std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int first, int last,
@@ -601,7 +638,7 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   const std::int64_t input = scaled(inputBytes(first), f);
   const std::int64_t output = scaled(profile_.layers[last - 1].outputBytes, f);
   const schedules::WaitingMessages& wm =
-      waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded);
+      waitingFor(shape.kind, shape.stages, shape.microbatches, shape.folded, shape.lag());
   // Note [Outputs at the loss]: those of the next iteration come after B's loss. A folded
   // device also runs forwards, beside which they may wait as well: charged whole there.
   const int atLoss = shape.folded ? wm.outputs : wm.outputsAtLoss;
@@ -683,7 +720,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // graph holds what of it the last layer's graph saved (Note [Measured saved bytes]).
   const std::int64_t savedOutput = scaled(profile_.layers[last - 1].savedOutputBytes, f);
   e.stashBytes = ckpt ? input : graph + (off ? savedOutput : output);
-  const int copies = unsplitPipeFb ? 0 : weightCopies(shape.kind, S, k, M);
+  const int copies = unsplitPipeFb ? 0 : weightCopies(shape.kind, S, k, M, shape.asyncLag);
   // Note [Weight-version offload] (Lowering.h): an offloaded stage's stashed versions go to
   // the host pool; the contract's count stays on the device (pipefb-async's one copy always
   // stays). PipeDream moves one version per microbatch (OFFW after its F, PREW lookahead
@@ -741,7 +778,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
       e.backwardCompute += e.backwardCopy;
       e.backwardCopy = 0;
     }
-    if (e.linkOut > 0 && outputAtReceive(shape.kind, S, M, shape.folded)) {
+    if (e.linkOut > 0 && outputAtReceive(shape.kind, S, M, shape.folded, shape.lag())) {
       // Note [Output at its receive in the cost model]
       e.forwardCompute += e.linkOut;
       e.backwardCompute += e.linkOut;
@@ -769,9 +806,9 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     if (e.linkIn > e.time) e.time = e.linkIn, e.binding = Resource::LinkIn;
   }
   if (timesOnly) return e;
-  e.inFlight =
-      unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M) : inFlightStashes(shape.kind, S, k, M);
-  e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M);
+  e.inFlight = unsplitPipeFb ? schedules::unsplitPipefbInFlight(S, M)
+                             : inFlightStashes(shape.kind, S, k, M, shape.asyncLag);
+  e.versions = unsplitPipeFb ? 1 : weightVersions(shape.kind, S, k, M, shape.asyncLag);
   auto w = [](CategoryBytes& m, MemoryCategory c, std::int64_t v) { m[index(c)] += v; };
   {  // Note [Forward peak]; under a checkpoint kind the stash is the input
     const std::int64_t fpeak = scaled(forwardPeak(k, first, last, !ckpt), f);
@@ -876,7 +913,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.forwardMemory, MemoryCategory::CommBuffers, inputs + actsWaiting);
     // Note [Folded pace]: what waits beside F only on a folded device.
     if (shape.folded && isFlushing(shape.kind)) {
-      const std::int64_t inputsAtB = waitingFor(shape.kind, S, M, true).inputsAtBackward * oneInput;
+      const std::int64_t inputsAtB =
+          waitingFor(shape.kind, S, M, true, shape.lag()).inputsAtBackward * oneInput;
       e.forwardCommOnlyAtForward =
           std::max<std::int64_t>(0, inputs - inputsAtB) + waiting.activationsOnlyAtForward;
       e.backwardCommOnlyAtForward = waiting.gradientsOnlyAtForward;
@@ -889,10 +927,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // forwards' offloads (counted at B starts: not for a split backward, whose stashes
     // stay until W).
     const bool countedAtB = shape.folded && !splitsBackward(shape.kind);
-    const int resident =
-        std::min({e.inFlight, shape.lookahead + 1 + deferred,
-                  countedAtB ? foldedStashesAtBackward(shape.kind, S, M, shape.lookahead).at(k)
-                             : e.inFlight});
+    const int resident = std::min(
+        {e.inFlight, shape.lookahead + 1 + deferred,
+         countedAtB ? foldedStashesAtBackward(shape.kind, S, M, shape.lookahead, shape.lag()).at(k)
+                    : e.inFlight});
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
     // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
     // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.
@@ -900,7 +938,15 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // the next one by reference; a graph kind sends its weights by reference too (Note
     // [Forward device memory]): no snapshot.
     const bool async = shape.kind == ScheduleKind::PipeFbAsync;
-    w(e.backwardMemory, MemoryCategory::WeightVersions, (deviceCopies + (async && ckpt)) * W);
+    // Note [Planned async lag]: at lag 1 a decoupled device's offloaded versions are there
+    // only near their segment's first B, charged there (DecoupledDevice).
+    const bool windowed = async && decoupled && shape.lag() == 1 && ckpt && offW;
+    // Their BatchNorm statistics stay, charged with the states (measured beside the version
+    // of the B that peaked: those of the segments that had not run their B yet).
+    e.windowedVersionBytes = windowed ? deviceCopies * W : 0;
+    w(e.backwardMemory, MemoryCategory::WeightVersions,
+      ((windowed ? 0 : deviceCopies) + (async && ckpt)) * W +
+          (windowed ? range(buffer_, first, last) : 0));
     w(e.backwardMemory, MemoryCategory::Grads, G);
     w(e.backwardMemory, MemoryCategory::OptimizerState, O);
     w(e.backwardMemory, MemoryCategory::CommBuffers,
@@ -912,7 +958,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // [Stashes at a step]).
     const int atStep =
         shape.folded && async
-            ? std::min(resident, foldedStashesAtStep(shape.kind, S, M, shape.lookahead).at(k))
+            ? std::min(resident,
+                       foldedStashesAtStep(shape.kind, S, M, shape.lookahead, shape.lag()).at(k))
         : flushing ? 0
                    : resident;
     // (The outputs in wsB that arrive after B's loss may still wait at the step.)
@@ -926,7 +973,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
     // Note [Prefetches after the forward phase] (Lowering.h). A folded placement's
     // unsplit stage is not looked at: charged as if its PREs fell among its Fs.
-    const bool phased = !unsplitPipeFb && phasedStages(shape.kind, S, M).at(k);
+    const bool phased = !unsplitPipeFb && phasedStages(shape.kind, S, M, shape.lag()).at(k);
     const int resident =
         off ? schedules::residentOffloadedStashes(e.inFlight, shape.lookahead, phased, deferred)
             : e.inFlight;
@@ -1042,7 +1089,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     e.forwardMemory = m;
   }
   e.hostBytes = (off ? static_cast<std::int64_t>(e.inFlight) * e.stashBytes : 0) + hostOptimizer +
-                static_cast<std::int64_t>(hostCopies) * W;  // Note [Weight-version offload]
+                static_cast<std::int64_t>(hostCopies) * W +  // Note [Weight-version offload]
+                e.windowedVersionBytes;  // in the host pool between its OFFW and PREW
   return e;
 }
 
@@ -1050,8 +1098,8 @@ namespace {
 // Note [Decoupled devices]: a boundary between two devices of one pass waits as many
 // messages as the 2S-device form's (the forward devices never wait for a backward within
 // an iteration, and a backward device only for its stashes and the next range's gradients).
-const schedules::WaitingMessages& decoupledWaiting(ScheduleKind k, int M) {
-  return waitingFor(k, 2, M, false);
+const schedules::WaitingMessages& decoupledWaiting(const PipelineShape& shape) {
+  return waitingFor(shape.kind, 2, shape.microbatches, false, shape.lag());
 }
 }  // namespace
 
@@ -1061,14 +1109,14 @@ RangeBoundary CostModel::forwardRangeInput(const PipelineShape& shape, int a, in
   const std::int64_t bytes = scaled(inputBytes(first), scale(shape));
   out.time =
       cluster_.link(shape.forwardRangeDevice(a - 1), shape.forwardRangeDevice(a)).time(bytes);
-  out.bytes = decoupledWaiting(shape.kind, shape.microbatches).activations.at(1) * bytes;
+  out.bytes = decoupledWaiting(shape).activations.at(1) * bytes;
   return out;
 }
 
 RangeBoundary CostModel::backwardRangeOutput(const PipelineShape& shape, int r, int last,
                                              StashPolicy lastPolicy) const {
   RangeBoundary out;
-  const schedules::WaitingMessages& wm = decoupledWaiting(shape.kind, shape.microbatches);
+  const schedules::WaitingMessages& wm = decoupledWaiting(shape);
   const std::int64_t bytes = scaled(profile_.layers[last - 1].outputBytes, scale(shape));
   const int to = shape.backwardRangeDevice(r);
   if (r + 1 < shape.backwardDevices) {
@@ -1127,6 +1175,9 @@ void DecoupledDevice::addBackward(const StageEstimate& e, const PipelineShape& s
   microbatches_ = shape.microbatches;
   stashes_.push_back(e.stashBytes);
   working_.push_back(m[ws]);
+  steps_.push_back(e.stepWorkingBytes);
+  versionSum_.push_back(versionSum_.back() + e.windowedVersionBytes);
+  windowed_ = windowed_ || e.windowedVersionBytes > 0;
   // Note [Decoupled devices]: B order is the order added, so segment q's lookahead + 1
   // B's stay within one microbatch once q + lookahead segments follow it; adding one
   // more segment settles the window of the segment `lookahead` places before it.
@@ -1148,8 +1199,57 @@ DecoupledDevice::Held DecoupledDevice::window(int q) const {
   return h;
 }
 
+// The windowed versions of the segments in the union of the ranges [first, last] (clipped
+// to the segments; an empty range has first > last).
+std::int64_t DecoupledDevice::versionsIn(std::initializer_list<std::pair<int, int>> list) const {
+  const int n = static_cast<int>(stashes_.size());
+  std::array<std::pair<int, int>, 5> ranges{};
+  PIPEFB_ASSERT(list.size() <= ranges.size(), "versionsIn: at most 5 ranges");
+  std::copy(list.begin(), list.end(), ranges.begin());
+  std::fill(ranges.begin() + list.size(), ranges.end(), std::pair<int, int>{1, 0});
+  std::sort(ranges.begin(), ranges.end());
+  std::int64_t sum = 0;
+  int next = 0;  // the segments below it are counted
+  for (auto [a, b] : ranges) {
+    a = std::max(a, next);
+    b = std::min(b, n - 1);
+    if (a > b) continue;
+    sum += versionSum_[b + 1] - versionSum_[a];
+    next = b + 1;
+  }
+  return sum;
+}
+
+// Note [Planned async lag]: B(q, 0), B(q, M-1) and STEP(q) with the versions there then.
+DecoupledDevice::Held DecoupledDevice::windowedPeak() const {
+  const int n = static_cast<int>(stashes_.size()), a = lookahead_, b = std::max(a, 1);
+  constexpr std::pair<int, int> none{1, 0};
+  Held best;
+  for (int q = 0; q < n; ++q) {
+    const Held h = window(q);
+    const std::pair<int, int> prefetched{q, q + a}, goingOut{n + q - a, n - 1},
+        held = q == 0 ? std::pair<int, int>{n - 1, n - 1} : none, stepped{q - b, q - 1},
+        early{0, q - n + a};
+    const std::int64_t first = versionsIn({prefetched, goingOut, held});
+    const std::int64_t last = versionsIn({stepped, early});
+    // With M = 1, B(q, 0) is B(q, M-1).
+    const std::int64_t atB = microbatches_ == 1
+                                 ? versionsIn({prefetched, goingOut, held, stepped, early})
+                                 : std::max(first, last);
+    const std::int64_t atStep = versionsIn({{q - b, q}, {0, q - n + a + 1}});
+    const Held atBackward{h.stashes, h.working, atB}, step{h.stashes, steps_[q], atStep};
+    if (atBackward.total() > best.total()) best = atBackward;
+    if (step.total() > best.total()) best = step;
+  }
+  return best;
+}
+
 DecoupledDevice::Held DecoupledDevice::peak() const {
   Held best = inside_;
+  if (windowed_) {
+    const Held h = windowedPeak();
+    if (h.total() > best.total()) best = h;
+  }
   if (forwardSegments_ > 0) {  // the range's first F beside its last segment's copies
     const std::int64_t before =
         firstInputBesideCopy_ ? wrap_ + firstInput_ : std::max(wrap_, firstInput_);
@@ -1269,7 +1369,7 @@ double sharedDeviceTime(const HostedStage* first, const HostedStage* last) {
 
 const std::vector<schedules::HeldAtStart>& stashesHeldTogether(const PipelineShape& shape,
                                                                int position) {
-  return heldTogether(shape.kind, shape.stages, shape.microbatches).at(position);
+  return heldTogether(shape.kind, shape.stages, shape.microbatches, shape.lag()).at(position);
 }
 
 std::int64_t sharedDeviceMemory(const PipelineShape& shape, int position,

@@ -81,8 +81,9 @@ std::string decoupledRangesInWords(const CostModel& modelIn, const Plan& plan) {
       << formatBytes(r.load.resident) << " of states and buffers, ";
     const DecoupledDevice::Held h = r.load.peak();
     if (r.backward)
-      o << formatBytes(h.stashes) << " of stashes and " << formatBytes(h.working)
-        << " of working set at its fullest segment's B";
+      o << formatBytes(h.stashes) << " of stashes, " << formatBytes(h.working) << " of working set"
+        << (h.versions > 0 ? " and " + formatBytes(h.versions) + " of kept weight versions" : "")
+        << " at its fullest segment's B or STEP";
     else
       o << formatBytes(h.stashes) << " of stashes (built, and going out) and "
         << formatBytes(h.working) << " of working set at its fullest segment's F";

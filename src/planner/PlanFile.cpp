@@ -64,6 +64,9 @@ std::string planToYaml(const CostModel& modelIn, const Plan& plan, const PlanCon
   o << "microbatch_size: " << sh.microbatchSize << "\n";
   o << "batch: " << sh.replicas * sh.microbatches * sh.microbatchSize << "\n";
   o << "lookahead: " << sh.lookahead << "\n";
+  if (sh.kind == ScheduleKind::PipeFbAsync)  // Note [Planned async lag]
+    o << "async_lag: " << sh.lag()
+      << "   # forwards of an iteration before the previous one's weights arrive\n";
   if (sh.replicas > 1)  // Note [Replicated pipelines]
     o << "replicas: " << sh.replicas
       << "   # copies of the pipeline, each on batch / replicas samples; devices are replica 0's\n";
@@ -120,6 +123,7 @@ std::string planToYaml(const CostModel& modelIn, const Plan& plan, const PlanCon
   o << "  - pipeline.stages=" << sh.stages << "\n";
   o << "  - pipeline.microbatches=" << sh.microbatches << "\n";
   o << "  - pipeline.lookahead=" << sh.lookahead << "\n";
+  if (sh.kind == ScheduleKind::PipeFbAsync) o << "  - pipeline.async_lag=" << sh.lag() << "\n";
   o << "  - devices.count=" << sh.chainLength() << "\n";
   {  // Note [Folded placements], Note [Decoupled partitions]: any placement but the default
     std::vector<schedules::StagePlacement> v;
@@ -236,6 +240,12 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     p.batch = need("batch").as<std::int64_t>();
     p.lookahead = n["lookahead"] ? n["lookahead"].as<int>() : 1;
     p.replicas = n["replicas"] ? n["replicas"].as<int>() : 1;
+    if (n["async_lag"]) {  // Note [Planned async lag]
+      p.asyncLag = n["async_lag"].as<int>();
+      if (kind != ScheduleKind::PipeFbAsync)
+        throw UserError(source + ": async_lag: only pipefb-async plans have one; this plan is " +
+                        p.schedule);
+    }
     if (p.replicas < 1 || p.replicas > 1024)
       throw UserError(source + ": replicas must be in [1, 1024], got " +
                       std::to_string(p.replicas));
@@ -250,6 +260,9 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
                       ": batch must equal microbatches x microbatch_size x replicas (got " +
                       std::to_string(p.batch) + ", " + std::to_string(p.microbatches) + " x " +
                       std::to_string(p.microbatchSize) + " x " + std::to_string(p.replicas) + ")");
+    if (p.asyncLag && (*p.asyncLag < 0 || *p.asyncLag > p.microbatches))
+      throw UserError(source + ": async_lag must be in [0, microbatches = " +
+                      std::to_string(p.microbatches) + "], got " + std::to_string(*p.asyncLag));
     int expect = 0;
     for (const auto& s : need("stages")) {
       PlanStage st;
@@ -322,6 +335,7 @@ Plan planFromSpec(const CostModel& model, const PlanSpec& spec) {
   p.shape.microbatches = spec.microbatches;
   p.shape.microbatchSize = spec.microbatchSize;
   p.shape.lookahead = spec.lookahead;
+  p.shape.asyncLag = spec.asyncLag.value_or(-1);
   p.shape.replicas = spec.replicas;
   p.shape.folded = spec.folded();
   const int S = p.shape.stages;

@@ -129,6 +129,7 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   pl.model = std::make_unique<CostModel>(profile, std::move(cluster));
   pl.solver.batch = cfg.training.batch;
   pl.solver.lookahead = static_cast<int>(cfg.pipeline.lookahead);
+  pl.solver.asyncLag = static_cast<int>(cfg.pipeline.async_lag);  // Note [Planned async lag]
   // Note [Optimizer placement search]: the config's placement; a list that mixes host and
   // none lets the planner choose per stage.
   const auto& perStage = cfg.pipeline.stage_optimizer_offload;

@@ -1335,6 +1335,7 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
         for (const auto& ch : chains(n))
           for (int Df = 1; Df < n; ++Df) {
             PipelineShape sh = PipelineShape::of(fam.kind, L, M, options.batch, options.lookahead);
+            sh.asyncLag = options.asyncLag;  // Note [Planned async lag]
             sh.optimizerOnHost = options.optimizerOffload == OptimizerOffload::Host;
             sh.optimizerPerStage = options.optimizerOffload == OptimizerOffload::PerStage;
             sh.forwardDevices = Df;
@@ -1418,6 +1419,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
           for (int S = folded ? 2 : 1; S <= maxS; ++S) {
             if (!schedules::takesShape(toString(fam.kind), S, M)) continue;
             PipelineShape sh = PipelineShape::of(fam.kind, S, M, sub, options.lookahead);
+            sh.asyncLag = options.asyncLag;  // Note [Planned async lag]
             sh.replicas = R;
             sh.folded = folded;
             // Note [Optimizer placement search]
@@ -1679,8 +1681,8 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
   int K = 3;
   if (sh.kind == ScheduleKind::PipeDream)
     K = std::max(K, (2 * S + sh.microbatches - 1) / sh.microbatches + 1);
-  auto plan3 =
-      schedules::makeSchedule(toString(sh.kind), S, sh.microbatches, schedules::Placement(sp), K);
+  auto plan3 = schedules::makeSchedule(toString(sh.kind), S, sh.microbatches,
+                                       schedules::Placement(sp), K, sh.lag());
   auto lowered = schedules::lower(plan3, policies, sh.lookahead, sh.offloadWeights);
   sim::SimOptions so;
   so.recordMemoryTimeline = false;

@@ -53,7 +53,10 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
   p.microbatches = spec.microbatches;
   p.lookahead = spec.lookahead;
   p.replicas = spec.replicas;  // Note [Replicated pipelines]
-  p.stash = stash.front();     // Note [Plan policies in the runtime]
+  // Note [Planned async lag]: the lag the plan was made for, as its other pipeline keys;
+  // a plan file written before plans carried it leaves the config's.
+  if (spec.asyncLag) p.async_lag = *spec.asyncLag;
+  p.stash = stash.front();  // Note [Plan policies in the runtime]
   p.stage_stash = stash.size() > 1 ? stash : std::vector<std::string>{};
   // Note [Optimizer placement search]: the plan's placement per stage ("host" when any
   // is); a plan file written before plans carried it leaves the config's.
@@ -101,6 +104,7 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
       std::max<std::int64_t>(1, cfg.training.batch / (cfg.pipeline.microbatches * shape.replicas));
   shape.lookahead = static_cast<int>(cfg.pipeline.lookahead);
   shape.offloadWeights = cfg.pipeline.offload_weights != "none";  // Note [Weight-version offload]
+  shape.asyncLag = static_cast<int>(cfg.pipeline.async_lag);      // Note [Planned async lag]
   // Note [Optimizer offload in the cost model]: one flag for all stages, so a per-stage
   // list counts as "host" only when every stage is.
   const auto& perStage = cfg.pipeline.stage_optimizer_offload;

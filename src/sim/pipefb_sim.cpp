@@ -33,6 +33,7 @@ int run(int argc, char** argv) {
   CLI::App app{"pipefb_sim: generate, lower, validate and simulate a pipeline schedule"};
   std::string kind = "1f1b", costsArg = "uniform", policyArg = "keep", loadPath, placementArg;
   int stages = 4, microbatches = 8, iterations = 1, lookahead = 1, width = 100, virtualStages = 2;
+  int asyncLag = -1;
   bool json = false, printSchedule = false, noActions = false, noMemory = false;
   app.add_option("--schedule", kind, pipefb::joinAllowed(ps::scheduleKindNames()))
       ->capture_default_str();
@@ -50,6 +51,10 @@ int run(int argc, char** argv) {
                  "comma-separated")
       ->capture_default_str();
   app.add_option("--lookahead", lookahead, "compute actions between PRE and its B")
+      ->capture_default_str();
+  app.add_option("--async-lag", asyncLag,
+                 "pipefb-async: forwards of an iteration before RW of the previous one "
+                 "(pipeline.async_lag; -1 = microbatches)")
       ->capture_default_str();
   app.add_option("--placement", placementArg,
                  "forward/backward device per stage, e.g. \"0/5 1/4 2/3\" (default: by kind)");
@@ -90,8 +95,9 @@ int run(int argc, char** argv) {
       if (lookahead < 0)
         throw pipefb::UserError("--lookahead must be >= 0, got " + std::to_string(lookahead));
       auto policies = ps::policiesPerStage(parsePolicies(policyArg), std::max(stages, 1));
-      plan = ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations),
-                       policies, lookahead);
+      plan =
+          ps::lower(ps::makeSchedule(kind, stages, microbatches, placement, iterations, asyncLag),
+                    policies, lookahead);
       haveContract = true;
     }
     const ps::MemoryContract* contract = haveContract ? &plan.contract : nullptr;

@@ -260,6 +260,7 @@ TEST(PlanFiles, SolvedPlansRoundTrip) {
                                                "pipefb-async"};
     SolverOptions o = testing::only(families[id % families.size()], 8);
     o.budget = id % 2 ? 60000 : -1;
+    o.asyncLag = (id / 5) % 2 ? 1 : -1;  // Note [Planned async lag]
     SolveResult r = solve(m, o);
     if (!r.feasible) continue;
     const Plan& plan = r.best;
@@ -274,6 +275,17 @@ TEST(PlanFiles, SolvedPlansRoundTrip) {
     EXPECT_EQ(back.shape.microbatchSize, plan.shape.microbatchSize) << what;
     EXPECT_EQ(back.shape.lookahead, plan.shape.lookahead) << what;
     EXPECT_EQ(back.shape.chain, plan.shape.chain) << what;
+    // Note [Planned async lag]: a pipefb-async plan says its lag; plan files before it
+    // (and the other kinds) say none, and the config's runs.
+    EXPECT_EQ(back.shape.lag(), plan.shape.lag()) << what;
+    EXPECT_EQ(spec.asyncLag.has_value(), plan.shape.kind == ScheduleKind::PipeFbAsync) << what;
+    if (spec.asyncLag) {
+      EXPECT_EQ(*spec.asyncLag, o.asyncLag < 0 ? plan.shape.microbatches : o.asyncLag) << what;
+      EXPECT_FALSE(
+          parsePlan(std::regex_replace(yaml, std::regex("async_lag:[^\n]*\n"), ""), "old.yaml")
+              .asyncLag)
+          << what;
+    }
     ASSERT_EQ(back.stages.size(), plan.stages.size()) << what;
     bool isMixed = false;
     for (size_t k = 0; k < plan.stages.size(); ++k) {

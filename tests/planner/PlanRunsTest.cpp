@@ -50,6 +50,11 @@
 //     lowered schedule prefetches only after B2 (Note [Stashes at a backward]), and an
 //     offload's second reference that let B2's stash outlive it (Note [The registry's only
 //     reference]).
+// Issue 16 (Note [Planned async lag]): pipefb-async, which these runs train at
+// pipeline.async_lag 1, is planned at that lag since (it was planned at a whole
+// iteration's); after it seed 0: 50 of 50 ran, worst 7.0%, its 8 pipefb-async instances
+// within 6.7%; seed 4: 50 of 50 ran, its one miss 33 below, its 13 pipefb-async instances
+// within 6.2%; none above the plan.
 // Left, over the plan (the plan charges more than the run held):
 //   - gpipe's last stage of mlp (its F 5 us, the sender's 40 us): seed 4's 33 (gpipe-offload
 //     M=4, -12.4%): 3 activations that can wait at its F starts (Note [Waiting messages], a
@@ -587,6 +592,62 @@ TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
     }
     EXPECT_NEAR(static_cast<double>(highest), static_cast<double>(budget), 0.1 * budget) << family;
   }
+}
+
+// Issue 16, Note [Planned async lag]: pipefb-async is planned at the lag it runs at
+// (pipeline.async_lag, 1 by default) and the plan file carries it, which the run follows
+// over the config's. Decoupled ResNet50/8 checkpoint-offload at its smallest budget, planned
+// at lag 1 and run with the config saying -1: the plan's lag runs, within the budget, every
+// device within +-10% of the plan (planned at -1 while running at 1, the 224 px plan's
+// backward devices peaked 5.4% to 10.05% below it).
+TEST_F(PlanRuns, AsyncPlansRunAtTheirLagAndPeakWherePlanned) {
+  const std::string sets =
+      "--config " + std::string(PIPEFB_SOURCE_DIR) +
+      "/configs/resnet50.yaml --set model.width=0.125 --set model.input_size=64"
+      " --set model.channels=3 --set training.batch=32 --set pipeline.microbatches=4"
+      " --set devices.count=4 --set pipeline.schedule=pipefb-async --set data.name=synthetic"
+      " --set data.synthetic_train=64 --set data.synthetic_test=32";
+  const std::string profile = dir_ + "/profile.yaml";
+  auto pr = test::runProgram("pipefb_profile " + sets + " --times analytic --out " + profile);
+  ASSERT_EQ(pr.code, 0) << pr.out;
+  const std::string plan = "pipefb_plan " + sets + " --profile " + profile +
+                           " --schedules pipefb-async-checkpoint-offload --microbatches 4 --quiet";
+  // At -1 the plan says the whole iteration, M.
+  const std::string wholeFile = dir_ + "/whole.yaml";
+  auto whole = test::runProgram(plan + " --set pipeline.async_lag=-1 -o " + wholeFile);
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(YAML::LoadFile(wholeFile)["async_lag"].as<int>(), 4);
+
+  const std::string planFile = dir_ + "/lag1.yaml";
+  std::int64_t budget = -1;
+  planAtSmallestBudget(plan + " --set pipeline.async_lag=1", planFile, &budget);
+  if (HasFatalFailure()) return;
+  const YAML::Node planYaml = YAML::LoadFile(planFile);
+  EXPECT_EQ(planYaml["async_lag"].as<int>(), 1);
+  ASSERT_GT(planYaml["stages"].size(), 4u) << "not decoupled";
+  const auto predicted = predictedPeaks(planFile);
+  const std::string runDir = dir_ + "/run-lag1";
+  auto t = trainOnPlan(sets + " --set pipeline.async_lag=-1", planFile, budget, 3, runDir);
+  ASSERT_EQ(t.code, 0) << "at " << budget << "\n" << t.out;
+  const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
+  // The runtime's contract: M + 1 stashes in flight at lag 1 (2M at the config's -1).
+  for (const auto& n : summary["pipeline"]["contract"]["in_flight"]) EXPECT_EQ(n.get<int>(), 5);
+  int devices = 0;
+  std::ostringstream line;
+  line << "async lag 1, budget " << budget << ":" << std::showpos << std::fixed
+       << std::setprecision(2);
+  for (const auto& d : summary["devices"]) {
+    const std::string name = d["name"];
+    if (name.rfind("cpu:", 0) != 0) continue;
+    const std::int64_t peak = d["peak_bytes"].get<std::int64_t>();
+    const double want = static_cast<double>(predicted.at(std::stoul(name.substr(4))));
+    EXPECT_LE(peak, budget) << name;
+    EXPECT_NEAR(static_cast<double>(peak), want, 0.1 * want) << name;
+    line << " " << 100 * (static_cast<double>(peak) - want) / want << "%";
+    ++devices;
+  }
+  std::printf("%s\n", line.str().c_str());
+  EXPECT_EQ(devices, 4);
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "PlannerTestUtil.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/planner/BruteForce.h"
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/SharedDevices.h"
 #include "pipefb/schedules/ZeroBubble.h"
 
@@ -878,14 +880,62 @@ TEST(SolverContract, ClosedFormsMatchTheGenerators) {
       for (int M : {1, 2, 3, 8}) {
         if (!takesShape(toString(k), S, M)) continue;  // zbv, interleaved-1f1b: even S
         const int K = S + 2;                           // steady state
-        auto plan = makeSchedule(toString(k), S, M, Placement::defaultFor(toString(k), S), K);
-        for (int s = 0; s < S; ++s) {
-          EXPECT_EQ(inFlightStashes(k, S, s, M), plan.contract.inFlight[s])
-              << toString(k) << " S=" << S << " M=" << M << " s=" << s;
-          EXPECT_EQ(weightVersions(k, S, s, M), plan.contract.weightVersions[s])
-              << toString(k) << " S=" << S << " M=" << M << " s=" << s;
+        // Note [Planned async lag]: pipefb-async at each lag, the others at none.
+        std::vector<int> lags{-1};
+        if (k == ScheduleKind::PipeFbAsync)
+          for (int lag = 0; lag <= M; ++lag) lags.push_back(lag);
+        for (int lag : lags) {
+          auto plan =
+              makeSchedule(toString(k), S, M, Placement::defaultFor(toString(k), S), K, lag);
+          for (int s = 0; s < S; ++s) {
+            EXPECT_EQ(inFlightStashes(k, S, s, M, lag), plan.contract.inFlight[s])
+                << toString(k) << " S=" << S << " M=" << M << " s=" << s << " lag " << lag;
+            EXPECT_EQ(weightVersions(k, S, s, M, lag), plan.contract.weightVersions[s])
+                << toString(k) << " S=" << S << " M=" << M << " s=" << s << " lag " << lag;
+          }
         }
       }
+}
+
+// Note [Planned async lag]: pipefb-async is planned at the lag it runs at, its in-flight
+// stashes and weight versions those of the schedule lowered at that lag (M + L and 2, or M
+// and 1 at L = 0), not a whole iteration's (2M) whatever the lag.
+TEST(SolverContract, AsyncLagPlansTheLoweredSchedulesStashesAndVersions) {
+  using namespace pipefb::schedules;
+  Profile p = timesProfile({1, 1, 1, 1});
+  for (auto& l : p.layers) l.savedBytes = l.paramBytes = l.gradBytes = 1000;
+  CostModel m(p, freeCluster(8));
+  const int S = 2, M = 4;
+  std::map<int, std::pair<int, int>> planned;  // lag -> (in flight, versions) of stage 0
+  for (int lag : {-1, 0, 1, 2, 4}) {
+    PipelineShape sh = shapeOf(ScheduleKind::PipeFbAsync, S, M, {0, 1, 2, 3});
+    sh.asyncLag = lag;
+    const SchedulePlan lowered =
+        lower(makeSchedule(ScheduleKind::PipeFbAsync, S, M,
+                           Placement::defaultFor("pipefb-async", S), 3, lag),
+              {StashPolicy::Keep, StashPolicy::Keep}, 1, true);
+    for (int k = 0; k < S; ++k) {
+      const StageEstimate e = m.stage(sh, k, 2 * k, 2 * k + 2, StashPolicy::Keep);
+      EXPECT_EQ(e.inFlight, lowered.contract.inFlight[k]) << "lag " << lag << " stage " << k;
+      EXPECT_EQ(e.versions, lowered.contract.weightVersions[k]) << "lag " << lag << " stage " << k;
+      EXPECT_EQ(inFlightStashes(sh.kind, S, k, M, lag), lowered.contract.inFlight[k]);
+      EXPECT_EQ(weightVersions(sh.kind, S, k, M, lag), lowered.contract.weightVersions[k]);
+    }
+    planned[lag] = {m.stage(sh, 0, 0, 2, StashPolicy::Keep).inFlight,
+                    m.stage(sh, 0, 0, 2, StashPolicy::Keep).versions};
+  }
+  EXPECT_EQ(planned[-1], std::make_pair(2 * M, 2));  // -1 is M: a whole iteration
+  EXPECT_EQ(planned[4], planned[-1]);
+  EXPECT_EQ(planned[1], std::make_pair(M + 1, 2));  // pipeline.async_lag's default
+  EXPECT_EQ(planned[2], std::make_pair(M + 2, 2));
+  EXPECT_EQ(planned[0], std::make_pair(M, 1));
+  // The host pool holds a split stage's in-flight stashes: M + 1 of them at lag 1, not 2M.
+  PipelineShape one = shapeOf(ScheduleKind::PipeFbAsync, S, M, {0, 1, 2, 3}), whole = one;
+  one.asyncLag = 1;
+  const StageEstimate a = m.stage(one, 0, 0, 2, StashPolicy::Offload),
+                      b = m.stage(whole, 0, 0, 2, StashPolicy::Offload);
+  EXPECT_EQ(a.hostBytes, (M + 1) * a.stashBytes);
+  EXPECT_EQ(b.hostBytes, 2 * M * b.stashBytes);
 }
 
 // Note [Simulated fill]: measured on the generated schedule in the profile's proportions,
@@ -903,6 +953,30 @@ TEST(SolverFill, SimulatedFillOfTheSharedKinds) {
   // The iteration of a balanced partition is the simulated makespan: 8 + 3 x 0.5 paces of
   // 2 stages x 3 units (experiments/README.md, zero_bubble: 28.5 ms at half the costs).
   EXPECT_NEAR((8 + 3 * m.fill(interleaved)) * 6.0, 57.0, 1e-9);
+}
+
+// Note [Planned async lag]: below a whole iteration's lag pipefb-async's forwards wait for
+// the previous iteration's weights, so its 2S chain fills and drains: unit costs per stage
+// (F = 1, B = 2), S = 4, M = 4, pipefb_sim --schedule pipefb-async --iterations 3 takes
+// 9 units an iteration at lag -1 (M x the pace of 2, and a little), 16 at lag 1 and 18 at
+// lag 0; the cost model said M x 2 = 8 at every lag.
+TEST(SolverFill, PipefbAsyncBelowAWholeIterationFillsAndDrains) {
+  Profile p = timesProfile(std::vector<double>(4, 1.0));
+  for (auto& l : p.layers) l.backward = 2.0;
+  CostModel m(p, freeCluster(8));
+  std::map<int, double> predicted;
+  for (int lag : {-1, 0, 1, 2, 4}) {
+    PipelineShape sh = shapeOf(ScheduleKind::PipeFbAsync, 4, 4, {0, 1, 2, 3, 4, 5, 6, 7});
+    sh.asyncLag = lag;
+    sh.fill = m.fill(sh);
+    predicted[lag] = sh.iterationTime(2.0);
+  }
+  EXPECT_DOUBLE_EQ(predicted[-1], 8);
+  EXPECT_DOUBLE_EQ(predicted[4], 8);
+  EXPECT_NEAR(predicted[1], 16, 1e-9);
+  EXPECT_NEAR(predicted[0], 18, 1e-9);
+  EXPECT_GT(predicted[2], predicted[4]);
+  EXPECT_LT(predicted[2], predicted[1]);
 }
 
 // Note [Simulated fill]: pipefb-zb hands every stash over through the host pool and syncs
@@ -1434,6 +1508,49 @@ TEST(DecoupledDevice, ChargesEachSegmentsBWithTheStashesResidentThen) {
   // there is no next microbatch (M = 1); with lookahead 3 it is the most there.
   EXPECT_EQ(device(4, 3).peak().total(), 64 + 384 + 256 + 32 + 2000);
   EXPECT_EQ(device(1, 3).peak().total(), 64 + 384 + 2000);
+}
+
+// Note [Planned async lag]: at lag 1 a decoupled backward device holds a segment's kept
+// version only near its first B after the STEP (prefetched `lookahead` B's ahead, dropped
+// after it), the last segment's beside the next microbatch's first B (its OFFW's copy held
+// through that compute), and beside each STEP the one made for it and the previous one.
+TEST(DecoupledDevice, ChargesKeptVersionsWhereTheLoweredScheduleHasThem) {
+  // Segments 0..3 of one backward range, B order 3, 2, 1, 0 (q = 0..3): versions 1, 10,
+  // 100, 1000 (segment 3 .. 0 = q 0 .. 3), working sets 5000 at q = 1, 100 elsewhere,
+  // stashes 0, step transients 0, resident grads 10000.
+  const std::int64_t version[] = {1, 10, 100, 1000}, work[] = {100, 5000, 100, 100};
+  auto device = [&](int microbatches, int lookahead, bool windowed) {
+    PipelineShape shape;
+    shape.microbatches = microbatches;
+    shape.lookahead = lookahead;
+    DecoupledDevice d;
+    for (int q = 0; q < 4; ++q) {
+      StageEstimate e;
+      e.backwardMemory[index(pipefb::MemoryCategory::WorkingSet)] = work[q];
+      e.backwardMemory[index(pipefb::MemoryCategory::Grads)] = 10000;
+      if (windowed)
+        e.windowedVersionBytes = version[q];
+      else
+        e.backwardMemory[index(pipefb::MemoryCategory::WeightVersions)] = version[q];
+      d.addBackward(e, shape);
+    }
+    return d;
+  };
+  // Every version all the time (lag >= 2, or not offloaded): 40000 + 1111 + 5000.
+  EXPECT_EQ(device(4, 0, false).memory(), 40000 + 1111 + 5000);
+  // Lookahead 0: q = 1's B(., 0) holds its own version only; q = 0's the last segment's
+  // too (1 + 1000 beside 100); STEP(q = 3) holds 1000 + 100. The most: 5000 + 10.
+  const DecoupledDevice zero = device(4, 0, true);
+  EXPECT_EQ(zero.peak().versions, 10);
+  EXPECT_EQ(zero.memory(), 40000 + 5000 + 10);
+  EXPECT_LE(zero.memoryFloor(), zero.memory());
+  // Lookahead 1: q = 1's B(., 0) also holds q = 2's prefetched version, 10 + 100 (its
+  // B(., M-1) holds only q = 0's, stepped just before it).
+  EXPECT_EQ(device(4, 1, true).memory(), 40000 + 5000 + 110);
+  // Lookahead 3 (n - 1: no OFFW is emitted), every later segment's version is there.
+  EXPECT_EQ(device(4, 3, true).memory(), 40000 + 5000 + 1110);
+  // M = 1: B(q, 0) is also B(q, M-1), beside the versions stepped before it.
+  EXPECT_EQ(device(1, 1, true).memory(), 40000 + 5000 + 111);
 }
 
 // Note [Decoupled devices]: a forward device holds, at each segment's F, the stash F

@@ -261,8 +261,8 @@
 // profiler measures each layer's clone (LayerCost::snapshot); it is charged to the
 // forward device's compute per microbatch.
 #include <algorithm>
-#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -355,10 +355,60 @@ inline bool isSplit(ScheduleKind k) { return schedules::usesSplitPlacement(k); }
 /// its own (pipefbZb in ZeroBubble.h).
 inline bool foldsAndDecouples(ScheduleKind k) { return isSplit(k) && k != ScheduleKind::PipeFbZb; }
 
+/// Note [Planned async lag]
+/// pipefb-async runs at pipeline.async_lag L (schedules::pipefbAsync; -1 means M): the
+/// forward device runs the first L forwards of iteration k on the weights before STEP k-1,
+/// then RecvWeights. The planner plans it at the lag it runs at (PipelineShape::asyncLag,
+/// from the config, written to the plan file as async_lag, which pipefb_train runs): every
+/// table generated from the schedule is made at that lag, and the in-flight stashes (M + L)
+/// and weight versions (2, or 1 at L = 0) are the generated contract's, not a closed form.
+/// The version kept for the backwards whose forwards ran before RecvWeights serves only the
+/// first L backwards after the STEP (their last use; DROPW after it). On a decoupled
+/// backward device (Note [Decoupled devices]) under checkpoint-offload with the versions
+/// offloaded (Note [Weight-version offload]) and L = 1, each segment's version goes to the
+/// host pool after its STEP and comes back `lookahead` compute actions before its one B, so
+/// the device does not hold every segment's version at once, as the charge in
+/// backwardMemory (versions summed over the segments) assumed. DecoupledDevice charges it
+/// at the starts where the lowered schedule has it instead, counting the device's B order
+/// (segment q at position q of the iteration's first microbatch, n segments, lookahead a):
+///   B(q, 0): the versions of q .. q + a (prefetched; those before q are dropped), the last
+///     segment's (its OFFW's copy is held through the device's next compute action, Note
+///     [Copies held through the next compute] in runtime/WeightVersions.cpp) and those
+///     whose OFFW came after the PRE that B(q, 0) waited on was issued (q' >= n + q - a:
+///     their copy may still be going out);
+///   B(q, M-1) and STEP(q): the versions of the segments that stepped before it whose OFFW
+///     may still be going out (q - max(a, 1) .. q - 1) or whose PREW for the next
+///     iteration was issued already (0 .. q - n + a, one more at the STEP), and at the
+///     STEP its own (made before it, keepVersionsBeforeStep);
+///   other B's: none. With L >= 2 every segment's version is there at the range's last
+///   segment's B(., 0) (the sum, as before); other kinds of stash and the one-segment
+///   devices keep the old charge, which their version's life does not lower. The versions'
+///   BatchNorm statistics stay on the device (the peak held those of the segments whose B
+///   had not run yet beside the one version: 49200 bytes on device 1, 5672 on device 3 of
+///   the run below): charged with the states, every segment's (an upper bound). A version
+///   is in the host pool from its OFFW to its PREW: charged there (hostBytes).
+/// Time: below a whole iteration's lag the forwards after the first L wait for the previous
+/// iteration's last STEP and SyncWeights, so the 2S chain fills and drains as a flush does,
+/// by less: slots() = M + (2S - 1) x fill with the fill simulated on the generated schedule
+/// at that lag in the steady state (Note [Simulated fill]; unit stages F = 1, B = 2, S = M =
+/// 4: 16 units an iteration at lag 1, 18 at 0, against M x 2 = 8 that the cost model said
+/// at every lag). Folded shapes already fill and drain; decoupled ones keep M paces here and
+/// get their lag's time from the simulator's re-scoring (Solver.cpp), which runs the lag.
+/// Measured (resnet50 224 px, decoupled 1 + 3 devices, M = 4, lookahead 0, checkpoint-offload,
+/// experiments/pipefb_memory_measured.sh): planned at L = M and run at L = 1, the backward
+/// devices peaked 10.05%, 6.6% and 5.4% below the plan, every byte of it the segments'
+/// versions that were in the host pool (the host pool's weight_versions at the peak); run
+/// at L = M they peaked at the plan to within 64 bytes.
+///
 /// Closed forms of the steady-state MemoryContract of schedules::makeSchedule (many
 /// iterations); PlannerTest checks them against the generators.
-int inFlightStashes(ScheduleKind k, int S, int s, int M);
-int weightVersions(ScheduleKind k, int S, int s, int M);
+/// `asyncLag`: pipefb-async's lag (Note [Planned async lag]); -1 = M, the others ignore it.
+int inFlightStashes(ScheduleKind k, int S, int s, int M, int asyncLag = -1);
+int weightVersions(ScheduleKind k, int S, int s, int M, int asyncLag = -1);
+/// The lag pipefb-async runs at: asyncLag in [0, M], M for -1 (pipeline.async_lag's
+/// meaning, schedules::pipefbAsync); -1 for the other kinds, which have none, so that the
+/// tables keyed on it stay one per (kind, S, M).
+int effectiveLag(ScheduleKind k, int M, int asyncLag);
 /// Optimizer steps per microbatch: PipeDream updates after every microbatch (STEP s.m
 /// follows B(s,m) in its generator), every other schedule once per iteration (1/M).
 double stepsPerMicrobatch(ScheduleKind k, int M);
@@ -367,7 +417,7 @@ double stepsPerMicrobatch(ScheduleKind k, int M);
 /// master weights when n > 1, and none when n = 1 (measured in
 /// experiments/results/planner_fidelity: 2 x W on stage 0 of 2, 0 on stage 1); the others
 /// keep versions - 1.
-int weightCopies(ScheduleKind k, int S, int s, int M);
+int weightCopies(ScheduleKind k, int S, int s, int M, int asyncLag = -1);
 
 std::vector<StashPolicy> allStashPolicies();
 
@@ -395,6 +445,11 @@ struct PipelineShape {
   /// each on its own chainLength() devices and batch / R samples; microbatchSize is per
   /// replica. The chain is replica 0's.
   int replicas = 1;
+  /// pipefb-async only: pipeline.async_lag, the forwards of an iteration that run before
+  /// RecvWeights of the previous one; -1 = M (Note [Planned async lag]).
+  int asyncLag = -1;
+  /// effectiveLag of this shape: what every pipefb-async table is generated at.
+  int lag() const;
   /// PipeFB only: B(k) on chain[S-1-k] instead of chain[2S-1-k] (S devices, not 2S).
   bool folded = false;
   /// PipeFB only, Note [Decoupled search]: forwardDevices = Df > 0 makes a decoupled
@@ -538,6 +593,11 @@ struct StageEstimate {
   /// is sent instead. A decoupled forward device charges it beside the next segment's F
   /// (Note [Decoupled devices]).
   std::int64_t copyingOutBytes = 0;
+  /// Note [Planned async lag]: a decoupled backward device's kept weight version (the
+  /// version its first B after a STEP runs on, which the lowering moves to the host pool and
+  /// back) when it is on the device only near that B: charged at the B and STEP starts
+  /// where it is there (DecoupledDevice), not in backwardMemory. 0 otherwise.
+  std::int64_t windowedVersionBytes = 0;
   /// Decoupled stage 0: F(0,0)'s own input, beside it with the M - 1 others (charged in
   /// forwardMemory's comm buffers) in place of the copy before it (a flushing kind: none
   /// is there then), or beside that copy (firstInputBesideCopy: an asynchronous kind's
@@ -657,7 +717,8 @@ struct DecoupledDevice {
   /// What one segment's F or B holds beyond `resident`.
   struct Held {
     std::int64_t stashes = 0, working = 0;
-    std::int64_t total() const { return stashes + working; }
+    std::int64_t versions = 0;  // kept weight versions there then (Note [Planned async lag])
+    std::int64_t total() const { return stashes + working + versions; }
   };
   /// Forward segments are added from the range's last to its first as well (the solver's
   /// DP extends a range to the left).
@@ -674,6 +735,12 @@ struct DecoupledDevice {
 
  private:
   std::vector<std::int64_t> stashes_, working_;  // backward, in the order added
+  // Note [Planned async lag]: per segment in B order, its windowed version and its STEP's
+  // transient; prefix sums of the versions (versionSum_[q] = sum of those before q).
+  std::vector<std::int64_t> steps_, versionSum_{0};
+  bool windowed_ = false;
+  std::int64_t versionsIn(std::initializer_list<std::pair<int, int>> ranges) const;
+  Held windowedPeak() const;
   int lookahead_ = 0, microbatches_ = 1;
   // The most over segments whose lookahead + 1 B's stay in one microbatch (backward), or
   // over the Fs whose OFF before them is the previous segment's (forward).

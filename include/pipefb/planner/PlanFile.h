@@ -2,6 +2,7 @@
 // Plan files: what pipefb_plan writes and `pipefb_train --plan` reads (format in
 // docs/planner.md, "Plan files"). Torch-free.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct PlanSpec {
   std::int64_t batch = 1;  // replicas x microbatches x microbatchSize
   int lookahead = 1;
   int replicas = 1;  // pipeline.replicas (Note [Replicated pipelines], Solver.h)
+  /// pipefb-async: the async_lag it was planned at (Note [Planned async lag]); absent (a
+  /// plan file before it, or another kind): nullopt, and the config's pipeline.async_lag runs.
+  std::optional<int> asyncLag;
   int numLayers = 0;
   std::vector<PlanStage> stages;
   double predictedIterationTime = 0;

@@ -140,7 +140,8 @@ struct SolverOptions {
   int microbatches = 0;                   // > 0: only this M (it must divide batch)
   int maxStages = 0;                      // 0 = as many as devices (and layers) allow
   int lookahead = 1;                      // prefetch distance of offloaded stashes
-  int maxChains = 5000;                   // per chain length; beyond it, greedy chains
+  int asyncLag = -1;     // pipefb-async: pipeline.async_lag, -1 = M (Note [Planned async lag])
+  int maxChains = 5000;  // per chain length; beyond it, greedy chains
   /// Note [Replicated pipelines]: R in 1..maxReplicas copies of the pipeline are tried.
   int maxReplicas = 1;
   /// Note [Folded search]: PipeFB families are also searched folded onto S devices.
