@@ -860,7 +860,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
     // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes;
     // under an asynchronous kind the next iteration's F(0,0) beside all M and the copy
-    // before it, held across iterations (Note [Held offloads] in runtime/Stash.cpp; seed 0
+    // before it, held across iterations (Note [Held offloads] in schedules/HeldOffloads.h; seed 0
     // instance 28 of PlanRunsTest, alexnet/8 pipefb-async-checkpoint-offload S=3 M=2,
     // stage 0's forward device held 2 inputs and 2 stashes: +14.9% over the plan). A
     // decoupled forward device pairs each F with the copy before it (Note [Decoupled

@@ -62,7 +62,7 @@ struct DeviceState {
   std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
-  std::set<Key> heldOffloads;  // Note [Held offloads] (Stash.cpp)
+  std::set<Key> heldOffloads;  // Note [Held offloads] (schedules/HeldOffloads.h)
   // Note [Copies held through the next compute] (WeightVersions.cpp): the offloads
   // issued since the device's last compute action whose device copies it holds.
   std::vector<offload::TransferKey> heldThroughCompute;

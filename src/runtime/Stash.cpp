@@ -6,6 +6,7 @@
 
 #include "EngineImpl.h"
 #include "pipefb/memory/MemoryScope.h"
+#include "pipefb/schedules/HeldOffloads.h"
 
 namespace pipefb::runtime {
 
@@ -69,32 +70,24 @@ void PipelineEngine::Impl::forEachNextMatch(First first, Next next, Visit visit)
   }
 }
 
-// Note [Held offloads]
-// A split stage's forward device keeps the device copy of its stash (s,m) after the copy
-// to the host is done when the device offloads stage s again before the flush (for an
-// asynchronous schedule, at all): until that next OFF, whether or not B(s,m) on its
-// backward device took the stash meanwhile (Note [Held offload copies], TransferManager.h).
-// So the next F of stage s runs beside it, every time, as the memory contract charges
-// (min(n, 1 + kOffloadsInFlight) stashes on the forward device, Note [Offloads in
-// flight] in planner/CostModel.h). The last OFF before a flush is not held: with one
-// microbatch in flight (n = 1) the device is charged the stash F builds and nothing else.
+// Note [Held offloads] (schedules/HeldOffloads.h): which OFFs keep their device copy, read
+// off the lowered schedule, as the simulator reads it. Only a stash that goes to a local
+// backward device goes through the transfer manager (Note [Channels across processes]).
 void PipelineEngine::Impl::planHeldOffloads() {
   // Note [Copies held through the next compute] (WeightVersions.cpp)
   for (const auto& list : plan.schedule.devices)
     for (const Action& a : list)
       if (a.type == ActionType::Offload && a.stash == StashKind::Weights && !stages[a.stage].split)
         stages[a.stage].holdsThroughCompute = true;
-  forEachNextMatch(
-      [](const Action& a) {
-        return a.type == ActionType::Offload && a.stash != StashKind::Weights;
-      },
-      [](const Action& a, const Action& b) {
-        return b.type == ActionType::Offload && b.stash != StashKind::Weights && b.stage == a.stage;
-      },
-      [this](DeviceState& dev, const Action& a, const Action& b) {
-        if (!stages[a.stage].split || !isLocal(stages[a.stage].bDev)) return;
-        if (async || iterationOf(b) == iterationOf(a)) dev.heldOffloads.insert({a.stage, a.index});
-      });
+  const std::vector<std::vector<int>> releases = schedules::heldOffloadReleases(
+      plan.schedule, async, schedules::stepsPerMicrobatch(scheduleKind));
+  for (DeviceState& dev : devices) {
+    if (!isLocal(dev.id)) continue;
+    const auto& list = plan.schedule.devices[dev.id];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (releases[dev.id][i] >= 0 && isLocal(stages[list[i].stage].bDev))
+        dev.heldOffloads.insert({list[i].stage, list[i].index});
+  }
 }
 
 // Note [Prefetches across a flush]

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/HeldOffloads.h"
 #include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/ScheduleError.h"
@@ -33,7 +34,9 @@
 // Memory is charged per device and category (pipefb/common/MemoryCategory.h):
 //  * weights on F(s) and B(s), grads and optimizer state on B(s), from time 0;
 //  * working set while F/B runs (plus the recomputed graph stash during BR);
-//  * stash from the end of F until OFF finished, and from PRE start until B finished
+//  * stash from the end of F until OFF finished (a held offload's until the OFF that
+//    releases it, Note [Held offloads] in schedules/HeldOffloads.h, as the runtime holds
+//    it), and from PRE start until B finished
 //    (graph stash, or checkpoint bytes when the B is BR); with a split backward (Note
 //    [Split backward]) until W finished, deferredStashBytes() from the end of I;
 //  * weight versions: on B(s), (distinct versions referenced by stashed microbatches and
@@ -163,6 +166,14 @@ class Simulation {
       for (int m : v.microbatches) usesV_[at(v.stage, m)] = v.version;
     }
     passes_ = schedules::rendezvousPasses(s);
+    // Note [Held offloads]: what each OFF releases (a device's held copies).
+    held_ = schedules::heldOffloadReleases(s);
+    releases_.assign(D_, {});
+    for (int d = 0; d < D_; ++d)
+      for (size_t j = 0; j < held_[d].size(); ++j)
+        if (held_[d][j] >= 0) releases_[d][held_[d][j]].push_back(static_cast<int>(j));
+    heldOn_.assign(SN, kNowhere);
+    heldBytes_.assign(SN, 0);
     async_ = s.kind == "pipefb-async";
     // Note [Simulator speed]: the links looked up once, not per message.
     links_.resize(static_cast<size_t>(D_) * D_);
@@ -345,9 +356,8 @@ class Simulation {
         const StageCosts& sc = cost(st);
         compute(d, step, t, sc.forward);
         double end = threadTime_[d];
-        const std::int64_t ws = s_.placement.backward(st) != d && sc.forwardWorkingSetBytes >= 0
-                                    ? sc.forwardWorkingSetBytes
-                                    : sc.workingSetBytes;
+        const std::int64_t ws =
+            sc.forwardWorkingSetBytes >= 0 ? sc.forwardWorkingSetBytes : sc.workingSetBytes;
         mem(t, d, MemoryCategory::WorkingSet, ws);
         mem(end, d, MemoryCategory::WorkingSet, -ws);
         std::int64_t bytes = recompute_[at(st, i)] ? sc.checkpointBytes : sc.stashBytes;
@@ -469,8 +479,18 @@ class Simulation {
           t = std::max(t, done);
           threadTime_[d] = t;
         }
-        if (a.type == ActionType::Offload)
+        if (a.type == ActionType::Offload) {
           offIssued_[d].push_back(key(weights ? kOffDoneW : kOffDone, st, i));
+          // Note [Held offloads]: the held copies this OFF releases; their copies are done
+          // (it waited for them above).
+          if (auto r = releases_[d].find(step); r != releases_[d].end())
+            for (int j : r->second) {
+              const Action& h = s_.devices[d][j];
+              const double end = times_[key(kOffEnd, h.stage, h.index)];
+              PIPEFB_ASSERT(end != kUnknown, "released " << toString(h) << " before its copy");
+              releaseHeld(std::max(t, end), d, h.stage, h.index);
+            }
+        }
         if (a.type == ActionType::Prefetch && a.stash == StashKind::Activation) {
           if (preIssuedOn_[at(st, i)] != kNowhere) fail(d, step, "prefetched twice");
           preIssuedOn_[at(st, i)] = d;
@@ -507,6 +527,11 @@ class Simulation {
           count(t, d, st, -1);
         } else if (where == kHost) {
           hostStash(t, -stashBytes_[at(st, i)]);
+          if (heldOn_[at(st, i)] != kNowhere) {  // Note [Held offloads]: a drop releases it
+            double offEnd = need(key(kOffEnd, st, i), agent, d, step);
+            if (offEnd == kUnknown) return false;
+            releaseHeld(std::max(t, offEnd), heldOn_[at(st, i)], st, i);
+          }
         } else {
           fail(d, step, "drops a stash that is neither here nor in the host pool");
         }
@@ -567,6 +592,14 @@ class Simulation {
 
   void hostStash(double t, std::int64_t delta) { mem(t, -1, MemoryCategory::Stash, delta); }
 
+  // Note [Held offloads]: the device copy of an offloaded (st, i) that `d` held goes at t.
+  void releaseHeld(double t, int d, int st, int i) {
+    if (heldOn_[at(st, i)] != d) return;
+    heldOn_[at(st, i)] = kNowhere;
+    mem(t, d, MemoryCategory::Stash, -heldBytes_[at(st, i)]);
+    count(t, d, st, -1);
+  }
+
   // Note [Stashed weight versions], for stages whose schedule moves them.
   struct Stashed {
     bool madeByStep = false, made = false, dropInSchedule = false;
@@ -600,8 +633,13 @@ class Simulation {
       }
       if (stashAt_[at(st, i)] != d) fail(d, step, "offloads a stash that is not on this device");
       hostStash(start, bytes);
-      mem(end, d, MemoryCategory::Stash, -bytes);
-      count(end, d, st, -1);
+      if (held_[d][step] >= 0) {
+        heldOn_[at(st, i)] = d;  // Note [Held offloads]: until the OFF that releases it
+        heldBytes_[at(st, i)] = bytes;
+      } else {
+        mem(end, d, MemoryCategory::Stash, -bytes);
+        count(end, d, st, -1);
+      }
       stashAt_[at(st, i)] = kHost;
       resolve(key(kOffEnd, st, i), end);
       resolve(key(kOffDone, st, i), end);
@@ -788,6 +826,13 @@ class Simulation {
   std::vector<Replaced> replaced_;
   std::map<std::pair<int, int>, double> lastGraphUse_;
   std::vector<int> passes_;  // Note [Message rendezvous]
+  // Note [Held offloads]: per device and action, the OFF that releases a held OFF (-1: not
+  // held); per device, the held OFFs each OFF releases; per (stage, index), the device
+  // holding its offloaded copy (kNowhere: none) and its bytes.
+  std::vector<std::vector<int>> held_;
+  std::vector<std::map<int, std::vector<int>>> releases_;
+  std::vector<int> heldOn_;
+  std::vector<std::int64_t> heldBytes_;
   std::vector<int> pc_;
   std::vector<double> threadTime_;
   std::vector<std::vector<int>> copyQueue_;

@@ -4,6 +4,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/HeldOffloads.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/Validator.h"
@@ -408,4 +409,35 @@ TEST(LoweringTest, PipedreamHeldIsTheWholeLoweringsCount) {
           EXPECT_EQ(pipedreamHeld(S, s, M, lookahead), whole[s])
               << "S=" << S << " M=" << M << " lookahead " << lookahead << " stage " << s;
       }
+}
+
+// Note [Held offloads] (HeldOffloads.h): a split stage's forward device holds OFF s.m until
+// its next OFF when stage s offloads again before the flush; pipefb-async never flushes.
+// Same-device stages (1f1b) hold none.
+TEST(LoweringTest, HeldOffloadsLastUntilTheDevicesNextOffload) {
+  const std::vector<StashPolicy> off = {StashPolicy::Offload};
+  auto held = [&](const std::string& kind, int S, int M, int K) {
+    const SchedulePlan p = lower(makeSchedule(kind, S, M, K), off, 1);
+    const auto releases = heldOffloadReleases(p.schedule);
+    // "OFF0.0<OFF0.1": OFF0.0 released by OFF0.1, for every device.
+    std::vector<std::string> out;
+    for (size_t d = 0; d < releases.size(); ++d) {
+      const auto& list = p.schedule.devices[d];
+      EXPECT_EQ(releases[d].size(), list.size());
+      for (size_t i = 0; i < list.size(); ++i)
+        if (releases[d][i] >= 0) {
+          EXPECT_EQ(list[i].type, ActionType::Offload);
+          out.push_back(toString(list[i]) + "<" + toString(list[releases[d][i]]));
+        }
+    }
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // pipefb-sync, M = 2: the first OFF of each iteration, released by the second.
+  EXPECT_EQ(held("pipefb-sync", 2, 2, 2),
+            (V{"OFF0.0<OFF0.1", "OFF0.2<OFF0.3", "OFF1.0<OFF1.1", "OFF1.2<OFF1.3"}));
+  EXPECT_EQ(held("pipefb-sync", 2, 1, 3), V{});  // one microbatch in flight: none
+  EXPECT_EQ(held("pipefb-async", 2, 1, 3),
+            (V{"OFF0.0<OFF0.1", "OFF0.1<OFF0.2", "OFF1.0<OFF1.1", "OFF1.1<OFF1.2"}));
+  EXPECT_EQ(held("1f1b", 3, 4, 2), V{});
 }
