@@ -144,8 +144,6 @@ class Simulation {
         if (a.type == ActionType::RecvWeights) recvW_[at(a.stage, a.index)] = true;
       }
     curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
-    versionRefs_.assign(S_, {});
-    extraVersions_.assign(S_, 0);
     result_.peakWeightVersions.assign(S_, 1);
     // Stages whose versions the schedule moves are charged version by version.
     explicitW_.assign(S_, false);
@@ -279,18 +277,45 @@ class Simulation {
     return kUnknown;
   }
 
-  void updateVersions(double t, int st) {
-    int bd = s_.placement.backward(st);
-    int cur = curVersion_[static_cast<size_t>(bd) * S_ + st];
-    const auto& refs = versionRefs_[st];
-    int distinct = static_cast<int>(refs.size()) + (refs.count(cur) ? 0 : 1);
-    result_.peakWeightVersions[st] = std::max(result_.peakWeightVersions[st], distinct);
-    int extra = distinct - 1;
-    if (explicitW_[st]) return;  // charged version by version
-    if (extra != extraVersions_[st]) {
-      mem(t, bd, MemoryCategory::WeightVersions,
-          (extra - extraVersions_[st]) * cost(st).weightVersionBytes);
-      extraVersions_[st] = extra;
+  // Note [Versions in simulated time]
+  // The versions B(s) keeps are the distinct ones its stashed microbatches ran on, plus its
+  // current one. Agents run out of time order (a device's thread may run far ahead of
+  // another's, Note [Simulation model]), so these are recorded as events and counted in
+  // finish(), in time order, not from the other devices' state at the time an agent gets
+  // there. (Counted so, pipefb-async S=2 M=2 charged a STEP of the backward device to a
+  // forward that ran before it: 2 extra versions where the runtime holds 1.)
+  void versionRef(double t, int st, int version, int delta) {
+    versionEvents_.push_back({t, st, version, delta});
+  }
+  void currentVersion(double t, int d, int st, int version) {
+    if (d == s_.placement.backward(st)) versionEvents_.push_back({t, st, version, 0});
+  }
+  void countVersions() {
+    std::sort(versionEvents_.begin(), versionEvents_.end(),
+              [](const VersionEvent& x, const VersionEvent& y) { return x.time < y.time; });
+    std::vector<std::map<int, int>> refs(S_);
+    std::vector<int> cur(S_, 0), extraNow(S_, 0);
+    std::vector<int> touched;
+    for (size_t j = 0; j < versionEvents_.size(); ++j) {
+      const VersionEvent& e = versionEvents_[j];
+      if (e.delta == 0) {
+        cur[e.stage] = e.version;
+      } else {
+        auto it = refs[e.stage].try_emplace(e.version, 0).first;
+        if ((it->second += e.delta) == 0) refs[e.stage].erase(it);
+      }
+      touched.push_back(e.stage);
+      if (j + 1 < versionEvents_.size() && versionEvents_[j + 1].time == e.time) continue;
+      for (int st : touched) {  // after every change at this instant
+        const int distinct = static_cast<int>(refs[st].size()) + (refs[st].count(cur[st]) ? 0 : 1);
+        result_.peakWeightVersions[st] = std::max(result_.peakWeightVersions[st], distinct);
+        if (explicitW_[st]) continue;  // charged version by version
+        const int extra = distinct - 1;
+        mem(e.time, s_.placement.backward(st), MemoryCategory::WeightVersions,
+            (extra - extraNow[st]) * cost(st).weightVersionBytes);
+        extraNow[st] = extra;
+      }
+      touched.clear();
     }
   }
 
@@ -367,8 +392,7 @@ class Simulation {
         count(end, d, st, +1);
         count(end, -1, st, +1);
         version_[at(st, i)] = curVersion_[static_cast<size_t>(d) * S_ + st];
-        ++versionRefs_[st][version_[at(st, i)]];
-        updateVersions(end, st);
+        versionRef(end, st, version_[at(st, i)], +1);
         if (Stashed* w = versionOf(st, i); w && !w->madeByStep && !w->made) {
           w->made = true;  // the snapshot F ran on
           mem(end, d, MemoryCategory::WeightVersions, sc.weightVersionBytes);
@@ -461,7 +485,7 @@ class Simulation {
           int& cur = curVersion_[static_cast<size_t>(d) * S_ + st];
           if (s_.placement.split(st)) replaced_.push_back({st, d, cur, end});
           cur = i + 1;
-          updateVersions(end, st);
+          currentVersion(end, d, st, cur);
           if (async_ && !byReference(st))  // the sender's snapshot goes
             mem(end, a.peer, MemoryCategory::CommBuffers, -cost(st).weightVersionBytes);
           resolve(key(kRecvW, st, i), end);
@@ -537,10 +561,7 @@ class Simulation {
         }
         count(t, -1, st, -1);
         stashAt_[at(st, i)] = kNowhere;
-        auto& refs = versionRefs_[st];
-        auto it = refs.find(version_[at(st, i)]);
-        if (it != refs.end() && --it->second == 0) refs.erase(it);
-        updateVersions(t, st);
+        versionRef(t, st, version_[at(st, i)], -1);
         return true;
       }
       case ActionType::Step: {
@@ -561,7 +582,7 @@ class Simulation {
           mem(threadTime_[d], d, MemoryCategory::WeightVersions, cost(st).weightVersionBytes);
         }
         curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
-        updateVersions(threadTime_[d], st);
+        currentVersion(threadTime_[d], d, st, i + 1);
         return true;
       }
       case ActionType::AllReduce:
@@ -581,10 +602,7 @@ class Simulation {
     stashAt_[at(st, i)] = kNowhere;
     count(end, d, st, -1);
     count(end, -1, st, -1);
-    auto& refs = versionRefs_[st];
-    auto it = refs.find(version_[at(st, i)]);
-    if (it != refs.end() && --it->second == 0) refs.erase(it);
-    updateVersions(end, st);
+    versionRef(end, st, version_[at(st, i)], -1);
     Stashed* w = versionOf(st, i);
     if (w && --w->remaining == 0 && !w->dropInSchedule)
       mem(end, d, MemoryCategory::WeightVersions, -cost(st).weightVersionBytes);
@@ -700,6 +718,7 @@ class Simulation {
     if (r.iterationTime > 0 && r.computeDevices > 0)
       r.bubbleFraction = 1.0 - (busy / K) / (r.computeDevices * r.iterationTime);
 
+    countVersions();  // Note [Versions in simulated time]
     // Note [Old forward copies in the simulator]
     // The runtime's RecvWeights copies the new weights into a split stage's forward copy
     // in place unless a graph stash made on that copy still waits for its B (pipefb-async
@@ -811,8 +830,13 @@ class Simulation {
   bool async_ = false;                              // s_.kind == "pipefb-async"
   std::vector<const LinkCost*> links_, hostLinks_;  // [src * D + dst], [device]
   std::vector<int> curVersion_;
-  std::vector<std::map<int, int>> versionRefs_;
-  std::vector<int> extraVersions_;
+  // Note [Versions in simulated time]: a stashed microbatch's version taken (+1) or let go
+  // (-1), or (delta 0) the backward device's current version becoming `version`.
+  struct VersionEvent {
+    double time;
+    int stage, version, delta;
+  };
+  std::vector<VersionEvent> versionEvents_;
   std::vector<bool> explicitW_;
   std::map<std::pair<int, int>, Stashed> wv_;  // (stage, version)
   std::vector<int> usesV_;                     // [stage][mb]: its stashed version, -1 none
