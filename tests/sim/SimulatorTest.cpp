@@ -416,6 +416,52 @@ TEST(SimulatorTest, DecoupledPipefbRunsEveryAcceptedPlacementWithinItsContract) 
   EXPECT_EQ(checked, static_cast<int>(all.size()) * 2 * 2 * 4);
 }
 
+// Note [Decoupled search] (planner/Solver.h): of the placements the pipefb rule accepts,
+// some deadlock in the simulator: a device that runs forwards and a later backward may queue
+// a PRE on its copy engine ahead of its own OFF, and that PRE waits for an OFF that waits on
+// this device ("1/1 1/1 0/1", pipefb-sync M=1 offload, lookahead 2: PRE2.0 blocks OFF0.0 on
+// device 1). 648 of 243,456 (S = 3, 4 on 3 devices, both kinds, M = 1..4, every policy,
+// lookahead 0..3) do, every one with a device that runs both passes. The planner makes only
+// the 2S form, folded(), and decoupled shapes whose forward and backward devices are
+// disjoint (a chain of Df + Db distinct devices): these all run to the end, at every
+// lookahead the planner may choose.
+TEST(SimulatorTest, PlacementsThePlannerMakesNeverDeadlock) {
+  std::vector<Placement> planned;
+  for (int S : {2, 3, 4, 5}) {
+    planned.push_back(Placement::defaultFor(ScheduleKind::PipeFbSync, S));
+    planned.push_back(Placement::folded(S));
+  }
+  for (auto [S, D] : {std::pair{3, 3}, std::pair{3, 4}, std::pair{4, 4}})
+    for (const Placement& p : Placement::everyPipefb(S, D)) {
+      bool disjoint = true;
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < S; ++t) disjoint = disjoint && p.forward(s) != p.backward(t);
+      if (disjoint) planned.push_back(p);
+    }
+  EXPECT_GT(planned.size(), 100u);
+  int checked = 0;
+  for (const Placement& placement : planned)
+    for (const std::string kind : {"pipefb-sync", "pipefb-async"})
+      for (int M : {1, 2, 4})
+        for (StashPolicy p : {StashPolicy::Offload, StashPolicy::CheckpointOffload})
+          for (int lookahead : {0, 1, 2, 3}) {
+            const int S = placement.numStages();
+            SchedulePlan pl = lower(makeSchedule(kind, S, M, placement, 2), {p}, lookahead);
+            CostTable c = CostTable::uniform(S);
+            c.defaultLink = {1e9, 1e-5};
+            c.defaultHostLink = {5e8, 2e-5};
+            EXPECT_NO_THROW(simulate(pl.schedule, c))
+                << kind << " " << placement.toString() << " M=" << M << " lookahead " << lookahead;
+            ++checked;
+          }
+  EXPECT_EQ(checked, static_cast<int>(planned.size()) * 2 * 3 * 2 * 4);
+  // The shape the deadlocks share, which the planner never makes: it still deadlocks (if
+  // the generator or lowering learns to order it, this says so).
+  const Placement shared({{1, 1}, {1, 1}, {0, 1}});
+  SchedulePlan pl = lower(makeSchedule("pipefb-sync", 3, 1, shared, 2), {StashPolicy::Offload}, 2);
+  EXPECT_THROW(simulate(pl.schedule, CostTable::uniform(3)), pipefb::UserError);
+}
+
 // Note [Weight syncs in the simulator]: within one process a synchronous SW carries
 // references (no comm buffers on either side); pipefb-async's snapshot sits on the sender
 // until RW takes it. Note [Forward device memory]: a split stage's forward device holds
