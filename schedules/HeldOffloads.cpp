@@ -1,5 +1,7 @@
 #include "pipefb/schedules/HeldOffloads.h"
 
+#include <utility>
+
 #include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/ScheduleKind.h"
 
@@ -38,10 +40,43 @@ std::vector<std::vector<int>> heldOffloadReleases(const Schedule& lowered, bool 
   return out;
 }
 
-std::vector<std::vector<int>> heldOffloadReleases(const Schedule& lowered) {
+namespace {
+// The traits of `lowered.kind`: (async, stepsPerMicrobatch); a name that is no kind: neither.
+std::pair<bool, bool> traits(const Schedule& lowered) {
   ScheduleKind kind{};
   const bool known = findScheduleKind(lowered.kind, kind);
-  return heldOffloadReleases(lowered, known && isAsync(kind), known && stepsPerMicrobatch(kind));
+  return {known && isAsync(kind), known && stepsPerMicrobatch(kind)};
+}
+}  // namespace
+
+std::vector<std::vector<int>> heldOffloadReleases(const Schedule& lowered) {
+  const auto [async, perMicrobatch] = traits(lowered);
+  return heldOffloadReleases(lowered, async, perMicrobatch);
+}
+
+// Note [Prefetches across a flush]
+std::vector<std::vector<bool>> prefetchesBoundLater(const Schedule& lowered, bool async,
+                                                    bool stepsPerMicrobatch) {
+  const int M = lowered.numMicrobatches;
+  std::vector<std::vector<bool>> out(lowered.devices.size());
+  for (size_t d = 0; d < lowered.devices.size(); ++d) {
+    const std::vector<Action>& list = lowered.devices[d];
+    out[d].assign(list.size(), false);
+    if (async) continue;
+    int next = -1;  // the iteration of the next compute action after i; -1: none
+    for (size_t i = list.size(); i-- > 0;) {
+      const Action& a = list[i];
+      if (a.type == ActionType::Prefetch && a.stash == StashKind::Activation && next >= 0)
+        out[d][i] = next < iterationOf(a, stepsPerMicrobatch, M);
+      if (a.isCompute()) next = iterationOf(a, stepsPerMicrobatch, M);
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<bool>> prefetchesBoundLater(const Schedule& lowered) {
+  const auto [async, perMicrobatch] = traits(lowered);
+  return prefetchesBoundLater(lowered, async, perMicrobatch);
 }
 
 }  // namespace pipefb::schedules

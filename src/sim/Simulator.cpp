@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -36,7 +37,8 @@
 //  * working set while F/B runs (plus the recomputed graph stash during BR);
 //  * stash from the end of F until OFF finished (a held offload's until the OFF that
 //    releases it, Note [Held offloads] in schedules/HeldOffloads.h, as the runtime holds
-//    it), and from PRE start until B finished
+//    it), and from its PRE's destination (Note [Prefetch destinations in the simulator])
+//    until B finished
 //    (graph stash, or checkpoint bytes when the B is BR); with a split backward (Note
 //    [Split backward]) until W finished, deferredStashBytes() from the end of I;
 //  * weight versions: on B(s), (distinct versions referenced by stashed microbatches and
@@ -171,6 +173,10 @@ class Simulation {
       for (size_t j = 0; j < held_[d].size(); ++j)
         if (held_[d][j] >= 0) releases_[d][held_[d][j]].push_back(static_cast<int>(j));
     heldOn_.assign(SN, kNowhere);
+    later_ = schedules::prefetchesBoundLater(s);
+    bindEvents_.assign(D_, {});
+    layoutTime_.assign(S_, std::numeric_limits<double>::infinity());
+    offDevice_.assign(SN, kNowhere);
     heldBytes_.assign(SN, 0);
     async_ = s.kind == "pipefb-async";
     // Note [Simulator speed]: the links looked up once, not per message.
@@ -416,6 +422,9 @@ class Simulation {
         } else if (stashAt_[at(st, i)] != d) {
           fail(d, step, "its stash is not on this device and no PRE precedes it");
         }
+        // Note [Prefetch destinations in the simulator]: B's acquires, at its start.
+        if (preIssuedOn_[at(st, i)] == d) bindEvents_[d].push_back({t, epoch(i)});
+        if (w && w->preIssued) bindEvents_[d].push_back({t, std::numeric_limits<int>::max()});
         const bool split = a.type == ActionType::InputGrad;
         double duration =
             (split ? sc.inputGradTime() : sc.backward) + (a.recompute ? sc.recompute : 0.0);
@@ -503,6 +512,13 @@ class Simulation {
           t = std::max(t, done);
           threadTime_[d] = t;
         }
+        if (a.type == ActionType::Offload && !weights) {
+          // Note [Prefetch destinations in the simulator]: the stage's layout is known.
+          layoutTime_[st] = std::min(layoutTime_[st], t);
+          offDevice_[at(st, i)] = d;
+        }
+        if (a.type == ActionType::Prefetch && (weights || !later_[d][step]))
+          bindEvents_[d].push_back({t, weights ? 0 : epoch(i)});
         if (a.type == ActionType::Offload) {
           offIssued_[d].push_back(key(weights ? kOffDoneW : kOffDone, st, i));
           // Note [Held offloads]: the held copies this OFF releases; their copies are done
@@ -610,6 +626,35 @@ class Simulation {
 
   void hostStash(double t, std::int64_t delta) { mem(t, -1, MemoryCategory::Stash, delta); }
 
+  int epoch(int microbatch) const {
+    return schedules::prefetchEpoch(microbatch, std::max(1, s_.numMicrobatches), async_);
+  }
+
+  // Note [Prefetch destinations in the simulator]
+  // The runtime allocates a prefetch's device tensors when the plan issues it, or, when it
+  // cannot yet, at the device's next bind (Note [Planned prefetch destinations] in
+  // offload/TransferManager.h): a later PRE issued with its destination, or an acquire (B or
+  // I taking an offloaded stash, or a stashed weight version, at its start), of an epoch at
+  // least the prefetch's (Note [Prefetches across a flush] in schedules/HeldOffloads.h; a
+  // version's acquire binds every epoch, its PREW epoch 0), once the stage's layout is
+  // known (its first OFF, on any device) and, for a stash offloaded by the same device,
+  // once that copy is done; at the latest when its copy starts. Charged from its copy's
+  // start instead, a backward device held a stash less than the runtime whenever the OFF
+  // came after the PRE (pipefb-zb S=2 M=4, SimAgreementTest: 39% below the cost model).
+  void bindDestinations() {
+    for (const Destination& p : destinations_) {
+      const double from = std::max({p.issue, layoutTime_[p.stage], p.sameDeviceOffEnd});
+      const auto& ev = bindEvents_[p.device];
+      auto it = std::lower_bound(ev.begin(), ev.end(), from,
+                                 [](const BindEvent& e, double t) { return e.time < t; });
+      const int want = epoch(p.index);
+      while (it != ev.end() && it->epoch < want) ++it;
+      const double bound = it != ev.end() ? std::min(it->time, p.copyStart) : p.copyStart;
+      mem(bound, p.device, MemoryCategory::Stash, p.bytes);
+      count(bound, p.device, p.stage, +1);
+    }
+  }
+
   // Note [Held offloads]: the device copy of an offloaded (st, i) that `d` held goes at t.
   void releaseHeld(double t, int d, int st, int i) {
     if (heldOn_[at(st, i)] != d) return;
@@ -677,8 +722,9 @@ class Simulation {
       resolve(key(kPreEndW, st, i), end);
       return true;
     }
-    mem(start, d, MemoryCategory::Stash, bytes);
-    count(start, d, st, +1);
+    // Note [Prefetch destinations in the simulator]: charged in finish().
+    const double offEnd2 = offDevice_[at(st, i)] == d ? offEnd : -1.0;
+    destinations_.push_back({d, st, i, issueTime_[d][step], start, offEnd2, bytes});
     hostStash(end, -bytes);
     stashAt_[at(st, i)] = d;
     resolve(key(kPreEnd, st, i), end);
@@ -719,6 +765,7 @@ class Simulation {
       r.bubbleFraction = 1.0 - (busy / K) / (r.computeDevices * r.iterationTime);
 
     countVersions();  // Note [Versions in simulated time]
+    bindDestinations();
     // Note [Old forward copies in the simulator]
     // The runtime's RecvWeights copies the new weights into a split stage's forward copy
     // in place unless a graph stash made on that copy still waits for its B (pipefb-async
@@ -854,6 +901,24 @@ class Simulation {
   // held); per device, the held OFFs each OFF releases; per (stage, index), the device
   // holding its offloaded copy (kNowhere: none) and its bytes.
   std::vector<std::vector<int>> held_;
+  // Note [Prefetch destinations in the simulator]: per device and action, a PRE bound at a
+  // later acquire; per device, its binds in time order (PRE issues with their destinations,
+  // acquires); per stage, its first OFF's issue; per (stage, index), its OFF's device; the
+  // activation prefetches' destinations to charge.
+  std::vector<std::vector<bool>> later_;
+  struct BindEvent {
+    double time;
+    int epoch;
+  };
+  std::vector<std::vector<BindEvent>> bindEvents_;
+  std::vector<double> layoutTime_;
+  std::vector<int> offDevice_;
+  struct Destination {
+    int device, stage, index;
+    double issue, copyStart, sameDeviceOffEnd;
+    std::int64_t bytes;
+  };
+  std::vector<Destination> destinations_;
   std::vector<std::map<int, std::vector<int>>> releases_;
   std::vector<int> heldOn_;
   std::vector<std::int64_t> heldBytes_;

@@ -1,7 +1,9 @@
 #pragma once
-// Which offloaded stashes a device keeps after their copy to the host is done, and which
-// of its actions lets each go: one table for the runtime (src/runtime/Stash.cpp, through
-// offload/TransferManager.h's hold) and the simulator (src/sim/Simulator.cpp).
+// What the transfer manager holds on a device, read off a lowered schedule: which offloaded
+// stashes a device keeps after their copy to the host is done and which of its actions lets
+// each go, and which prefetches get their destinations only at a later acquire. One table
+// each for the runtime (src/runtime/Stash.cpp, through offload/TransferManager.h) and the
+// simulator (src/sim/Simulator.cpp).
 //
 // Note [Held offloads]
 // A split stage's forward device keeps the device copy of its stash (s,m) after the copy
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "pipefb/schedules/Schedule.h"
+#include "pipefb/schedules/ScheduleKind.h"
 
 namespace pipefb::schedules {
 
@@ -34,5 +37,22 @@ std::vector<std::vector<int>> heldOffloadReleases(const Schedule& lowered, bool 
 /// The same with the traits of `lowered.kind` (a name that is no kind: flushing, one step
 /// per iteration).
 std::vector<std::vector<int>> heldOffloadReleases(const Schedule& lowered);
+
+/// Note [Prefetches across a flush]
+/// A prefetch's device tensors are allocated when the plan issues it (Note [Planned
+/// prefetch destinations], offload/TransferManager.h). A flushing schedule may issue the
+/// first PREs of iteration k + 1 before the last Bs of iteration k (lookahead counts
+/// compute actions, the flush included), while the memory contract counts the stashes in
+/// flight within an iteration (min(n, lookahead + 1) near B). Those PREs get their tensors
+/// at the device's first acquire of iteration k + 1, not when issued (bound at once,
+/// vgg16/8 pipefb-sync-keep M=1 held the next iteration's stash beside B, 13% above the
+/// plan). A prefetch's epoch is its microbatch's iteration (prefetchEpoch); asynchronous
+/// schedules have no flush: their epoch is always 0.
+/// Per device, per action: true for an activation PRE whose next compute action on the
+/// device belongs to an earlier iteration (bound at an acquire, not when issued).
+std::vector<std::vector<bool>> prefetchesBoundLater(const Schedule& lowered, bool async,
+                                                    bool stepsPerMicrobatch);
+std::vector<std::vector<bool>> prefetchesBoundLater(const Schedule& lowered);
+inline int prefetchEpoch(int microbatch, int M, bool async) { return async ? 0 : microbatch / M; }
 
 }  // namespace pipefb::schedules
