@@ -14,7 +14,8 @@ using namespace pipefb::planner::testing;
 namespace {
 
 // Every plan the solver simulates for `family` on random 8-layer profiles, folded or in the
-// 2S form, with free and with slow host copies (400 B/s: about a stash per F).
+// 2S form, with free and with slow host copies (400 B/s: about a stash per F), at lookahead 1
+// (the default) and 2.
 template <class Check>
 void forEachSimulatedPlan(const std::string& family, bool folded, Check check) {
   for (unsigned seed : {7u, 11u}) {
@@ -26,26 +27,29 @@ void forEachSimulatedPlan(const std::string& family, bool folded, Check check) {
       c.name = "l" + std::to_string(l);
       p.layers.push_back(c);
     }
-    for (double hostBandwidth : {0.0, 400.0}) {
-      const CostModel model(p, Cluster::uniform(4, 1.0, -1, Link{}, Link{hostBandwidth, 0}));
-      SolverOptions o = only(family, 4);
-      o.simulateTop = o.keepTop = 8;
-      o.foldedPlacements = folded;
-      o.decoupledPlacements = false;  // not simulated (Note [Decoupled search])
-      int simulated = 0;
-      for (const Plan& plan : solve(model, o).candidates) {
-        if (!plan.simulated || plan.shape.folded != folded) continue;
-        ++simulated;
-        for (size_t d = 0; d < plan.deviceMemory.size(); ++d) {
-          SCOPED_TRACE(family + " S=" + std::to_string(plan.shape.stages) +
-                       " M=" + std::to_string(plan.shape.microbatches) +
-                       (folded ? " folded" : " 2S") + " seed " + std::to_string(seed) + " host " +
-                       std::to_string(hostBandwidth) + " device " + std::to_string(d));
-          check(plan, plan.deviceMemory[d], plan.simPeak[d]);
+    for (double hostBandwidth : {0.0, 400.0})
+      for (int lookahead : {1, 2}) {
+        const CostModel model(p, Cluster::uniform(4, 1.0, -1, Link{}, Link{hostBandwidth, 0}));
+        SolverOptions o = only(family, 4);
+        o.simulateTop = o.keepTop = 8;
+        o.foldedPlacements = folded;
+        o.decoupledPlacements = false;  // not simulated (Note [Decoupled search])
+        o.lookahead = lookahead;
+        int simulated = 0;
+        for (const Plan& plan : solve(model, o).candidates) {
+          if (!plan.simulated || plan.shape.folded != folded) continue;
+          ++simulated;
+          for (size_t d = 0; d < plan.deviceMemory.size(); ++d) {
+            SCOPED_TRACE(family + " S=" + std::to_string(plan.shape.stages) +
+                         " M=" + std::to_string(plan.shape.microbatches) +
+                         (folded ? " folded" : " 2S") + " seed " + std::to_string(seed) + " host " +
+                         std::to_string(hostBandwidth) + " lookahead " + std::to_string(lookahead) +
+                         " device " + std::to_string(d));
+            check(plan, plan.deviceMemory[d], plan.simPeak[d]);
+          }
         }
+        EXPECT_GT(simulated, 0) << family << (folded ? " folded" : " 2S");
       }
-      EXPECT_GT(simulated, 0) << family << (folded ? " folded" : " 2S");
-    }
   }
 }
 

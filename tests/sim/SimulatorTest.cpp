@@ -96,7 +96,8 @@ TEST(SimulatorTest, PipefbForwardDevicesHoldOnlyTheirHeldOffloads) {
             // device issued before it, as the runtime's does, also one whose stash has no F
             // yet. With fewer stashes in flight than lookahead + 1 (pipefb-async M = 1,
             // lookahead 2: 2 in flight, PREs of 3 microbatches before the first B) that is
-            // one destination more than the contract (and the cost model) counts.
+            // one destination more than the contract counts (the cost model charges it: Note
+            // [Prefetches bound ahead] in planner/CostModel.cpp).
             const int bound = pl.contract.inFlight[s] < lookahead + 1
                                   ? lookahead + 1
                                   : pl.contract.residentBackward[s];
