@@ -441,3 +441,26 @@ TEST(LoweringTest, HeldOffloadsLastUntilTheDevicesNextOffload) {
             (V{"OFF0.0<OFF0.1", "OFF0.1<OFF0.2", "OFF1.0<OFF1.1", "OFF1.1<OFF1.2"}));
   EXPECT_EQ(held("1f1b", 3, 4, 2), V{});
 }
+
+// Note [Prefetches across a flush] (HeldOffloads.h): a flushing schedule's PREs of the next
+// iteration, issued before the device's last compute of this one, bind at that iteration's
+// first acquire; an asynchronous schedule has none.
+TEST(LoweringTest, PrefetchesOfTheNextIterationAreBoundLater) {
+  auto later = [](const std::string& kind, int M, int lookahead) {
+    const SchedulePlan p = lower(makeSchedule(kind, 2, M, 2), {StashPolicy::Offload}, lookahead);
+    const auto bound = prefetchesBoundLater(p.schedule);
+    std::vector<std::string> out;
+    for (size_t d = 0; d < bound.size(); ++d)
+      for (size_t i = 0; i < bound[d].size(); ++i)
+        if (bound[d][i]) out.push_back(toString(p.schedule.devices[d][i]));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // Device 2: PRE1.0 PRE1.1 RA1.0<1 B1.0 ...: PRE1.1 is iteration 1's, before B1.0.
+  EXPECT_EQ(later("pipefb-sync", 1, 1), (V{"PRE1.1", "PRE0.1"}));
+  // Device 2: PRE1.0 PRE1.1 PRE1.2 RA1.0<1 B1.0 SG1.0>3 PRE1.3 RA1.1<1 B1.1 ...
+  EXPECT_EQ(later("pipefb-sync", 2, 2), (V{"PRE1.2", "PRE1.3", "PRE0.2", "PRE0.3"}));
+  EXPECT_EQ(later("pipefb-async", 1, 1), V{});
+  EXPECT_EQ(prefetchEpoch(5, 2, false), 2);
+  EXPECT_EQ(prefetchEpoch(5, 2, true), 0);
+}
