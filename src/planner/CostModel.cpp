@@ -128,6 +128,32 @@ const std::vector<int>& foldedStashesAtBackward(ScheduleKind k, int S, int M, in
   });
 }
 
+// Note [Prefetches bound ahead]
+// The runtime allocates a prefetch's destination when the PRE is issued, or at the backward
+// device's next acquire once the stage has offloaded once (Note [Planned prefetch
+// destinations] in offload/TransferManager.h); without a flush every PRE is of epoch 0, so
+// B(s,m) runs beside every PRE of stage s its device issued before it and whose B has not
+// run, whether or not that stash's F ran yet. With fewer stashes in flight than lookahead + 1
+// that is more than min(n, lookahead + 1): pipefb-async S=2 M=1 at lookahead 2 issues the
+// PREs of 3 microbatches before the first B, with 2 in flight (SimAgreementTest: simulated
+// 26055 bytes on a backward device the cost model charged 20174; pipefb_train on mlp-tiny
+// pipefb-async S=1 M=1, the backward device's stash peak 24576 B at lookahead 1, 40960 B at
+// lookahead 2). So an asynchronous PipeFB stage is charged at least the count on its
+// lowered schedule (stashesAtBackward, 3 iterations; the 2S form or folded()). A flushing
+// kind binds the next iteration's PREs only at its first acquire (Note [Prefetches across
+// a flush] in schedules/HeldOffloads.h): min(n, lookahead + 1) holds there.
+const std::vector<int>& asyncStashesAtBackward(ScheduleKind k, int S, int M, int lookahead,
+                                               bool folded, int lag) {
+  return memoized(std::make_tuple(static_cast<int>(k), S, M, lookahead, folded, lag), [&] {
+    const schedules::Placement placement =
+        folded ? schedules::Placement::folded(S) : schedules::Placement::defaultFor(k, S);
+    const schedules::SchedulePlan lowered =
+        schedules::lower(schedules::makeSchedule(k, S, M, placement, 3, lag),
+                         {StashPolicy::Offload}, lookahead, /*offloadWeights=*/false);
+    return schedules::stashesAtBackward(lowered.schedule);
+  });
+}
+
 // Note [Output at its receive in the cost model]
 // The last stage's output from a forward-only device to a backward-only one is sent at its
 // receive (Note [Message rendezvous], schedules/Messages.h): the transfer starts when
@@ -897,7 +923,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.forwardMemory, MemoryCategory::WorkingSet, fws);
     // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes;
     // under an asynchronous kind the next iteration's F(0,0) beside all M and the copy
-    // before it, held across iterations (Note [Held offloads] in runtime/Stash.cpp; seed 0
+    // before it, held across iterations (Note [Held offloads] in schedules/HeldOffloads.h; seed 0
     // instance 28 of PlanRunsTest, alexnet/8 pipefb-async-checkpoint-offload S=3 M=2,
     // stage 0's forward device held 2 inputs and 2 stashes: +14.9% over the plan). A
     // decoupled forward device pairs each F with the copy before it (Note [Decoupled
@@ -927,10 +953,15 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // forwards' offloads (counted at B starts: not for a split backward, whose stashes
     // stay until W).
     const bool countedAtB = shape.folded && !splitsBackward(shape.kind);
-    const int resident = std::min(
+    int resident = std::min(
         {e.inFlight, shape.lookahead + 1 + deferred,
          countedAtB ? foldedStashesAtBackward(shape.kind, S, M, shape.lookahead, shape.lag()).at(k)
                     : e.inFlight});
+    // Note [Prefetches bound ahead]
+    if (isAsync(shape.kind) && !splitsBackward(shape.kind))
+      resident = std::max(resident, asyncStashesAtBackward(shape.kind, S, M, shape.lookahead,
+                                                           shape.folded, shape.lag())
+                                        .at(k));
     w(e.backwardMemory, MemoryCategory::Weights, Wres);
     // The weights B(s,m) runs on when a STEP came after F(s,m): kept on the backward device
     // (keepVersionsBeforeStep), beside the old forward copy a graph stash keeps.

@@ -62,12 +62,12 @@ struct DeviceState {
   std::map<Key, Tensor> inputs;   // stage-0 inputs from step()
   std::map<Key, Tensor> targets;  // targets from step()
   std::map<Key, StashPtr> stashes;
-  std::set<Key> heldOffloads;  // Note [Held offloads] (Stash.cpp)
+  std::set<Key> heldOffloads;  // Note [Held offloads] (schedules/HeldOffloads.h)
   // Note [Copies held through the next compute] (WeightVersions.cpp): the offloads
   // issued since the device's last compute action whose device copies it holds.
   std::vector<offload::TransferKey> heldThroughCompute;
-  // Note [Prefetches across a flush] (Stash.cpp): PREs issued before the device's last
-  // compute of the previous iteration.
+  // Note [Prefetches across a flush] (schedules/HeldOffloads.h): PREs issued before the device's
+  // last compute of the previous iteration.
   std::set<Key> laterPrefetches;
   // Note [Split backward in the runtime]: what W(s,m) needs from I(s,m).
   struct PendingW {
@@ -237,10 +237,8 @@ struct PipelineEngine::Impl {
   void buildDevices();
   void buildStage(int s);
   void planProgress();
-  template <class First, class Next, class Visit>
-  void forEachNextMatch(First first, Next next, Visit visit);  // Stash.cpp
-  void planHeldOffloads();
-  void planLaterPrefetches();  // Note [Prefetches across a flush] (Stash.cpp)
+  void planHeldOffloads();     // Note [Held offloads] (schedules/HeldOffloads.h)
+  void planLaterPrefetches();  // Note [Prefetches across a flush] (schedules/HeldOffloads.h)
   int prefetchEpoch(int microbatch) const;
   void precomputeVersions(StageState& st);
   int iterationOf(const Action& a) const;

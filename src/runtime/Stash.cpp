@@ -6,6 +6,7 @@
 
 #include "EngineImpl.h"
 #include "pipefb/memory/MemoryScope.h"
+#include "pipefb/schedules/HeldOffloads.h"
 
 namespace pipefb::runtime {
 
@@ -50,74 +51,40 @@ void PipelineEngine::Impl::bringToDevice(DeviceState& dev, StashEntry& e) {
   e.onHost = false;
 }
 
-// For each action `a` of a local device's list that `first` accepts, calls
-// visit(dev, a, b) with the next action `b` after it on that device that `next(a, b)`
-// accepts; with none, nothing. What the plan-time passes below read ahead.
-template <class First, class Next, class Visit>
-void PipelineEngine::Impl::forEachNextMatch(First first, Next next, Visit visit) {
-  for (DeviceState& dev : devices) {
-    if (!isLocal(dev.id)) continue;
-    const auto& list = plan.schedule.devices[dev.id];
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (!first(list[i])) continue;
-      for (size_t j = i + 1; j < list.size(); ++j) {
-        if (!next(list[i], list[j])) continue;
-        visit(dev, list[i], list[j]);
-        break;
-      }
-    }
-  }
-}
-
-// Note [Held offloads]
-// A split stage's forward device keeps the device copy of its stash (s,m) after the copy
-// to the host is done when the device offloads stage s again before the flush (for an
-// asynchronous schedule, at all): until that next OFF, whether or not B(s,m) on its
-// backward device took the stash meanwhile (Note [Held offload copies], TransferManager.h).
-// So the next F of stage s runs beside it, every time, as the memory contract charges
-// (min(n, 1 + kOffloadsInFlight) stashes on the forward device, Note [Offloads in
-// flight] in planner/CostModel.h). The last OFF before a flush is not held: with one
-// microbatch in flight (n = 1) the device is charged the stash F builds and nothing else.
+// Note [Held offloads] (schedules/HeldOffloads.h): which OFFs keep their device copy, read
+// off the lowered schedule, as the simulator reads it. Only a stash that goes to a local
+// backward device goes through the transfer manager (Note [Channels across processes]).
 void PipelineEngine::Impl::planHeldOffloads() {
   // Note [Copies held through the next compute] (WeightVersions.cpp)
   for (const auto& list : plan.schedule.devices)
     for (const Action& a : list)
       if (a.type == ActionType::Offload && a.stash == StashKind::Weights && !stages[a.stage].split)
         stages[a.stage].holdsThroughCompute = true;
-  forEachNextMatch(
-      [](const Action& a) {
-        return a.type == ActionType::Offload && a.stash != StashKind::Weights;
-      },
-      [](const Action& a, const Action& b) {
-        return b.type == ActionType::Offload && b.stash != StashKind::Weights && b.stage == a.stage;
-      },
-      [this](DeviceState& dev, const Action& a, const Action& b) {
-        if (!stages[a.stage].split || !isLocal(stages[a.stage].bDev)) return;
-        if (async || iterationOf(b) == iterationOf(a)) dev.heldOffloads.insert({a.stage, a.index});
-      });
+  const std::vector<std::vector<int>> releases = schedules::heldOffloadReleases(
+      plan.schedule, async, schedules::stepsPerMicrobatch(scheduleKind));
+  for (DeviceState& dev : devices) {
+    if (!isLocal(dev.id)) continue;
+    const auto& list = plan.schedule.devices[dev.id];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (releases[dev.id][i] >= 0 && isLocal(stages[list[i].stage].bDev))
+        dev.heldOffloads.insert({list[i].stage, list[i].index});
+  }
 }
 
-// Note [Prefetches across a flush]
-// A prefetch's device tensors are allocated when the plan issues it (Note [Planned
-// prefetch destinations], TransferManager.h). A flushing schedule may issue the first PREs
-// of iteration k + 1 before the last Bs of iteration k (lookahead counts compute actions,
-// the flush included), while the memory contract counts the stashes in flight within an
-// iteration (min(n, lookahead + 1) near B). Those PREs get their tensors at the device's
-// first acquire of iteration k + 1, not when issued (bound at once, vgg16/8
-// pipefb-sync-keep M=1 held the next iteration's stash beside B, 13% above the plan).
-// Asynchronous schedules have no flush: their epoch is always 0.
-int PipelineEngine::Impl::prefetchEpoch(int microbatch) const { return async ? 0 : microbatch / M; }
+// Note [Prefetches across a flush] (schedules/HeldOffloads.h)
+int PipelineEngine::Impl::prefetchEpoch(int microbatch) const {
+  return schedules::prefetchEpoch(microbatch, M, async);
+}
 
 void PipelineEngine::Impl::planLaterPrefetches() {
-  if (async) return;
-  forEachNextMatch(
-      [](const Action& a) {
-        return a.type == ActionType::Prefetch && a.stash != StashKind::Weights;
-      },
-      [](const Action&, const Action& b) { return b.isCompute(); },
-      [this](DeviceState& dev, const Action& a, const Action& b) {
-        if (iterationOf(b) < iterationOf(a)) dev.laterPrefetches.insert({a.stage, a.index});
-      });
+  const std::vector<std::vector<bool>> later = schedules::prefetchesBoundLater(
+      plan.schedule, async, schedules::stepsPerMicrobatch(scheduleKind));
+  for (DeviceState& dev : devices) {
+    if (!isLocal(dev.id)) continue;
+    const auto& list = plan.schedule.devices[dev.id];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (later[dev.id][i]) dev.laterPrefetches.insert({list[i].stage, list[i].index});
+  }
 }
 
 void PipelineEngine::Impl::execOffload(DeviceState& dev, const Action& a) {

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/HeldOffloads.h"
 #include "pipefb/schedules/MemoryContract.h"
 #include "pipefb/schedules/Messages.h"
 #include "pipefb/schedules/ScheduleError.h"
@@ -33,7 +35,10 @@
 // Memory is charged per device and category (pipefb/common/MemoryCategory.h):
 //  * weights on F(s) and B(s), grads and optimizer state on B(s), from time 0;
 //  * working set while F/B runs (plus the recomputed graph stash during BR);
-//  * stash from the end of F until OFF finished, and from PRE start until B finished
+//  * stash from the end of F until OFF finished (a held offload's until the OFF that
+//    releases it, Note [Held offloads] in schedules/HeldOffloads.h, as the runtime holds
+//    it), and from its PRE's destination (Note [Prefetch destinations in the simulator])
+//    until B finished
 //    (graph stash, or checkpoint bytes when the B is BR); with a split backward (Note
 //    [Split backward]) until W finished, deferredStashBytes() from the end of I;
 //  * weight versions: on B(s), (distinct versions referenced by stashed microbatches and
@@ -141,8 +146,6 @@ class Simulation {
         if (a.type == ActionType::RecvWeights) recvW_[at(a.stage, a.index)] = true;
       }
     curVersion_.assign(static_cast<size_t>(D_) * S_, 0);
-    versionRefs_.assign(S_, {});
-    extraVersions_.assign(S_, 0);
     result_.peakWeightVersions.assign(S_, 1);
     // Stages whose versions the schedule moves are charged version by version.
     explicitW_.assign(S_, false);
@@ -163,6 +166,18 @@ class Simulation {
       for (int m : v.microbatches) usesV_[at(v.stage, m)] = v.version;
     }
     passes_ = schedules::rendezvousPasses(s);
+    // Note [Held offloads]: what each OFF releases (a device's held copies).
+    held_ = schedules::heldOffloadReleases(s);
+    releases_.assign(D_, {});
+    for (int d = 0; d < D_; ++d)
+      for (size_t j = 0; j < held_[d].size(); ++j)
+        if (held_[d][j] >= 0) releases_[d][held_[d][j]].push_back(static_cast<int>(j));
+    heldOn_.assign(SN, kNowhere);
+    later_ = schedules::prefetchesBoundLater(s);
+    bindEvents_.assign(D_, {});
+    layoutTime_.assign(S_, std::numeric_limits<double>::infinity());
+    offDevice_.assign(SN, kNowhere);
+    heldBytes_.assign(SN, 0);
     async_ = s.kind == "pipefb-async";
     // Note [Simulator speed]: the links looked up once, not per message.
     links_.resize(static_cast<size_t>(D_) * D_);
@@ -268,18 +283,45 @@ class Simulation {
     return kUnknown;
   }
 
-  void updateVersions(double t, int st) {
-    int bd = s_.placement.backward(st);
-    int cur = curVersion_[static_cast<size_t>(bd) * S_ + st];
-    const auto& refs = versionRefs_[st];
-    int distinct = static_cast<int>(refs.size()) + (refs.count(cur) ? 0 : 1);
-    result_.peakWeightVersions[st] = std::max(result_.peakWeightVersions[st], distinct);
-    int extra = distinct - 1;
-    if (explicitW_[st]) return;  // charged version by version
-    if (extra != extraVersions_[st]) {
-      mem(t, bd, MemoryCategory::WeightVersions,
-          (extra - extraVersions_[st]) * cost(st).weightVersionBytes);
-      extraVersions_[st] = extra;
+  // Note [Versions in simulated time]
+  // The versions B(s) keeps are the distinct ones its stashed microbatches ran on, plus its
+  // current one. Agents run out of time order (a device's thread may run far ahead of
+  // another's, Note [Simulation model]), so these are recorded as events and counted in
+  // finish(), in time order, not from the other devices' state at the time an agent gets
+  // there. (Counted so, pipefb-async S=2 M=2 charged a STEP of the backward device to a
+  // forward that ran before it: 2 extra versions where the runtime holds 1.)
+  void versionRef(double t, int st, int version, int delta) {
+    versionEvents_.push_back({t, st, version, delta});
+  }
+  void currentVersion(double t, int d, int st, int version) {
+    if (d == s_.placement.backward(st)) versionEvents_.push_back({t, st, version, 0});
+  }
+  void countVersions() {
+    std::sort(versionEvents_.begin(), versionEvents_.end(),
+              [](const VersionEvent& x, const VersionEvent& y) { return x.time < y.time; });
+    std::vector<std::map<int, int>> refs(S_);
+    std::vector<int> cur(S_, 0), extraNow(S_, 0);
+    std::vector<int> touched;
+    for (size_t j = 0; j < versionEvents_.size(); ++j) {
+      const VersionEvent& e = versionEvents_[j];
+      if (e.delta == 0) {
+        cur[e.stage] = e.version;
+      } else {
+        auto it = refs[e.stage].try_emplace(e.version, 0).first;
+        if ((it->second += e.delta) == 0) refs[e.stage].erase(it);
+      }
+      touched.push_back(e.stage);
+      if (j + 1 < versionEvents_.size() && versionEvents_[j + 1].time == e.time) continue;
+      for (int st : touched) {  // after every change at this instant
+        const int distinct = static_cast<int>(refs[st].size()) + (refs[st].count(cur[st]) ? 0 : 1);
+        result_.peakWeightVersions[st] = std::max(result_.peakWeightVersions[st], distinct);
+        if (explicitW_[st]) continue;  // charged version by version
+        const int extra = distinct - 1;
+        mem(e.time, s_.placement.backward(st), MemoryCategory::WeightVersions,
+            (extra - extraNow[st]) * cost(st).weightVersionBytes);
+        extraNow[st] = extra;
+      }
+      touched.clear();
     }
   }
 
@@ -345,9 +387,8 @@ class Simulation {
         const StageCosts& sc = cost(st);
         compute(d, step, t, sc.forward);
         double end = threadTime_[d];
-        const std::int64_t ws = s_.placement.backward(st) != d && sc.forwardWorkingSetBytes >= 0
-                                    ? sc.forwardWorkingSetBytes
-                                    : sc.workingSetBytes;
+        const std::int64_t ws =
+            sc.forwardWorkingSetBytes >= 0 ? sc.forwardWorkingSetBytes : sc.workingSetBytes;
         mem(t, d, MemoryCategory::WorkingSet, ws);
         mem(end, d, MemoryCategory::WorkingSet, -ws);
         std::int64_t bytes = recompute_[at(st, i)] ? sc.checkpointBytes : sc.stashBytes;
@@ -357,8 +398,7 @@ class Simulation {
         count(end, d, st, +1);
         count(end, -1, st, +1);
         version_[at(st, i)] = curVersion_[static_cast<size_t>(d) * S_ + st];
-        ++versionRefs_[st][version_[at(st, i)]];
-        updateVersions(end, st);
+        versionRef(end, st, version_[at(st, i)], +1);
         if (Stashed* w = versionOf(st, i); w && !w->madeByStep && !w->made) {
           w->made = true;  // the snapshot F ran on
           mem(end, d, MemoryCategory::WeightVersions, sc.weightVersionBytes);
@@ -382,6 +422,9 @@ class Simulation {
         } else if (stashAt_[at(st, i)] != d) {
           fail(d, step, "its stash is not on this device and no PRE precedes it");
         }
+        // Note [Prefetch destinations in the simulator]: B's acquires, at its start.
+        if (preIssuedOn_[at(st, i)] == d) bindEvents_[d].push_back({t, epoch(i)});
+        if (w && w->preIssued) bindEvents_[d].push_back({t, std::numeric_limits<int>::max()});
         const bool split = a.type == ActionType::InputGrad;
         double duration =
             (split ? sc.inputGradTime() : sc.backward) + (a.recompute ? sc.recompute : 0.0);
@@ -451,7 +494,7 @@ class Simulation {
           int& cur = curVersion_[static_cast<size_t>(d) * S_ + st];
           if (s_.placement.split(st)) replaced_.push_back({st, d, cur, end});
           cur = i + 1;
-          updateVersions(end, st);
+          currentVersion(end, d, st, cur);
           if (async_ && !byReference(st))  // the sender's snapshot goes
             mem(end, a.peer, MemoryCategory::CommBuffers, -cost(st).weightVersionBytes);
           resolve(key(kRecvW, st, i), end);
@@ -469,8 +512,25 @@ class Simulation {
           t = std::max(t, done);
           threadTime_[d] = t;
         }
-        if (a.type == ActionType::Offload)
+        if (a.type == ActionType::Offload && !weights) {
+          // Note [Prefetch destinations in the simulator]: the stage's layout is known.
+          layoutTime_[st] = std::min(layoutTime_[st], t);
+          offDevice_[at(st, i)] = d;
+        }
+        if (a.type == ActionType::Prefetch && (weights || !later_[d][step]))
+          bindEvents_[d].push_back({t, weights ? 0 : epoch(i)});
+        if (a.type == ActionType::Offload) {
           offIssued_[d].push_back(key(weights ? kOffDoneW : kOffDone, st, i));
+          // Note [Held offloads]: the held copies this OFF releases; their copies are done
+          // (it waited for them above).
+          if (auto r = releases_[d].find(step); r != releases_[d].end())
+            for (int j : r->second) {
+              const Action& h = s_.devices[d][j];
+              const double end = times_[key(kOffEnd, h.stage, h.index)];
+              PIPEFB_ASSERT(end != kUnknown, "released " << toString(h) << " before its copy");
+              releaseHeld(std::max(t, end), d, h.stage, h.index);
+            }
+        }
         if (a.type == ActionType::Prefetch && a.stash == StashKind::Activation) {
           if (preIssuedOn_[at(st, i)] != kNowhere) fail(d, step, "prefetched twice");
           preIssuedOn_[at(st, i)] = d;
@@ -507,15 +567,17 @@ class Simulation {
           count(t, d, st, -1);
         } else if (where == kHost) {
           hostStash(t, -stashBytes_[at(st, i)]);
+          if (heldOn_[at(st, i)] != kNowhere) {  // Note [Held offloads]: a drop releases it
+            double offEnd = need(key(kOffEnd, st, i), agent, d, step);
+            if (offEnd == kUnknown) return false;
+            releaseHeld(std::max(t, offEnd), heldOn_[at(st, i)], st, i);
+          }
         } else {
           fail(d, step, "drops a stash that is neither here nor in the host pool");
         }
         count(t, -1, st, -1);
         stashAt_[at(st, i)] = kNowhere;
-        auto& refs = versionRefs_[st];
-        auto it = refs.find(version_[at(st, i)]);
-        if (it != refs.end() && --it->second == 0) refs.erase(it);
-        updateVersions(t, st);
+        versionRef(t, st, version_[at(st, i)], -1);
         return true;
       }
       case ActionType::Step: {
@@ -536,7 +598,7 @@ class Simulation {
           mem(threadTime_[d], d, MemoryCategory::WeightVersions, cost(st).weightVersionBytes);
         }
         curVersion_[static_cast<size_t>(d) * S_ + st] = i + 1;
-        updateVersions(threadTime_[d], st);
+        currentVersion(threadTime_[d], d, st, i + 1);
         return true;
       }
       case ActionType::AllReduce:
@@ -556,16 +618,50 @@ class Simulation {
     stashAt_[at(st, i)] = kNowhere;
     count(end, d, st, -1);
     count(end, -1, st, -1);
-    auto& refs = versionRefs_[st];
-    auto it = refs.find(version_[at(st, i)]);
-    if (it != refs.end() && --it->second == 0) refs.erase(it);
-    updateVersions(end, st);
+    versionRef(end, st, version_[at(st, i)], -1);
     Stashed* w = versionOf(st, i);
     if (w && --w->remaining == 0 && !w->dropInSchedule)
       mem(end, d, MemoryCategory::WeightVersions, -cost(st).weightVersionBytes);
   }
 
   void hostStash(double t, std::int64_t delta) { mem(t, -1, MemoryCategory::Stash, delta); }
+
+  int epoch(int microbatch) const {
+    return schedules::prefetchEpoch(microbatch, std::max(1, s_.numMicrobatches), async_);
+  }
+
+  // Note [Prefetch destinations in the simulator]
+  // The runtime allocates a prefetch's device tensors when the plan issues it, or, when it
+  // cannot yet, at the device's next bind (Note [Planned prefetch destinations] in
+  // offload/TransferManager.h): a later PRE issued with its destination, or an acquire (B or
+  // I taking an offloaded stash, or a stashed weight version, at its start), of an epoch at
+  // least the prefetch's (Note [Prefetches across a flush] in schedules/HeldOffloads.h; a
+  // version's acquire binds every epoch, its PREW epoch 0), once the stage's layout is
+  // known (its first OFF, on any device) and, for a stash offloaded by the same device,
+  // once that copy is done; at the latest when its copy starts. Charged from its copy's
+  // start instead, a backward device held a stash less than the runtime whenever the OFF
+  // came after the PRE (pipefb-zb S=2 M=4, SimAgreementTest: 39% below the cost model).
+  void bindDestinations() {
+    for (const Destination& p : destinations_) {
+      const double from = std::max({p.issue, layoutTime_[p.stage], p.sameDeviceOffEnd});
+      const auto& ev = bindEvents_[p.device];
+      auto it = std::lower_bound(ev.begin(), ev.end(), from,
+                                 [](const BindEvent& e, double t) { return e.time < t; });
+      const int want = epoch(p.index);
+      while (it != ev.end() && it->epoch < want) ++it;
+      const double bound = it != ev.end() ? std::min(it->time, p.copyStart) : p.copyStart;
+      mem(bound, p.device, MemoryCategory::Stash, p.bytes);
+      count(bound, p.device, p.stage, +1);
+    }
+  }
+
+  // Note [Held offloads]: the device copy of an offloaded (st, i) that `d` held goes at t.
+  void releaseHeld(double t, int d, int st, int i) {
+    if (heldOn_[at(st, i)] != d) return;
+    heldOn_[at(st, i)] = kNowhere;
+    mem(t, d, MemoryCategory::Stash, -heldBytes_[at(st, i)]);
+    count(t, d, st, -1);
+  }
 
   // Note [Stashed weight versions], for stages whose schedule moves them.
   struct Stashed {
@@ -600,8 +696,13 @@ class Simulation {
       }
       if (stashAt_[at(st, i)] != d) fail(d, step, "offloads a stash that is not on this device");
       hostStash(start, bytes);
-      mem(end, d, MemoryCategory::Stash, -bytes);
-      count(end, d, st, -1);
+      if (held_[d][step] >= 0) {
+        heldOn_[at(st, i)] = d;  // Note [Held offloads]: until the OFF that releases it
+        heldBytes_[at(st, i)] = bytes;
+      } else {
+        mem(end, d, MemoryCategory::Stash, -bytes);
+        count(end, d, st, -1);
+      }
       stashAt_[at(st, i)] = kHost;
       resolve(key(kOffEnd, st, i), end);
       resolve(key(kOffDone, st, i), end);
@@ -621,8 +722,9 @@ class Simulation {
       resolve(key(kPreEndW, st, i), end);
       return true;
     }
-    mem(start, d, MemoryCategory::Stash, bytes);
-    count(start, d, st, +1);
+    // Note [Prefetch destinations in the simulator]: charged in finish().
+    const double offEnd2 = offDevice_[at(st, i)] == d ? offEnd : -1.0;
+    destinations_.push_back({d, st, i, issueTime_[d][step], start, offEnd2, bytes});
     hostStash(end, -bytes);
     stashAt_[at(st, i)] = d;
     resolve(key(kPreEnd, st, i), end);
@@ -662,6 +764,8 @@ class Simulation {
     if (r.iterationTime > 0 && r.computeDevices > 0)
       r.bubbleFraction = 1.0 - (busy / K) / (r.computeDevices * r.iterationTime);
 
+    countVersions();  // Note [Versions in simulated time]
+    bindDestinations();
     // Note [Old forward copies in the simulator]
     // The runtime's RecvWeights copies the new weights into a split stage's forward copy
     // in place unless a graph stash made on that copy still waits for its B (pipefb-async
@@ -773,8 +877,13 @@ class Simulation {
   bool async_ = false;                              // s_.kind == "pipefb-async"
   std::vector<const LinkCost*> links_, hostLinks_;  // [src * D + dst], [device]
   std::vector<int> curVersion_;
-  std::vector<std::map<int, int>> versionRefs_;
-  std::vector<int> extraVersions_;
+  // Note [Versions in simulated time]: a stashed microbatch's version taken (+1) or let go
+  // (-1), or (delta 0) the backward device's current version becoming `version`.
+  struct VersionEvent {
+    double time;
+    int stage, version, delta;
+  };
+  std::vector<VersionEvent> versionEvents_;
   std::vector<bool> explicitW_;
   std::map<std::pair<int, int>, Stashed> wv_;  // (stage, version)
   std::vector<int> usesV_;                     // [stage][mb]: its stashed version, -1 none
@@ -788,6 +897,31 @@ class Simulation {
   std::vector<Replaced> replaced_;
   std::map<std::pair<int, int>, double> lastGraphUse_;
   std::vector<int> passes_;  // Note [Message rendezvous]
+  // Note [Held offloads]: per device and action, the OFF that releases a held OFF (-1: not
+  // held); per device, the held OFFs each OFF releases; per (stage, index), the device
+  // holding its offloaded copy (kNowhere: none) and its bytes.
+  std::vector<std::vector<int>> held_;
+  // Note [Prefetch destinations in the simulator]: per device and action, a PRE bound at a
+  // later acquire; per device, its binds in time order (PRE issues with their destinations,
+  // acquires); per stage, its first OFF's issue; per (stage, index), its OFF's device; the
+  // activation prefetches' destinations to charge.
+  std::vector<std::vector<bool>> later_;
+  struct BindEvent {
+    double time;
+    int epoch;
+  };
+  std::vector<std::vector<BindEvent>> bindEvents_;
+  std::vector<double> layoutTime_;
+  std::vector<int> offDevice_;
+  struct Destination {
+    int device, stage, index;
+    double issue, copyStart, sameDeviceOffEnd;
+    std::int64_t bytes;
+  };
+  std::vector<Destination> destinations_;
+  std::vector<std::map<int, std::vector<int>>> releases_;
+  std::vector<int> heldOn_;
+  std::vector<std::int64_t> heldBytes_;
   std::vector<int> pc_;
   std::vector<double> threadTime_;
   std::vector<std::vector<int>> copyQueue_;

@@ -4,6 +4,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/schedules/Generators.h"
+#include "pipefb/schedules/HeldOffloads.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/ScheduleError.h"
 #include "pipefb/schedules/Validator.h"
@@ -408,4 +409,58 @@ TEST(LoweringTest, PipedreamHeldIsTheWholeLoweringsCount) {
           EXPECT_EQ(pipedreamHeld(S, s, M, lookahead), whole[s])
               << "S=" << S << " M=" << M << " lookahead " << lookahead << " stage " << s;
       }
+}
+
+// Note [Held offloads] (HeldOffloads.h): a split stage's forward device holds OFF s.m until
+// its next OFF when stage s offloads again before the flush; pipefb-async never flushes.
+// Same-device stages (1f1b) hold none.
+TEST(LoweringTest, HeldOffloadsLastUntilTheDevicesNextOffload) {
+  const std::vector<StashPolicy> off = {StashPolicy::Offload};
+  auto held = [&](const std::string& kind, int S, int M, int K) {
+    const SchedulePlan p = lower(makeSchedule(kind, S, M, K), off, 1);
+    const auto releases = heldOffloadReleases(p.schedule);
+    // "OFF0.0<OFF0.1": OFF0.0 released by OFF0.1, for every device.
+    std::vector<std::string> out;
+    for (size_t d = 0; d < releases.size(); ++d) {
+      const auto& list = p.schedule.devices[d];
+      EXPECT_EQ(releases[d].size(), list.size());
+      for (size_t i = 0; i < list.size(); ++i)
+        if (releases[d][i] >= 0) {
+          EXPECT_EQ(list[i].type, ActionType::Offload);
+          out.push_back(toString(list[i]) + "<" + toString(list[releases[d][i]]));
+        }
+    }
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // pipefb-sync, M = 2: the first OFF of each iteration, released by the second.
+  EXPECT_EQ(held("pipefb-sync", 2, 2, 2),
+            (V{"OFF0.0<OFF0.1", "OFF0.2<OFF0.3", "OFF1.0<OFF1.1", "OFF1.2<OFF1.3"}));
+  EXPECT_EQ(held("pipefb-sync", 2, 1, 3), V{});  // one microbatch in flight: none
+  EXPECT_EQ(held("pipefb-async", 2, 1, 3),
+            (V{"OFF0.0<OFF0.1", "OFF0.1<OFF0.2", "OFF1.0<OFF1.1", "OFF1.1<OFF1.2"}));
+  EXPECT_EQ(held("1f1b", 3, 4, 2), V{});
+}
+
+// Note [Prefetches across a flush] (HeldOffloads.h): a flushing schedule's PREs of the next
+// iteration, issued before the device's last compute of this one, bind at that iteration's
+// first acquire; an asynchronous schedule has none.
+TEST(LoweringTest, PrefetchesOfTheNextIterationAreBoundLater) {
+  auto later = [](const std::string& kind, int M, int lookahead) {
+    const SchedulePlan p = lower(makeSchedule(kind, 2, M, 2), {StashPolicy::Offload}, lookahead);
+    const auto bound = prefetchesBoundLater(p.schedule);
+    std::vector<std::string> out;
+    for (size_t d = 0; d < bound.size(); ++d)
+      for (size_t i = 0; i < bound[d].size(); ++i)
+        if (bound[d][i]) out.push_back(toString(p.schedule.devices[d][i]));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // Device 2: PRE1.0 PRE1.1 RA1.0<1 B1.0 ...: PRE1.1 is iteration 1's, before B1.0.
+  EXPECT_EQ(later("pipefb-sync", 1, 1), (V{"PRE1.1", "PRE0.1"}));
+  // Device 2: PRE1.0 PRE1.1 PRE1.2 RA1.0<1 B1.0 SG1.0>3 PRE1.3 RA1.1<1 B1.1 ...
+  EXPECT_EQ(later("pipefb-sync", 2, 2), (V{"PRE1.2", "PRE1.3", "PRE0.2", "PRE0.3"}));
+  EXPECT_EQ(later("pipefb-async", 1, 1), V{});
+  EXPECT_EQ(prefetchEpoch(5, 2, false), 2);
+  EXPECT_EQ(prefetchEpoch(5, 2, true), 0);
 }

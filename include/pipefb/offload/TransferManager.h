@@ -52,15 +52,15 @@
 // on another device, and when it takes the stash is timing. A split stage's forward
 // device holds an OFF when the same stage offloads again on it before the flush (any
 // later OFF of that stage for an asynchronous schedule; Note [Held offloads] in
-// src/runtime/Stash.cpp), so it holds exactly what the memory contract charges it
-// (Note [Offloads in flight], planner/CostModel.h): the stash F is building plus
-// min(n - 1, kOffloadsInFlight) earlier ones, whatever the copies' timing. Released as
-// copied instead, a forward device peaked at about one stash whenever the copy engine
-// emptied a stash before the next F filled one (PlanRunsTest, seed 0: gpt2-tiny and
-// resnet50/8 pipefb-sync/async keep and offload, forward devices 12% to 48% below the
-// plan), and at two when it did not. The plan is the program: what a device holds does
-// not depend on timing. It costs only memory the plan reserved anyway. Same-device
-// stages, whose prefetches share the copy engine with their offloads, release as copied.
+// schedules/HeldOffloads.h, which the simulator reads too), so it holds exactly what the memory
+// contract charges it (Note [Offloads in flight], planner/CostModel.h): the stash F is building
+// plus min(n - 1, kOffloadsInFlight) earlier ones, whatever the copies' timing. Released as copied
+// instead, a forward device peaked at about one stash whenever the copy engine emptied a stash
+// before the next F filled one (PlanRunsTest, seed 0: gpt2-tiny and resnet50/8 pipefb-sync/async
+// keep and offload, forward devices 12% to 48% below the plan), and at two when it did not. The
+// plan is the program: what a device holds does not depend on timing. It costs only memory the plan
+// reserved anyway. Same-device stages, whose prefetches share the copy engine with their offloads,
+// release as copied.
 //
 // Counters per device: bytes each way, copy time, copy intervals (for overlap with
 // compute), stall time. All members are thread-safe.

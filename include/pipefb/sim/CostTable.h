@@ -32,9 +32,10 @@ struct StageCosts {
   std::int64_t gradsBytes = 8 << 20;            // resident grads on B(s)
   std::int64_t optimizerStateBytes = 16 << 20;  // resident optimizer state on B(s)
   std::int64_t workingSetBytes = 2 << 20;       // transient, while F/B runs
-  /// Transient while F runs on a device that is not the stage's backward device (PipeFB's
-  /// forward device: only the forward working set, Note [Forward device memory] in
-  /// planner/CostModel.h); -1 = workingSetBytes.
+  /// Transient while F runs, on any device (a split stage's forward device holds only the
+  /// forward working set, Note [Forward device memory] in planner/CostModel.h; the planner
+  /// gives F's whole peak, the stash it builds included, Note [Forward peak]);
+  /// -1 = workingSetBytes.
   std::int64_t forwardWorkingSetBytes = -1;
   std::int64_t stepWorkingBytes = 0;  // transient of STEP (optimizer_state), while it runs
 
