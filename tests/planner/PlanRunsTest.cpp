@@ -536,6 +536,18 @@ TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
   }
 }
 
+// ResNet50 width 1/8 at 64 px, batch 32 in 4 microbatches, 4 virtual devices, synthetic
+// data: the decoupled PipeFB runs below.
+std::string decoupledResnetSets(const std::string& schedule) {
+  return "--config " + std::string(PIPEFB_SOURCE_DIR) +
+         "/configs/resnet50.yaml --set model.width=0.125 --set model.input_size=64"
+         " --set model.channels=3 --set training.batch=32 --set pipeline.microbatches=4"
+         " --set devices.count=4 --set pipeline.schedule=" +
+         schedule +
+         " --set data.name=synthetic --set data.synthetic_train=64"
+         " --set data.synthetic_test=32";
+}
+
 // Note [Decoupled partitions]: pipefb_train runs the planner's decoupled PipeFB plans (every
 // layer a segment, forward devices feeding backward devices). ResNet50 width 1/8 at 64 px,
 // batch 32, M = 4 on 4 virtual devices, measured profile, at each family's smallest
@@ -548,12 +560,7 @@ TEST_F(PlanRuns, FoldedPipeFbPeaksWhereTheSimulatorSays) {
 // (its device 2 peaked 3.9% above the plan, 7.1% while its gathered B was charged the
 // in-place working set, Note [Gathered weight gradients]).
 TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
-  const std::string sets =
-      "--config " + std::string(PIPEFB_SOURCE_DIR) +
-      "/configs/resnet50.yaml --set model.width=0.125 --set model.input_size=64"
-      " --set model.channels=3 --set training.batch=32 --set pipeline.microbatches=4"
-      " --set devices.count=4 --set pipeline.schedule=pipefb-sync --set data.name=synthetic"
-      " --set data.synthetic_train=64 --set data.synthetic_test=32";
+  const std::string sets = decoupledResnetSets("pipefb-sync");
   const std::string profile = dir_ + "/profile.yaml";
   auto pr = test::runProgram("pipefb_profile " + sets + " --out " + profile);
   ASSERT_EQ(pr.code, 0) << pr.out;
@@ -601,12 +608,7 @@ TEST_F(PlanRuns, DecoupledPipeFbPlansRun) {
 // device within +-10% of the plan (planned at -1 while running at 1, the 224 px plan's
 // backward devices peaked 5.4% to 10.05% below it).
 TEST_F(PlanRuns, AsyncPlansRunAtTheirLagAndPeakWherePlanned) {
-  const std::string sets =
-      "--config " + std::string(PIPEFB_SOURCE_DIR) +
-      "/configs/resnet50.yaml --set model.width=0.125 --set model.input_size=64"
-      " --set model.channels=3 --set training.batch=32 --set pipeline.microbatches=4"
-      " --set devices.count=4 --set pipeline.schedule=pipefb-async --set data.name=synthetic"
-      " --set data.synthetic_train=64 --set data.synthetic_test=32";
+  const std::string sets = decoupledResnetSets("pipefb-async");
   const std::string profile = dir_ + "/profile.yaml";
   auto pr = test::runProgram("pipefb_profile " + sets + " --times analytic --out " + profile);
   ASSERT_EQ(pr.code, 0) << pr.out;
