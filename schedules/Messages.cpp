@@ -277,9 +277,12 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
 std::vector<int> rendezvousPasses(const Schedule& schedule) {
   std::vector<int> out(schedule.devices.size(), 0);
   if (schedule.kind == toString(ScheduleKind::OneFOneB) ||
-      schedule.kind == toString(ScheduleKind::GPipe) ||
       schedule.kind == toString(ScheduleKind::PipeDream)) {
     std::fill(out.begin(), out.end(), 3);
+    return out;
+  }
+  if (schedule.kind == toString(ScheduleKind::GPipe)) {  // its activations too
+    std::fill(out.begin(), out.end(), 4);
     return out;
   }
   if (schedule.kind != toString(ScheduleKind::PipeFbSync) &&

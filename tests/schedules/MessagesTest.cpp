@@ -12,32 +12,34 @@ WaitingMessages of(const std::string& kind, int S, int M, int K = 1) {
   return waitingMessages(makeSchedule(kind, S, M, K).schedule);
 }
 
-TEST(WaitingMessages, GpipeActivationsRunAheadItsGradientsAreSentAtTheReceive) {
-  // Device 0's forwards run ahead of F1.0, so 3 activations may wait on device 1. Device 1
-  // runs B1.3..B1.0 without waiting for device 0's backwards, but each gradient goes out
-  // only when B0's device waits for it (Note [Message rendezvous]): none waits there.
+TEST(WaitingMessages, GpipeSendsActivationsAndGradientsAtTheReceive) {
+  // Device 0's forwards could run ahead of F1.0, and device 1's backwards ahead of device
+  // 0's; each activation goes out only when F1's device waits for it at RA1.m, and each
+  // gradient when B0's device waits for it (Note [Message rendezvous]): none waits.
   const WaitingMessages w = of("gpipe", 2, 4);
-  EXPECT_EQ(w.activations, (std::vector<int>{0, 3}));
+  EXPECT_EQ(w.activations, (std::vector<int>{0, 0}));
   EXPECT_EQ(w.gradients, (std::vector<int>{0, 0}));
   EXPECT_EQ(w.outputs, 0);
-  // At B starts alone: device 1's B's come after all of its forwards, so no activation
-  // waits there (Note [Forward beside backward]).
   EXPECT_EQ(w.gradientsAtBackward, (std::vector<int>{0, 0}));
   EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 0}));
 }
 
 TEST(WaitingMessages, ListsTooLongForSixteenBitPositionsCountTheSame) {
   // Note [Waiting messages speed]: positions are 16-bit numbers only while every list is
-  // shorter than 32767 actions. gpipe S = 2, M = 100: each iteration's activations wait on
-  // device 1 from its last B of the iteration before, all but one of them, and its inputs
-  // on device 0. Over 160 iterations a device has 32000 actions (16-bit positions), over
-  // 170 it has 34000 (int: 16-bit ones would wrap, and count 694 activations, 600 of them
-  // at device 1's backwards).
-  for (int K : {160, 170}) {
-    const WaitingMessages w = of("gpipe", 2, 100, K);
-    EXPECT_EQ(w.activations, (std::vector<int>{0, 99})) << K << " iterations";
-    EXPECT_EQ(w.activationsAtBackward, (std::vector<int>{0, 0})) << K << " iterations";
-    EXPECT_EQ(w.inputsAtBackward, 100) << K << " iterations";
+  // shorter than 32767 actions. S = 2, M = 100: over 160 iterations a device has 32000
+  // actions (16-bit positions), over 170 it has 34000 (int: 16-bit ones would wrap, and
+  // count activations that cannot wait). Every count is the one of 2 iterations.
+  for (const std::string kind : {"gpipe", "1f1b"}) {
+    const WaitingMessages base = of(kind, 2, 100, 2);
+    if (kind == "1f1b") EXPECT_EQ(base.activations, (std::vector<int>{0, 1}));
+    if (kind == "gpipe") EXPECT_EQ(base.inputsAtBackward, 100);
+    for (int K : {160, 170}) {
+      const WaitingMessages w = of(kind, 2, 100, K);
+      EXPECT_EQ(w.activations, base.activations) << kind << " " << K << " iterations";
+      EXPECT_EQ(w.activationsAtBackward, base.activationsAtBackward) << kind << " " << K;
+      EXPECT_EQ(w.gradients, base.gradients) << kind << " " << K;
+      EXPECT_EQ(w.inputsAtBackward, base.inputsAtBackward) << kind << " " << K;
+    }
   }
 }
 
@@ -130,6 +132,12 @@ TEST(WaitingMessages, PipefbSendsWithinAPassAtTheReceive) {
   EXPECT_EQ(waitingMessages(oneF).gradients, (std::vector<int>{0, 0, 0, 0}));
   EXPECT_TRUE(rendezvous(rendezvousPasses(oneF), 1, 0, MessageKind::Gradient));
   EXPECT_FALSE(rendezvous(rendezvousPasses(oneF), 0, 1, MessageKind::Activation));
+  // gpipe sends its activations at the receive too: none waits.
+  const Schedule gpipe = makeSchedule("gpipe", 4, 4).schedule;
+  EXPECT_EQ(rendezvousPasses(gpipe), (std::vector<int>{4, 4, 4, 4}));
+  EXPECT_EQ(waitingMessages(gpipe).activations, (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(waitingMessages(gpipe).gradients, (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_TRUE(rendezvous(rendezvousPasses(gpipe), 0, 1, MessageKind::Activation));
   // Interleaved and zero-bubble kinds send when made.
   EXPECT_EQ(rendezvousPasses(makeSchedule("zb-h1", 4, 4).schedule), (std::vector<int>{0, 0, 0, 0}));
   // A folded device runs both passes: its messages are sent when made.

@@ -195,11 +195,13 @@ TEST(SimulatorTest, LinkLatencyAndBandwidthAreCharged) {
 }
 
 TEST(SimulatorTest, LinkIsAFifoResource) {
-  // Two back-to-back sends on one link: the second waits for the first to leave.
+  // Two back-to-back sends on one link: the second waits for the first to leave. (1f1b's
+  // warm-up sends its activations when made; gpipe's wait for their receive, Note [Message
+  // rendezvous].)
   CostTable c = CostTable::uniform(2);
   for (StageCosts& sc : c.stages) sc.forward = 1e-6;  // much faster than the link
   c.defaultLink = {1e9, 0};
-  SchedulePlan pl = plan("gpipe", 2, 2);
+  SchedulePlan pl = plan("1f1b", 2, 2);
   SimResult r = simulate(pl.schedule, c);
   int s0 = find(pl.schedule, 0, "SA0.0>1"), s1 = find(pl.schedule, 0, "SA0.1>1");
   double xfer = c.stages[0].activationBytes / 1e9;

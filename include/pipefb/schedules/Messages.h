@@ -93,8 +93,20 @@ WaitingMessages waitingMessages(const Schedule& schedule);
 /// which are sent when made, so the waits cannot close a cycle. Before, every gradient
 /// that can wait was charged at the receiver's B (resnet50/8 1f1b and gpipe at their
 /// smallest budgets, 64 px: device 0 charged 3 of layer1.1's input gradients, 768 KiB,
-/// where none waited at its peak: 17.8% below the plan). Per device: 1 when it runs only
-/// forwards, 2 only backwards, 3 for a device of those three kinds, 0 otherwise.
+/// where none waited at its peak: 17.8% below the plan). gpipe sends its activations at
+/// their receive too: SA(s, m) waits for RA(s+1, m), which stage s+1 reaches after F(s+1,
+/// m-1) and its own send; the last stage sends none, so the waits run down a chain and
+/// cannot close a cycle, and its forward phase waits on no backward (sent when made, up to M
+/// - 1 activations could wait at a receiver beside its F, charged there, where on virtual
+/// devices none did when the sender was slower: PlanRunsTest seed 4 instance 33, mlp
+/// gpipe-offload, 3 of the last stage's 4 KiB inputs charged, its device 12.4% below the plan,
+/// 24.7% once linear layers added their weight gradients into .grad). The sender holds the
+/// activation while it waits, within F's peak; a faster sender would only have finished its
+/// forwards earlier, and its backwards wait for the stage above anyway. 1f1b and pipedream
+/// keep sending activations when made: their forwards run beside backwards, and a stage
+/// waiting to send would hold up the backward its receiver's gradient needs. Per device: 1
+/// when it runs only forwards, 2 only backwards, 3 for 1f1b and pipedream, 4 for gpipe, 0
+/// otherwise.
 /// The simulator models the wait (Note [Rendezvous in the simulator], src/sim/Simulator.cpp).
 std::vector<int> rendezvousPasses(const Schedule& schedule);
 
@@ -111,9 +123,10 @@ inline MessageKind messageKind(const Action& a, int numStages) {
 inline bool rendezvous(const std::vector<int>& passes, int from, int to, MessageKind kind) {
   switch (kind) {
     case MessageKind::Activation:
-      return passes[from] == 1 && passes[to] == 1;
+      return (passes[from] == 1 && passes[to] == 1) || (passes[from] == 4 && passes[to] == 4);
     case MessageKind::Gradient:
-      return (passes[from] == 2 && passes[to] == 2) || (passes[from] == 3 && passes[to] == 3);
+      return (passes[from] == 2 && passes[to] == 2) ||
+             (passes[from] >= 3 && passes[from] == passes[to]);
     case MessageKind::Output:
       return passes[from] == 1 && passes[to] == 2;
   }
