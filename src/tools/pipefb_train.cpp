@@ -58,19 +58,25 @@ namespace {
 // per device rank 0 measures while the others wait at a barrier, and every rank then
 // reads the same cache file, so they plan the same partition.
 // Returns the plan as pipefb_plan writes it (for RUN_DIR/plan.yaml).
-std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
-                                pipefb::dist::ProcessGroup* group) {
+// The config's measured profile file, measured and cached on first use (by rank 0 while
+// the others wait, with one process per device).
+std::string cachedProfile(const pipefb::config::Config& config, pipefb::dist::ProcessGroup* group) {
   using namespace pipefb::planner;
   const std::string cached = defaultProfilePath(profileHeader(config, ProfilerOptions{}));
   if (group == nullptr || group->rank() == 0) {
     if (!std::filesystem::exists(cached))
-      spdlog::info(
-          "pipeline: measuring the model's profile for the planner's partition (once; "
-          "cached in {})",
-          cached);
+      spdlog::info("pipeline: measuring the model's profile for the planner (once; cached in {})",
+                   cached);
     loadOrMeasureProfile(config, ProfilerOptions{}, cached);
   }
   if (group != nullptr) group->barrier();
+  return cached;
+}
+
+std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
+                                pipefb::dist::ProcessGroup* group) {
+  using namespace pipefb::planner;
+  const std::string cached = cachedProfile(config, group);
   const ConfigPartition p =
       setPlannerPartition(config, pipefb::runtime::stagesFor(config), cached, configPath);
   spdlog::info(
@@ -88,12 +94,7 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
 // profile as usePlannerPartition. Returns "" when nothing fits devices.memory.
 std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
   using namespace pipefb::planner;
-  const std::string cached = defaultProfilePath(profileHeader(config, ProfilerOptions{}));
-  if (!std::filesystem::exists(cached))
-    spdlog::info("pipeline: measuring the model's profile for the planner (once; cached in {})",
-                 cached);
-  loadOrMeasureProfile(config, ProfilerOptions{}, cached);
-  const WholePlan p = planWholePipeline(config, cached, configPath);
+  const WholePlan p = planWholePipeline(config, cachedProfile(config, nullptr), configPath);
   if (p.planYaml.empty())
     spdlog::info("pipeline: no {} plan fits devices.memory; planning the partition alone",
                  config.pipeline.schedule);
