@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "pipefb/memory/TrackingAllocator.h"
+
 namespace pipefb::offload {
 
 ThreadCopyEngine::ThreadCopyEngine(std::string name) : name_(std::move(name)) {
@@ -31,7 +33,7 @@ void ThreadCopyEngine::shutdown() {
 void ThreadCopyEngine::loop() {
   // One intra-op thread: a copy must not compete with the devices' compute threads
   // (Note [Intra-op threads] in MemoryScope.h).
-  at::set_num_threads(1);
+  memory::oneIntraOpThread();
   for (;;) {
     std::function<void()> job;
     {

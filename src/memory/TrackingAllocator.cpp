@@ -3,6 +3,7 @@
 // c10's own alloc_cpu/free_cpu.
 #include "pipefb/memory/TrackingAllocator.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -111,6 +112,12 @@ std::optional<OomInfo> findOutOfMemory(std::exception_ptr error) {
   const auto from = at + std::strlen(kOomMessagePrefix);
   info.domain = what.substr(from, what.find(": ", from) - from);
   return info;
+}
+
+void oneIntraOpThread() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  at::set_num_threads(1);
 }
 
 }  // namespace pipefb::memory

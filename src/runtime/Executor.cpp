@@ -14,7 +14,7 @@ namespace pipefb::runtime {
 
 void PipelineEngine::Impl::workerMain(int d) {
   // Note [Intra-op threads] in MemoryScope.h: one intra-op thread per device worker.
-  at::set_num_threads(1);
+  memory::oneIntraOpThread();
   bindDeviceThreads(options.bind, d, transfers.get());  // Note [Device binding]
   DeviceState& dev = devices[d];
   memory::MemoryScope scope(*dev.domain, MemoryCategory::WorkingSet);

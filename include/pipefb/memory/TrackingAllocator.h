@@ -46,4 +46,12 @@ bool trackingAllocatorInstalled();
 /// (details then come from lastOutOfMemory(), or lastOutOfMemoryAnyThread()).
 std::optional<OomInfo> findOutOfMemory(std::exception_ptr error);
 
+/// Note [Intra-op threads] (MemoryScope.h): at::set_num_threads(1) on the calling thread,
+/// for a device worker or a copy engine at its start. The calls are serialised: several
+/// such threads start at once, and LibTorch's first calls allocate state that another
+/// thread's call then locks without ordering we can see (ThreadSanitizer, offload_test's
+/// TransferManager.PrefetchIssuedBeforeTheOffloadWaitsOnTheCopyEngine: two copy engines
+/// starting together, a race inside libtorch_cpu).
+void oneIntraOpThread();
+
 }  // namespace pipefb::memory
