@@ -36,6 +36,21 @@ ProfilerOptions quick() {
   return o;
 }
 
+// For tests that compare bytes only: one timing run, and an analytic spec whose times
+// are not compared (any will do).
+ProfilerOptions bytesOnly() {
+  ProfilerOptions o = quick();
+  o.warmup = 0;
+  o.repeats = 1;
+  return o;
+}
+DeviceSpec anySpec() {
+  DeviceSpec cpu;
+  cpu.peakFlops = 1e11;
+  cpu.hbmBandwidth = 2e10;
+  return cpu;
+}
+
 std::vector<model::LayerInfo> describe(const config::Config& cfg, std::int64_t b) {
   return model::buildModel(cfg.model)->describe(b);
 }
@@ -175,12 +190,8 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
       {"training.optimizer=sgd", "training.momentum=0.9", "training.weight_decay=0"},
       {"training.optimizer=sgd", "training.momentum=0.9", "training.weight_decay=0.01"},
       {"training.optimizer=sgd", "training.momentum=0", "training.weight_decay=0"}};
-  DeviceSpec cpu;  // times are not compared; any spec will do
-  cpu.peakFlops = 1e11;
-  cpu.hbmBandwidth = 2e10;
-  ProfilerOptions o = quick();
-  o.warmup = 0;
-  o.repeats = 1;
+  const DeviceSpec cpu = anySpec();
+  const ProfilerOptions o = bytesOnly();
   for (const Case& c : models)
     for (const auto& opt : optimizers) {
       std::vector<std::string> sets = c.sets;
@@ -209,12 +220,8 @@ TEST(ProfilerTest, AnalyticStepTransientIsTheMeasuredOne) {
 // convolutions are left out): in place a linear layer's bias, gathering all its
 // parameters. The fits take 2 and the batch's samples.
 TEST(ProfilerTest, AnalyticFreshGradientsAreTheMeasuredOnes) {
-  DeviceSpec cpu;  // times are not compared; any spec will do
-  cpu.peakFlops = 1e11;
-  cpu.hbmBandwidth = 2e10;
-  ProfilerOptions o = quick();
-  o.warmup = 0;
-  o.repeats = 1;
+  const DeviceSpec cpu = anySpec();
+  const ProfilerOptions o = bytesOnly();
   auto profiles = [&](const char* config, const std::vector<std::string>& sets) {
     const auto cfg = loadCfg(config, sets);
     Profile measured = measureProfile(cfg, o);
