@@ -27,6 +27,9 @@ struct TransferManager::Entry {
   MemoryCategory category = MemoryCategory::Stash;
   bool copyStarted = false;
   std::vector<at::Tensor> destination;
+  // Note [Prefetches behind their stage's offloads]: this device's offloads of the same
+  // stage queued ahead of this prefetch and not yet copied when it was issued.
+  std::vector<std::shared_ptr<Entry>> behind;
   std::shared_ptr<CopyFence> copied;  // after the prefetch's copies (Note [Copy backends])
   std::exception_ptr error;
 };
@@ -166,6 +169,11 @@ void TransferManager::prefetch(int device, TransferKey key, memory::MemoryDomain
     e->epoch = epoch;
     e->target = &target;
     e->category = category;
+    // Note [Prefetches behind their stage's offloads]
+    for (const auto& [k, o] : entries_)
+      if (k.kind == key.kind && k.stage == key.stage && o->offloadDevice == device &&
+          o->offloadIssued && !o->offloaded)
+        e->behind.push_back(o);
     ++queued_;
   }
   memory::MemoryDomain* t = &target;
@@ -196,6 +204,15 @@ void TransferManager::runPrefetch(int device, TransferKey key, std::shared_ptr<E
     }
     host = std::move(e->host);
     error = e->error;
+    // Note [Prefetches behind their stage's offloads]: allocated whole before the lock
+    // goes, so that an acquire that binds after its wait finds it bound or started.
+    if (!error) {
+      try {
+        bindDestination(key, *e);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
     e->copyStarted = true;
     planned = std::move(e->destination);
   }
@@ -261,6 +278,8 @@ std::vector<at::Tensor> TransferManager::acquire(int device, TransferKey key,
   counters_[device].stallSeconds += (memory::nowNs() - start) * 1e-9;
   if (!e->ready) throw TransferCancelled();
   entries_.erase(key);
+  // Note [Prefetches behind their stage's offloads]: those the wait let bind.
+  bindDestinations(device, epoch);
   // Note [Held offload copies]: a held device copy stays until the device's next OFF,
   // whenever B takes the stash (B's device and time are not the forward device's).
   if (e->error) std::rethrow_exception(e->error);
@@ -298,19 +317,26 @@ void TransferManager::releaseHold(TransferKey key) {
 
 void TransferManager::bindDestinations(int device, int epoch) {
   for (auto& [key, e] : entries_) {
-    if (e->prefetchDevice != device || e->epoch > epoch || e->copyStarted || e->ready ||
-        e->dropped || !e->destination.empty())
+    if (e->prefetchDevice != device || e->epoch > epoch || e->copyStarted || e->ready || e->dropped)
       continue;
-    // The device's own offload of this key still holds its device copy: the prefetch
-    // follows it on the same copy engine and allocates once it is done.
-    if (e->offloadDevice == device && !e->offloaded) continue;
-    auto layout = layouts_.find({key.kind, key.stage});
-    if (layout == layouts_.end()) continue;
-    memory::MemoryScope scope(*e->target, e->category);
-    for (const auto& like : layout->second)
-      e->destination.push_back(like.defined() ? backend_->emptyLike(like, *e->target)
-                                              : at::Tensor());
+    bindDestination(key, *e);
   }
+}
+
+void TransferManager::bindDestination(TransferKey key, Entry& e) {
+  if (!e.destination.empty()) return;
+  // The device's own offload of this key still holds its device copy: the prefetch
+  // follows it on the same copy engine and allocates once it is done.
+  if (e.offloadDevice == e.prefetchDevice && !e.offloaded) return;
+  // Note [Prefetches behind their stage's offloads]
+  for (const auto& o : e.behind)
+    if (!o->offloaded) return;
+  e.behind.clear();
+  auto layout = layouts_.find({key.kind, key.stage});
+  if (layout == layouts_.end()) return;
+  memory::MemoryScope scope(*e.target, e.category);
+  for (const auto& like : layout->second)
+    e.destination.push_back(like.defined() ? backend_->emptyLike(like, *e.target) : at::Tensor());
 }
 
 std::shared_future<void> TransferManager::copyInPlace(int device, TransferKey key,

@@ -177,6 +177,7 @@ class Simulation {
     bindEvents_.assign(D_, {});
     layoutTime_.assign(S_, std::numeric_limits<double>::infinity());
     offDevice_.assign(SN, kNowhere);
+    lastOffEnd_.assign(D_, std::vector<double>(S_, -1.0));
     heldBytes_.assign(SN, 0);
     async_ = s.kind == "pipefb-async";
     // Note [Simulator speed]: the links looked up once, not per message.
@@ -638,9 +639,10 @@ class Simulation {
   // least the prefetch's (Note [Prefetches across a flush] in schedules/HeldOffloads.h; a
   // version's acquire binds every epoch, its PREW epoch 0), once the stage's layout is
   // known (its first OFF, on any device) and, for a stash offloaded by the same device,
-  // once that copy is done; at the latest when its copy starts. Charged from its copy's
-  // start instead, a backward device held a stash less than the runtime whenever the OFF
-  // came after the PRE (pipefb-zb S=2 M=4, SimAgreementTest: 39% below the cost model).
+  // once that copy is done, and those of the stage's other OFFs the device issued before it
+  // (Note [Prefetches behind their stage's offloads]); at the latest when its copy starts. Charged
+  // from its copy's start instead, a backward device held a stash less than the runtime whenever
+  // the OFF came after the PRE (pipefb-zb S=2 M=4, SimAgreementTest: 39% below the cost model).
   void bindDestinations() {
     for (const Destination& p : destinations_) {
       const double from = std::max({p.issue, layoutTime_[p.stage], p.sameDeviceOffEnd});
@@ -704,6 +706,7 @@ class Simulation {
         count(end, d, st, -1);
       }
       stashAt_[at(st, i)] = kHost;
+      lastOffEnd_[d][st] = end;
       resolve(key(kOffEnd, st, i), end);
       resolve(key(kOffDone, st, i), end);
       return true;
@@ -723,7 +726,9 @@ class Simulation {
       return true;
     }
     // Note [Prefetch destinations in the simulator]: charged in finish().
-    const double offEnd2 = offDevice_[at(st, i)] == d ? offEnd : -1.0;
+    // Note [Prefetches behind their stage's offloads]: the engine is in list order, so the
+    // last of the stage's OFFs it ran on d was issued before this PRE.
+    const double offEnd2 = std::max(offDevice_[at(st, i)] == d ? offEnd : -1.0, lastOffEnd_[d][st]);
     destinations_.push_back({d, st, i, issueTime_[d][step], start, offEnd2, bytes});
     hostStash(end, -bytes);
     stashAt_[at(st, i)] = d;
@@ -913,6 +918,7 @@ class Simulation {
   std::vector<std::vector<BindEvent>> bindEvents_;
   std::vector<double> layoutTime_;
   std::vector<int> offDevice_;
+  std::vector<std::vector<double>> lastOffEnd_;  // per device and stage: its last stash OFF's end
   struct Destination {
     int device, stage, index;
     double issue, copyStart, sameDeviceOffEnd;

@@ -3,10 +3,12 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/offload/CopyBackend.h"
 #include "pipefb/offload/HostPool.h"
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
@@ -198,6 +200,81 @@ TEST(TransferManager, PrefetchIssuedBeforeTheOffloadWaitsOnTheCopyEngine) {
   mgr.synchronize();
   EXPECT_EQ(mgr.pending(), 0u);
   EXPECT_EQ(host.liveBytes(), 0);
+}
+
+namespace {
+// The CPU backend whose offload jobs, while armed, wait for open() before they copy: a
+// copy engine that lags, on demand.
+class GatedBackend : public offload::CopyBackend {
+ public:
+  struct Gate : offload::CopyFence {
+    std::shared_future<void> opened;
+    void block() override { opened.wait(); }
+  };
+  void arm() {
+    promise_ = std::promise<void>();
+    gate_ = std::make_shared<Gate>();
+    gate_->opened = promise_.get_future().share();
+  }
+  void open() {
+    promise_.set_value();
+    gate_ = nullptr;
+  }
+  std::string name() const override { return "gated"; }
+  std::unique_ptr<offload::CopyEngine> makeEngine(int device, const std::string& role) override {
+    return cpu_->makeEngine(device, role);
+  }
+  std::shared_ptr<offload::CopyFence> fence() override { return gate_; }
+  at::Tensor emptyLike(const at::Tensor& like, const memory::MemoryDomain& domain) override {
+    return cpu_->emptyLike(like, domain);
+  }
+  offload::HostMemoryKind hostKind() const override { return cpu_->hostKind(); }
+  offload::HostMemoryKind pinHost(void* block, std::size_t bytes) override {
+    return cpu_->pinHost(block, bytes);
+  }
+  void unpinHost(void* block, std::size_t bytes, offload::HostMemoryKind kind) override {
+    cpu_->unpinHost(block, bytes, kind);
+  }
+
+ private:
+  std::shared_ptr<offload::CopyBackend> cpu_ = offload::cpuCopyBackend();
+  std::promise<void> promise_;
+  std::shared_ptr<Gate> gate_;
+};
+}  // namespace
+
+// Note [Prefetches behind their stage's offloads]: a prefetch issued while the device still
+// copies out an offload of the same stage gets its destination once that copy is done (here
+// from the acquire after its wait), never beside that offload's device copy.
+TEST(TransferManager, PrefetchBehindItsStagesOffloadBindsOnceThatCopyIsDone) {
+  auto& dev = freshDomain("test-dev-behind");
+  auto& host = freshDomain("test-host-behind");
+  auto backend = std::make_shared<GatedBackend>();
+  offload::TransferManager mgr(host, {1, false, /*maxOffloadsInFlight=*/1, backend});
+  const int64_t bytes = 64 * 128 * 4;
+  auto stash = [&] {
+    memory::MemoryScope s(dev, MemoryCategory::Stash);
+    return std::vector<torch::Tensor>{torch::randn({64, 128})};
+  };
+  mgr.offload(0, {0, 3, 0}, stash());
+  mgr.offload(0, {0, 3, 1}, stash());
+  mgr.synchronize();  // on the host; the stage's layout is known
+  ASSERT_EQ(dev.liveBytes(MemoryCategory::Stash), 0);
+  backend->arm();
+  mgr.offload(0, {0, 3, 2}, stash());  // its copy waits for the gate
+  mgr.prefetch(0, {0, 3, 0}, dev);
+  mgr.prefetch(0, {0, 3, 1}, dev);
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), bytes) << "bound beside the copy going out";
+  mgr.prefetch(0, {0, 4, 0}, dev);  // another stage's: nothing to wait for, but no layout
+  backend->open();
+  auto first = mgr.acquire(0, {0, 3, 0}, dev);
+  // The offload is done and gone; the second prefetch is bound (or its copy holds it).
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), 2 * bytes);
+  auto second = mgr.acquire(0, {0, 3, 1}, dev);
+  EXPECT_EQ(dev.liveBytes(MemoryCategory::Stash), 2 * bytes);
+  mgr.drop({0, 4, 0});
+  mgr.drop({0, 3, 2});
+  mgr.synchronize();
 }
 
 TEST(TransferManager, HostPoolExhaustionReachesAcquireAsOutOfMemory) {

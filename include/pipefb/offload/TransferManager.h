@@ -37,6 +37,19 @@
 // depending on whether the next stash's copy landed before B peaked (PlanRunsTest:
 // pipefb-async offload/keep 13% to 28% below the plan on backward devices).
 //
+// Note [Prefetches behind their stage's offloads]
+// Nor while an offload of the same stage that the device issued before the prefetch is
+// still copying: the prefetch is queued behind it on the same copy engine, so it cannot
+// copy earlier, and bound early it would sit beside that offload's device copy. It is bound
+// at the device's next bind once those copies are done, by the acquire after its wait (the
+// wait for a later-queued copy is a wait for them), or by the copy engine when it starts it
+// (whole, under the lock, so that an acquire finds it bound or not started). The stage's
+// forward phase then ends as planned: gpt2-tiny gpipe-offload S=3 M=4 (PlanRunsTest seed 0
+// instance 29) issues F0.7 OFF0.7 PRE0.4 SA0.7 PRE0.5, and bound when issued, PRE0.5 met
+// OFF0.7 still copying on a loaded machine (3 stashes where Note [Prefetches after the
+// forward phase] in schedules/Lowering.h charges 2): out of memory about one run in four.
+// The simulator binds so too (Note [Prefetch destinations in the simulator]).
+//
 // Note [Release as copied]
 // An offload job copies its tensors one after the other and drops each device tensor as
 // soon as its own copy is done, not all of them at the end of the job: the device's
@@ -212,6 +225,8 @@ class TransferManager {
   /// prefetches of epochs up to `epoch` whose stage layout is known and that have none
   /// yet; under mu_, on the thread that issues or acquires them.
   void bindDestinations(int device, int epoch);
+  /// One prefetch's, unless it waits (Note [Prefetches behind their stage's offloads]).
+  void bindDestination(TransferKey key, Entry& e);
   // The layout of each (kind, stage): meta tensors of its offload's sizes and dtypes
   // (undefined where the offload had an undefined tensor).
   std::map<std::pair<int, int>, std::vector<at::Tensor>> layouts_;
