@@ -22,7 +22,8 @@
 // Stash policies are one per plan (schedule families <kind>-<policy>) until the runtime
 // takes the planner's mixed per-stage policies.
 // PIPEFB_PLAN_RUNS_SEED and PIPEFB_PLAN_RUNS_INSTANCES change the draw (default 0, 50);
-// PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of it.
+// PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of it; PIPEFB_PLAN_RUNS_KEEP=1 keeps
+// its folder (plans, runs) when it passes.
 //
 // Status: the property holds on seed 0, the default, and the random test runs enabled with
 // 50 instances: 77.5 s in a whole ctest -j2 on a quiet machine (67 s to 78 s of CPU; wall
@@ -227,7 +228,8 @@ class PlanRuns : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = test::freshDir("plan_runs"); }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
+    // PIPEFB_PLAN_RUNS_KEEP=1 keeps the plans and runs of a pass too (to look at one).
+    if (!HasFailure() && envInt("PIPEFB_PLAN_RUNS_KEEP", 0) == 0) fs::remove_all(dir_);
   }
 
   // The measured profile of the instance's model at its microbatch size, measured once:
