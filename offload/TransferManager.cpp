@@ -29,7 +29,8 @@ struct TransferManager::Entry {
   std::vector<at::Tensor> destination;
   // Note [Prefetches behind their stage's offloads]: this device's offloads of the same
   // stage queued ahead of this prefetch and not yet copied when it was issued.
-  std::vector<std::shared_ptr<Entry>> behind;
+  // (Weak: an entry may wait behind its own offload, and an entry that is gone is done.)
+  std::vector<std::weak_ptr<Entry>> behind;
   std::shared_ptr<CopyFence> copied;  // after the prefetch's copies (Note [Copy backends])
   std::exception_ptr error;
 };
@@ -329,8 +330,8 @@ void TransferManager::bindDestination(TransferKey key, Entry& e) {
   // follows it on the same copy engine and allocates once it is done.
   if (e.offloadDevice == e.prefetchDevice && !e.offloaded) return;
   // Note [Prefetches behind their stage's offloads]
-  for (const auto& o : e.behind)
-    if (!o->offloaded) return;
+  for (const auto& w : e.behind)
+    if (auto o = w.lock(); o && !o->offloaded) return;
   e.behind.clear();
   auto layout = layouts_.find({key.kind, key.stage});
   if (layout == layouts_.end()) return;

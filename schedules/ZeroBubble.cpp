@@ -193,6 +193,7 @@ MemoryContract contractFromOrder(const Schedule& s) {
   c.weightVersions.assign(S, 1);
   c.residentWeightVersions.assign(S, 1);
   c.deferredW.assign(S, 0);
+  c.deferredAtI.assign(S, 0);
   for (int d = 0; d < s.numDevices(); ++d) {
     std::vector<int> alive(S, 0), deferred(S, 0);
     for (const Action& a : s.devices[d]) {
@@ -205,6 +206,8 @@ MemoryContract contractFromOrder(const Schedule& s) {
           c.residentForward[st] = std::max(c.residentForward[st], alive[st]);
       }
       const int st = a.stage;
+      if (a.type == ActionType::InputGrad)
+        c.deferredAtI[st] = std::max(c.deferredAtI[st], deferred[st]);
       if (a.type == ActionType::Forward) ++alive[st];
       if (a.type == ActionType::InputGrad) ++deferred[st];
       if (a.type == ActionType::WeightGrad) --deferred[st];
@@ -223,20 +226,21 @@ std::vector<std::vector<HeldAtStart>> stashesHeldTogether(const Schedule& s) {
   const int S = s.numStages;
   std::vector<std::vector<HeldAtStart>> out(s.numDevices());
   for (int d = 0; d < s.numDevices(); ++d) {
-    std::vector<int> alive(S, 0);
+    std::vector<int> alive(S, 0), deferred(S, 0);
     std::vector<HeldAtStart>& seen = out[d];
     // x bounds y: the same starting stage and at least y's count in every stage.
     auto bounds = [&](const HeldAtStart& x, const HeldAtStart& y) {
-      if (x.starting != y.starting || x.forward != y.forward) return false;
+      if (x.starting != y.starting || x.forward != y.forward || x.weight != y.weight) return false;
       for (int k = 0; k < S; ++k)
-        if (x.alive[k] < y.alive[k]) return false;
+        if (x.alive[k] < y.alive[k] || x.deferred[k] < y.deferred[k]) return false;
       return true;
     };
     for (const Action& a : s.devices[d]) {
       if (!a.isCompute()) continue;
       const int st = a.stage;
       // Note [Counting resident stashes]: F's stash is not alive yet at its start.
-      const HeldAtStart now{st, a.type == ActionType::Forward, alive};
+      const HeldAtStart now{st, a.type == ActionType::Forward, a.type == ActionType::WeightGrad,
+                            alive, deferred};
       if (std::none_of(seen.begin(), seen.end(),
                        [&](const HeldAtStart& h) { return bounds(h, now); })) {
         seen.erase(std::remove_if(seen.begin(), seen.end(),
@@ -245,6 +249,8 @@ std::vector<std::vector<HeldAtStart>> stashesHeldTogether(const Schedule& s) {
         seen.push_back(now);
       }
       if (a.type == ActionType::Forward) ++alive[st];
+      if (a.type == ActionType::InputGrad) ++deferred[st];
+      if (a.type == ActionType::WeightGrad) --deferred[st];
       if (a.endsStash()) --alive[st];
     }
   }

@@ -548,6 +548,28 @@ double CostModel::scale(const PipelineShape& shape) const {
 
 namespace {
 std::int64_t scaled(std::int64_t bytes, double f) { return scaledBytes(bytes, f); }
+
+// Note [What waits for W]: n resident stashes of which `deferred` (at most) wait for their
+// W, counted at their size first.
+std::int64_t residentStashBytes(const StageEstimate& e, int n, int deferred) {
+  const int d = std::max(0, std::min(n, deferred));
+  return d * e.deferredStashBytes + (n - d) * e.stashBytes;
+}
+
+// Note [What waits for W]: the stash category at an I start (beside I's working set wsI,
+// charged as B's), and what a W start holds beyond that.
+struct DeferredCharge {
+  std::int64_t stash = 0, excess = 0;
+};
+// `residentI` and `residentW`: the stashes at those starts (the deferred ones included).
+DeferredCharge chargeDeferred(const StageEstimate& e, int residentI, int residentW, int atI,
+                              int atW, std::int64_t wsI) {
+  const std::int64_t stashI = residentStashBytes(e, residentI, atI);
+  // W's own stash is in its working set.
+  const std::int64_t atWeight =
+      atW > 0 ? residentStashBytes(e, residentW - 1, atW - 1) + e.weightWorkingBytes : 0;
+  return {stashI, std::max<std::int64_t>(0, atWeight - stashI - wsI)};
+}
 }  // namespace
 
 const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shape) const {
@@ -746,6 +768,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   // graph holds what of it the last layer's graph saved (Note [Measured saved bytes]).
   const std::int64_t savedOutput = scaled(profile_.layers[last - 1].savedOutputBytes, f);
   e.stashBytes = ckpt ? input : graph + (off ? savedOutput : output);
+  // Note [What waits for W]
+  e.deferredStashBytes = (ckpt ? graph + output : e.stashBytes) + output;
   const int copies = unsplitPipeFb ? 0 : weightCopies(shape.kind, S, k, M, shape.asyncLag);
   // Note [Weight-version offload] (Lowering.h): an offloaded stage's stashed versions go to
   // the host pool; the contract's count stays on the device (pipefb-async's one copy always
@@ -880,8 +904,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     const std::int64_t recomputed = recomputedGraph + (ckpt && !lossInGraph ? output : 0);
     // Note [Loss scalars beside the backward] (CostModel.h): B's root and its seed.
     const std::int64_t lossScalars = lossInGraph ? 2 * kLossScalarBytes : 0;
+    // Note [What waits for W]: an I makes no weight gradient (W does, charged at its start).
+    const bool noWeightGrads = inPlace || splitsBackward(shape.kind);
     const std::int64_t whole =
-        std::max(maxWorking, backwardWorking(shape, k, first, last, inPlace)) + recomputed +
+        std::max(maxWorking, backwardWorking(shape, k, first, last, noWeightGrads)) + recomputed +
         output + lossScalars;
     if (lossInGraph)
       return std::max(whole, recomputedGraph + scaled(profile_.recomputedLossBytes, f));
@@ -891,14 +917,22 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
         whole + waiting.outputsAfterLoss,
         ckpt ? recomputed + (k == S - 1 ? 0 : output) + loss : (outputTravels ? output : 0) + loss);
   };
+  // Note [What waits for W]: W runs autograd on its own stash's graph, which it frees as it
+  // goes (Note [Backward layer by layer]), for the gathered weight gradients, beside the
+  // output and its gradient, the graph's root and seed.
+  e.weightWorkingBytes =
+      splitsBackward(shape.kind)
+          ? std::max(maxWorking, backwardLayered(shape, k, first, last, false, 0)) + 2 * output
+          : 0;
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   const std::int64_t stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);
   e.stepWorkingBytes = stepWs;
   const bool flushing = isFlushing(shape.kind) || unsplitPipeFb;
   // Of `resident` stashes, `atStep` are still there when STEP starts (all of them between
   // an asynchronous schedule's microbatches, none after a flush's last B).
-  auto stepExcess = [&](int resident, int atStep, std::int64_t working) {
-    const std::int64_t gone = static_cast<std::int64_t>(resident - atStep) * e.stashBytes;
+  // `stash`: the stash category's charge; `atStep` (plain) stashes of it are still there.
+  auto stepExcess = [&](std::int64_t stash, int atStep, std::int64_t working) {
+    const std::int64_t gone = std::max<std::int64_t>(0, stash - atStep * e.stashBytes);
     return std::max<std::int64_t>(0, stepWs - (gone + working));
   };
   if (split) {
@@ -949,6 +983,8 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // beside the prefetched ones (at most one, Note [PipeFB with a split backward]).
     const int deferred =
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
+    const int deferredAtI =
+        splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredAtI.at(k) : 0;
     // Note [Stashes at a backward]: fewer on a folded device whose PREs follow its
     // forwards' offloads (counted at B starts: not for a split backward, whose stashes
     // stay until W).
@@ -983,7 +1019,19 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     w(e.backwardMemory, MemoryCategory::CommBuffers,
       (shape.replicas > 1 ? G : 0) +  // the gradient buckets (Note [Gradient buckets])
           targetsFed + gradsWaiting);
-    w(e.backwardMemory, MemoryCategory::Stash, resident * e.stashBytes);
+    e.residentStashes = resident;
+    // Note [What waits for W]
+    // (Near B: lookahead + 1 prefetched, and the ones that wait for their W.)
+    const int residentAtI = splitsBackward(shape.kind)
+                                ? std::min(resident, shape.lookahead + 1 + deferredAtI)
+                                : resident;
+    // A split stage's W comes right after its I (Note [PipeFB with a split backward]), and the
+    // lowering issues the next PRE only after that I: lookahead of them beside W's own.
+    const int residentAtW =
+        splitsBackward(shape.kind) ? std::min(resident, shape.lookahead + deferred) : resident;
+    const DeferredCharge waitsForW =
+        chargeDeferred(e, residentAtI, residentAtW, deferredAtI, deferred, e.backwardWorkingBytes);
+    w(e.backwardMemory, MemoryCategory::Stash, waitsForW.stash);
     // Note [Folded pace]: a folded pipefb-async device steps after its stage's last B of
     // the iteration, beside the prefetches its lowering issued before that STEP (Note
     // [Stashes at a step]).
@@ -995,13 +1043,16 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
                    : resident;
     // (The outputs in wsB that arrive after B's loss may still wait at the step.)
     w(e.backwardMemory, MemoryCategory::WorkingSet,
-      wsB + stepExcess(resident, atStep, wsB - waiting.outputsAfterLoss));
+      wsB + waitsForW.excess +
+          stepExcess(waitsForW.stash, atStep, wsB + waitsForW.excess - waiting.outputsAfterLoss));
   } else {
     const std::int64_t wsB = backwardWs();
     e.backwardWorkingBytes = wsB;
     // Note [Split backward]: the stashes waiting for their W stay beside the prefetched ones.
     const int deferred =
         splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredW.at(k) : 0;
+    const int deferredAtI =
+        splitsBackward(shape.kind) ? generatedContract(shape.kind, S, M).deferredAtI.at(k) : 0;
     // Note [Prefetches after the forward phase] (Lowering.h). A folded placement's
     // unsplit stage is not looked at: charged as if its PREs fell among its Fs.
     const bool phased = !unsplitPipeFb && phasedStages(shape.kind, S, M, shape.lag()).at(k);
@@ -1039,23 +1090,30 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
     // reads the stash category as whole stashes.
     const std::int64_t lossInputs =
         k == S - 1 && off && !ckpt && !shape.sharesDevices() ? e.inFlight * output : 0;
-    const std::int64_t stash = resident * e.stashBytes + lossInputs;
+    e.residentStashes = resident;
+    // Note [What waits for W]
+    const int residentAtI =
+        off ? schedules::residentOffloadedStashes(e.inFlight, shape.lookahead, phased, deferredAtI)
+            : e.inFlight;
+    const DeferredCharge waitsForW =
+        chargeDeferred(e, residentAtI, resident, deferredAtI, deferred, wsB);
+    const std::int64_t stash = waitsForW.stash + lossInputs;
     w(m, MemoryCategory::Stash, stash);
     // Note [Step working set]: PipeDream's STEP(s,m) comes right after B(s,m), which let go
     // of the weight copy F(s,m) ran on: the step's transient has that copy's room too.
     const std::int64_t freedAtStep = shape.kind == ScheduleKind::PipeDream && copies > 0 ? W : 0;
     // Note [Forward beside backward]: F's excess over B (a stage with the forward phase
     // first charges its F phase whole, below).
-    const std::int64_t atB = stash + wsB + actsWaiting + gradsWaiting;
-    const std::int64_t atF =
-        std::max(0, resident - 1) * e.stashBytes + e.forwardPeakBytes + waiting.atForward;
+    const std::int64_t atB = stash + wsB + waitsForW.excess + actsWaiting + gradsWaiting;
+    const std::int64_t atF = residentStashBytes(e, std::max(0, resident - 1), deferred) +
+                             e.forwardPeakBytes + waiting.atForward;
     const std::int64_t forwardExcess =
         forwardBesideBackward(shape) && !twoPhases ? std::max<std::int64_t>(0, atF - atB) : 0;
     // (A flushing stage steps after its last B: its stashes and loss inputs are gone.)
     w(m, MemoryCategory::WorkingSet,
-      wsB +
-          stepExcess(resident, flushing ? 0 : resident,
-                     wsB + freedAtStep + (flushing ? lossInputs : 0)) +
+      wsB + waitsForW.excess +
+          stepExcess(waitsForW.stash, flushing ? 0 : resident,
+                     wsB + waitsForW.excess + freedAtStep + (flushing ? lossInputs : 0)) +
           forwardExcess);
     // Note [Held at a same-device stage's starts] (Lowering.h): a pipedream stage that
     // stashes weight versions and offloads them (not the last: it has none, and keeps its
@@ -1431,10 +1489,14 @@ std::int64_t sharedDeviceMemory(const std::vector<schedules::HeldAtStart>& held,
     std::int64_t together = 0;
     for (const HostedStage* h = first; h != last; ++h) {
       const StageEstimate& e = *h->estimate;
-      const std::int64_t resident = e.stashBytes > 0 ? e.backwardMemory[st] / e.stashBytes : 0;
-      together += std::min<std::int64_t>(n.alive[h->stage], resident) * e.stashBytes;
+      // Note [What waits for W]: a W's own stash is in its working set.
+      const int own = h->stage == n.starting && n.weight ? 1 : 0;
+      const int alive = std::min(n.alive[h->stage], e.residentStashes) - own;
+      together += residentStashBytes(e, alive, std::min(alive, n.deferred[h->stage] - own));
       if (h->stage == n.starting)
-        together += n.forward ? e.forwardPeakBytes : e.backwardWorkingBytes;
+        together += n.forward  ? e.forwardPeakBytes
+                    : n.weight ? e.weightWorkingBytes
+                               : e.backwardWorkingBytes;
     }
     peak = std::max(peak, together);
   }

@@ -122,7 +122,10 @@ std::string stageTable(const CostModel& modelIn, const Plan& plan, std::int64_t 
     const CategoryBytes& m = e.backwardMemory;  // the device with the states
     std::string stash = mem(cat(m, MemoryCategory::Stash));
     if (e.stashBytes > 0) {
-      const int resident = static_cast<int>(cat(m, MemoryCategory::Stash) / e.stashBytes);
+      // (Stashes that wait for their W are larger, Note [What waits for W].)
+      const int resident = splitsBackward(plan.shape.kind)
+                               ? e.residentStashes
+                               : static_cast<int>(cat(m, MemoryCategory::Stash) / e.stashBytes);
       stash += " (" + std::to_string(resident) + "/" + std::to_string(e.inFlight) + ")";
     }
     std::string pol = schedules::toString(s.policy);

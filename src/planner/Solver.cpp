@@ -1668,6 +1668,7 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
     }
     c.stashBytes = scaledBytes(saved, f);
     c.checkpointBytes = c.gradientBytes;
+    c.deferredBytes = e.deferredStashBytes;  // Note [What waits for W] (CostModel.h)
     c.weightVersionBytes = W;
     c.weightsBytes = W;
     c.gradsBytes = G;
@@ -1682,6 +1683,9 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
     c.workingSetBytes =
         std::max<std::int64_t>(0, e.backwardWorkingBytes - (recomputes ? c.stashBytes : 0));
     c.stepWorkingBytes = e.stepWorkingBytes;  // Note [Step working set]
+    if (e.weightWorkingBytes > 0)             // (W's own stash is the simulator's until W ends)
+      c.weightWorkingSetBytes =
+          std::max<std::int64_t>(0, e.weightWorkingBytes - e.deferredStashBytes);
     ct.stages.push_back(c);
   }
   std::set<int> used;

@@ -123,6 +123,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
                                                 "optimizer_state_bytes",
                                                 "working_set_bytes",
                                                 "forward_working_set_bytes",
+                                                "weight_working_set_bytes",
                                                 "step_working_bytes"};
   checkKeys(obj, keys, where);
   auto time = [&](const char* k, double& out) {
@@ -149,6 +150,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   bytes("optimizer_state_bytes", sc.optimizerStateBytes);
   bytes("working_set_bytes", sc.workingSetBytes);
   bytes("forward_working_set_bytes", sc.forwardWorkingSetBytes);
+  bytes("weight_working_set_bytes", sc.weightWorkingSetBytes);
   bytes("step_working_bytes", sc.stepWorkingBytes);
 }
 

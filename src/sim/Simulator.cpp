@@ -451,8 +451,10 @@ class Simulation {
         if (stashAt_[at(st, i)] != d) fail(d, step, "its I did not run on this device");
         compute(d, step, t, sc.weightGradTime());
         const double end = threadTime_[d];
-        mem(t, d, MemoryCategory::WorkingSet, sc.workingSetBytes);
-        mem(end, d, MemoryCategory::WorkingSet, -sc.workingSetBytes);
+        const std::int64_t ws =
+            sc.weightWorkingSetBytes >= 0 ? sc.weightWorkingSetBytes : sc.workingSetBytes;
+        mem(t, d, MemoryCategory::WorkingSet, ws);
+        mem(end, d, MemoryCategory::WorkingSet, -ws);
         releaseStash(d, st, i, end);
         return true;
       }

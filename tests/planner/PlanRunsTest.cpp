@@ -359,34 +359,33 @@ TEST_F(PlanRuns, EveryPlanFitsAndPeaksWhereThePlanSays) {
 }
 
 // Issue 18: the split-backward families run as planned (Note [Split backward in the
-// runtime]): VGG16/8 on up to 4 devices, M = 4, halfway between the smallest feasible
-// budget and the top, planned on the measured profile; zb-h1 and zb-h2 fit the budget and
-// peak within +-10% of the plan on every device (the property above, for these instances).
-// Not offload yet: there the cost model over-predicts device 0 for 1f1b as much as for the
-// split kinds (measured at budget 38543372: 1f1b-offload -15.7%, zb-h1-offload -15.9%,
-// zb-h2-offload -23.7%; keep -5.3%), a planner issue, not the split backward's.
-// Nor the checkpoint kinds, for the same reason: since the cost model charges the
-// gradients that wait on device 0 (Note [Waiting messages]; 98304 bytes, as measured),
-// the over-prediction of stage 0's B working set shows whenever the measured profile puts
-// few layers on stage 0 (measured: zb-h2-checkpoint -17.6% and -18.8%,
-// zb-h2-checkpoint-offload -18.8% and -23.5%, zb-h1-checkpoint -20.3% and -21.1% in 2 of
-// 6 runs, zb-h1-checkpoint-offload -20.3% and -23.5%; the class is in the header comment:
-// a same-device B frees its graph layer by layer). Until the cost model charges B layer
-// by layer, only keep is checked here.
+// runtime]): VGG16/8 and GPT-2 tiny on up to 4 devices, M = 4, halfway between the
+// smallest feasible budget and the top, planned on the measured profile; zb-h1 and zb-h2
+// under keep and checkpoint fit the budget and peak within +-10% of the plan on every
+// device. Under checkpoint the stashes that wait for their W are whole recomputed graphs
+// (Note [What waits for W] in planner/CostModel.h): charged as checkpoints, gpt2-tiny
+// zb-h1-checkpoint went out of memory in IR2.6 (1.72 MiB of stash, 128 KiB charged); now
+// -1.3% to -2.8%. Left out, over-charged (safe, not yet within 10%): the offload kinds
+// (device 0 of vgg16/8 -11% under zb-h1 and zb-h2, as 1f1b-offload; gpt2-tiny
+// zb-h2-offload -11.4% and -22.5%) and vgg16/8 zb-h2-checkpoint (device 0 -15.5%).
 TEST_F(PlanRuns, SplitBackwardPlansPeakWherePlanned) {
   int id = 100;
-  for (const std::string schedule : {"zb-h1", "zb-h2"})
-    for (const std::string policy : {"keep"}) {
-      Instance x;
-      x.id = id++;
-      x.model = &zoo()[0];
-      x.schedule = schedule;
-      x.policy = policy;
-      x.stages = 4;
-      x.microbatches = 4;
-      x.budgetAt = 0.5;
-      EXPECT_TRUE(run(x).ran) << x.describe();
-    }
+  for (const int model : {0, 3})  // vgg16/8, gpt2-tiny
+    for (const std::string schedule : {"zb-h1", "zb-h2"})
+      for (const std::string policy : {"keep", "checkpoint"}) {
+        // (Over-charged: vgg16/8 zb-h2-checkpoint's device 0 15.5% below its plan, and
+        // gpt2-tiny zb-h2-keep's 8.8% to 9.7% below it, too near the bound to gate on.)
+        if (schedule == "zb-h2" && (model == 0) == (policy == "checkpoint")) continue;
+        Instance x;
+        x.id = id++;
+        x.model = &zoo()[model];
+        x.schedule = schedule;
+        x.policy = policy;
+        x.stages = 4;
+        x.microbatches = 4;
+        x.budgetAt = 0.5;
+        EXPECT_TRUE(run(x).ran) << x.describe();
+      }
 }
 
 // Issue 18: interleaved-1f1b and zbv (two stages per device: up to 8 stages on 4 devices)

@@ -136,6 +136,25 @@
 // charged the graph beside the larger of the loss with the output until then
 // (Profile::recomputedLossBytes) and the rest of B with the output's gradient.
 //
+// Note [What waits for W]
+// Between I(s,m) and W(s,m) (Note [Split backward] in schedules/Action.h) the device keeps
+// the stage's autograd graph and the gradient of the stage output (DeferredWeightGrad,
+// src/runtime/SplitBackward.h): under keep and offload the stash it took back, and under
+// a checkpoint kind what IR's recompute saved (the whole graph, its input included) and
+// the recomputed output, its root. So one such stash is
+//   graph + output (checkpoint kinds) or the stash (keep, offload), + the output's gradient.
+// Charged as a checkpoint (the stage input) until then, zb-h1-checkpoint on gpt2-tiny
+// (S = 4, M = 4, PlanRunsTest's split-backward case) went out of memory in IR2.6 beside the
+// graphs of W2.4 and W2.5: 1.72 MiB of stash where 128 KiB were charged. The cost model
+// charges them at this size, the others at the stash's: at an I start the most that wait
+// beside it (MemoryContract::deferredAtI) and I's working set, which holds I's own
+// recomputed graph and no weight gradient; at a W start the others (deferredW counts W's
+// own) and W's working set: its own stash's graph freed as autograd goes, beside the
+// gathered weight gradients of the range (Note [Backward layer by layer], Note [Gathered
+// weight gradients]), the output and its gradient. The simulator keeps one from the end of I
+// (CostTable::deferredBytes). (Charged the most that wait beside I's working set, zb-h1-checkpoint
+// on gpt2-tiny was 13% to 20% above the plan on every device: 2 graphs wait only at a W start.)
+//
 // Note [Loss scalars beside the backward]
 // A last stage's B that takes the loss in its recomputed graph (Note [Loss in the recomputed
 // graph]) runs autograd from the scaled loss with the seed ones_like(loss): two 0-dim
@@ -577,6 +596,11 @@ struct StageEstimate {
   double time = 0;     // the largest of the above (the stage's pace)
   Resource binding = Resource::Compute;
   std::int64_t stashBytes = 0;  // one stash
+  /// Note [What waits for W]: one stash between its I and its W (split backward kinds).
+  std::int64_t deferredStashBytes = 0;
+  /// The stashes backwardMemory's stash category holds at most (a shared device counts its
+  /// stages' stashes together, Note [Stashes held together]).
+  int residentStashes = 0;
   /// One F's peak above what was live before it, the stash it builds included (Note
   /// [Forward peak]); a shared device charges it at the F starts (Note [Stashes held
   /// together]).
@@ -588,6 +612,9 @@ struct StageEstimate {
   /// last B or W (Note [Stashes held together]).
   std::int64_t backwardWorkingBytes = 0;
   std::int64_t stepWorkingBytes = 0;
+  /// A split backward's W: what it holds beyond the other stashes, its own included (Note
+  /// [What waits for W]); 0 for the fused kinds.
+  std::int64_t weightWorkingBytes = 0;
   /// Split: the stash that stays on the forward device after F while its D2H copy runs
   /// or is held, up to the device's next OFF (Note [Offloads in flight]); 0 when the stash
   /// is sent instead. A decoupled forward device charges it beside the next segment's F

@@ -29,6 +29,9 @@ struct MemoryContract {
   /// be prefetched lookahead actions ahead of I, they are already there). Empty: the
   /// schedule runs fused B only.
   std::vector<int> deferredW;
+  /// Of those, the most at an I start of stage s (its own not counted: it is I's working
+  /// set until I ends, Note [What waits for W] in planner/CostModel.h). Empty as deferredW.
+  std::vector<int> deferredAtI;
 };
 
 /// Note [Offloads in flight] (planner/CostModel.h): the D2H copies a device may have

@@ -29,7 +29,11 @@ inline int loopedDevice(int s, int numStages, int v) { return s % (numStages / v
 struct HeldAtStart {
   int starting = 0;        // the stage whose compute action starts
   bool forward = false;    // that action is an F
+  bool weight = false;     // that action is a W (Note [What waits for W])
   std::vector<int> alive;  // stashes alive per stage
+  /// Of those, the ones whose I ran and whose W has not (Note [What waits for W] in
+  /// planner/CostModel.h: they are larger).
+  std::vector<int> deferred;
 };
 std::vector<std::vector<HeldAtStart>> stashesHeldTogether(const Schedule& schedule);
 

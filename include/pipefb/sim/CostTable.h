@@ -38,6 +38,9 @@ struct StageCosts {
   /// -1 = workingSetBytes.
   std::int64_t forwardWorkingSetBytes = -1;
   std::int64_t stepWorkingBytes = 0;  // transient of STEP (optimizer_state), while it runs
+  /// Transient while W runs, beside its own deferred stash (Note [What waits for W] in
+  /// planner/CostModel.h); -1 = workingSetBytes.
+  std::int64_t weightWorkingSetBytes = -1;
 
   double inputGradTime() const;
   double weightGradTime() const;
