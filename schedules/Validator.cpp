@@ -1,7 +1,9 @@
 #include "pipefb/schedules/Validator.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -69,6 +71,8 @@ class AbstractRun {
     offInSchedule_.assign(SN, false);
     offDone_.assign(SN, false);
     prePending_.assign(SN, kNowhere);
+    copies_.assign(D_, {});
+    offloadsOut_.assign(D_, 0);
     resident_.assign(static_cast<size_t>(D_) * S_, 0);
     deferred_.assign(static_cast<size_t>(D_) * S_, 0);
     stats_.peakDeferredW.assign(S_, 0);
@@ -241,9 +245,20 @@ class AbstractRun {
     if (a.type == ActionType::Step)
       return "for RW" + std::to_string(a.stage) + "." + std::to_string(a.index - 1) +
              " to take the weights (Note [Weights by reference])";
+    auto name = [](const char* kind, int st, int i) {
+      return std::string(kind) + std::to_string(st) + "." + std::to_string(i);
+    };
+    // A copy engine waits at a PRE whose OFF has not finished (Note [Abstract run]).
+    auto engine = [&](int e) {
+      const CopyJob* j = blockedCopy(e);
+      if (!j) return std::string();
+      return "; device " + std::to_string(e) + "'s copy engine waits at " +
+             name("PRE", j->stage, j->index) + " for its OFF";
+    };
     if (a.isInputBackward())
-      return "for PRE" + std::to_string(a.stage) + "." + std::to_string(a.index) +
-             " to complete (its OFF has not run)";
+      return "for " + name("PRE", a.stage, a.index) + " to complete" + engine(d);
+    if (a.type == ActionType::Offload)
+      return "for its earlier offload's copy, queued on the copy engine" + engine(d);
     return "?";
   }
 
@@ -343,6 +358,11 @@ class AbstractRun {
         PIPEFB_ASSERT(false, "not a weight stash action");
     }
   }
+  // Whether the version B(s,m) runs on is still being prefetched (Note [Abstract run]).
+  bool versionComing(int st, int m) const {
+    auto u = usesVersion_.find({st, m});
+    return u != usesVersion_.end() && versionsComing_.count({st, u->second}) > 0;
+  }
   // B(s,m) needs its stashed version on its device.
   void useVersion(int d, int st, int m) {
     auto u = usesVersion_.find({st, m});
@@ -406,6 +426,41 @@ class AbstractRun {
     const Action& r = s_.devices[p][pc_[p]];
     return r.isRecv() && matchingType(r.type) == a.type && r.stage == a.stage &&
            r.index == a.index && r.peer == d;
+  }
+
+  struct CopyJob {  // on a copy engine (Note [Abstract run])
+    bool offload;
+    bool weights;  // OFFW/PREW: index is the version
+    int stage, index;
+  };
+  // Note [Abstract run]: runs every device's copy engine as far as it can go: an OFF
+  // finishes when it reaches the head of its queue, a PRE once its OFF finished.
+  void runCopies() {
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      for (int d = 0; d < D_; ++d)
+        while (!copies_[d].empty()) {
+          const CopyJob j = copies_[d].front();
+          if (j.offload) {
+            if (!j.weights) offDone_[at(j.stage, j.index)] = true;
+            --offloadsOut_[d];
+          } else if (j.weights) {  // its OFFW came before it on this engine
+            versionsComing_.erase({j.stage, j.index});
+          } else if (offDone_[at(j.stage, j.index)]) {
+            prePending_[at(j.stage, j.index)] = kNowhere;
+            placeStash(j.stage, j.index, d);
+          } else {
+            break;
+          }
+          copies_[d].pop_front();
+          progressed = true;
+        }
+    }
+  }
+  // The PRE at the head of device d's copy engine, or null.
+  const CopyJob* blockedCopy(int d) const {
+    const bool waits = !copies_[d].empty() && !copies_[d].front().offload;
+    return waits ? &copies_[d].front() : nullptr;
   }
 
   // Runs the action at pc_[d] if it can; returns false when it must wait.
@@ -478,6 +533,7 @@ class AbstractRun {
                           "); a PRE" + std::to_string(st) + "." + std::to_string(i) +
                           " must precede its use");
         }
+        if (versionComing(st, i)) return false;  // its PREW is still on the copy engine
         useVersion(d, st, i);
         checkResidency(d);  // B counts its own version
         have_.insert(haveKey(Have::Grad, d, st, i));
@@ -491,6 +547,7 @@ class AbstractRun {
       }
       case ActionType::WeightGrad: {
         PIPEFB_ASSERT(iDone_[at(st, i)], "the structural checks put I before W on its device");
+        if (versionComing(st, i)) return false;
         useVersion(d, st, i);
         checkResidency(d);  // W counts its own stash
         --deferred_[static_cast<size_t>(d) * S_ + st];
@@ -547,32 +604,42 @@ class AbstractRun {
       }
       case ActionType::Offload: {
         if (a.stash == StashKind::Weights) {
+          // Note [Abstract run]: an OFFW is a copy out on the same engine.
+          if (offloadsOut_[d] >= kOffloadsInFlight) return false;
           weightAction(d, a);
+          copies_[d].push_back({true, true, st, i});
+          ++offloadsOut_[d];
+          runCopies();
           return true;
         }
         if (stashAt_[at(st, i)] != d)
           failHere(d, "offloads a stash that is not on this device (F" + std::to_string(st) + "." +
                           std::to_string(i) + " did not run here, or it was moved)");
+        // Note [Abstract run]: waits while kOffloadsInFlight of its copies have not finished.
+        if (offloadsOut_[d] >= kOffloadsInFlight) return false;
         removeStash(st, i);
         stashAt_[at(st, i)] = kHost;
-        offDone_[at(st, i)] = true;
-        int pending = prePending_[at(st, i)];
-        if (pending != kNowhere) {
-          prePending_[at(st, i)] = kNowhere;
-          placeStash(st, i, pending);
-        }
+        copies_[d].push_back({true, false, st, i});
+        ++offloadsOut_[d];
+        runCopies();
         return true;
       }
       case ActionType::Prefetch: {
         if (a.stash == StashKind::Weights) {
           weightAction(d, a);
+          // Note [Abstract run]: what needs the version waits until the engine ran this.
+          versionsComing_.insert({st, i});
+          copies_[d].push_back({false, true, st, i});
+          runCopies();
           return true;
         }
-        if (stashAt_[at(st, i)] == kHost) {
-          placeStash(st, i, d);
-        } else if (!offDone_[at(st, i)] && offInSchedule_[at(st, i)] &&
-                   prePending_[at(st, i)] == kNowhere && !bDone_[at(st, i)]) {
-          prePending_[at(st, i)] = d;  // completes when the OFF runs
+        if (prePending_[at(st, i)] == kNowhere &&
+            (stashAt_[at(st, i)] == kHost ||
+             (!offDone_[at(st, i)] && offInSchedule_[at(st, i)] && !bDone_[at(st, i)]))) {
+          // Completes on the copy engine once its OFF finished and the copies before it did.
+          prePending_[at(st, i)] = d;
+          copies_[d].push_back({false, false, st, i});
+          runCopies();
         } else {
           failHere(d, "prefetches a stash that is not in the host pool and has no pending OFF" +
                           std::to_string(st) + "." + std::to_string(i));
@@ -624,6 +691,11 @@ class AbstractRun {
   std::vector<bool> fDone_, bDone_, iDone_, offInSchedule_, offDone_;
   std::vector<int> deferred_;  // [device][stage]: I ran, W not yet
   std::vector<int> stashAt_, version_, prePending_;
+  // Note [Abstract run]: each device's copy engine, in issue order (activation OFF and PRE),
+  // and how many of its OFFs have not finished (the backpressure, kOffloadsInFlight).
+  std::vector<std::deque<CopyJob>> copies_;
+  std::set<std::pair<int, int>> versionsComing_;  // (stage, version) whose PREW waits
+  std::vector<int> offloadsOut_;
   std::vector<int> resident_, curVersion_, inFlight_;
   std::vector<std::map<int, int>> versionRefs_;
   std::vector<std::vector<int>> stagesOf_;

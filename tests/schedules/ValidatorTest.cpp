@@ -297,3 +297,18 @@ TEST(ValidatorTest, SplitBackwardRules) {
   --tight.deferredW[1];
   EXPECT_TRUE(contains(rejection(plan.schedule, &tight), "wait for their W"));
 }
+
+// Note [Abstract run]: the copy engine runs OFF and PRE in issue order. Device 1 queues
+// PRE2.0 (F2.0 runs on device 0) ahead of its own OFF0.0; that PRE waits for OFF2.0, which
+// waits for device 1's F1.0, whose OFF cannot be issued while OFF0.0 waits behind the PRE.
+TEST(ValidatorTest, PrefetchAheadOfTheDevicesOwnOffloadIsADeadlock) {
+  const Placement p({{1, 1}, {1, 1}, {0, 1}});
+  Schedule s = lower(makeSchedule("pipefb-sync", 3, 1, p, 1), {StashPolicy::Offload}, 2).schedule;
+  ASSERT_LT(indexOfToken(s.devices[1], "PRE2.0"), indexOfToken(s.devices[1], "OFF0.0"));
+  std::string msg = rejection(s);
+  EXPECT_TRUE(contains(msg, "deadlock")) << msg;
+  EXPECT_TRUE(contains(msg, "device 1's copy engine waits at PRE2.0")) << msg;
+  // One stash ahead (lookahead 1) the PRE comes after the device's own offloads: it runs.
+  EXPECT_NO_THROW(
+      validate(lower(makeSchedule("pipefb-sync", 3, 1, p, 1), {StashPolicy::Offload}, 1).schedule));
+}

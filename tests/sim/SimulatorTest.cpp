@@ -433,7 +433,8 @@ TEST(SimulatorTest, DecoupledPipefbRunsEveryAcceptedPlacementWithinItsContract) 
 // a PRE on its copy engine ahead of its own OFF, and that PRE waits for an OFF that waits on
 // this device ("1/1 1/1 0/1", pipefb-sync M=1 offload, lookahead 2: PRE2.0 blocks OFF0.0 on
 // device 1). 648 of 243,456 (S = 3, 4 on 3 devices, both kinds, M = 1..4, every policy,
-// lookahead 0..3) do, every one with a device that runs both passes. The planner makes only
+// lookahead 0..3) do, every one with a device that runs both passes; the validator refuses
+// exactly those now (ValidatorRefusesExactlyThePlacementsThatDeadlock). The planner makes only
 // the 2S form, folded(), and decoupled shapes whose forward and backward devices are
 // disjoint (a chain of Df + Db distinct devices): these all run to the end, at every
 // lookahead the planner may choose.
@@ -516,4 +517,40 @@ TEST(SimulatorTest, OldForwardCopyStaysWhileItsGraphStashesWait) {
   EXPECT_EQ(versionsOnForward("pipefb-async", StashPolicy::Keep), std::int64_t(1) << 30);
   EXPECT_EQ(versionsOnForward("pipefb-async", StashPolicy::CheckpointOffload), 0);
   EXPECT_EQ(versionsOnForward("pipefb-sync", StashPolicy::Offload), 0);
+}
+
+// Note [Abstract run] (schedules/Validator.h): the validator runs the copy engines in issue
+// order as the simulator does, so it refuses as a deadlock exactly the PipeFB placements
+// that deadlock in the simulator (the validator used to accept all of them), and accepts
+// the rest.
+TEST(SimulatorTest, ValidatorRefusesExactlyThePlacementsThatDeadlock) {
+  int cases = 0, deadlocks = 0;
+  for (auto [S, D] : {std::pair{3, 3}, std::pair{3, 4}})
+    for (const Placement& placement : Placement::everyPipefb(S, D))
+      for (const std::string kind : {"pipefb-sync", "pipefb-async"})
+        for (int M : {1, 2})
+          for (StashPolicy p : {StashPolicy::Offload, StashPolicy::CheckpointOffload})
+            for (int lookahead : {0, 1, 2, 3}) {
+              const Schedule s =
+                  lower(makeSchedule(kind, S, M, placement, 2), {p}, lookahead).schedule;
+              bool refused = false, deadlocked = false;
+              try {
+                validate(s);
+              } catch (const ScheduleError& e) {
+                refused = std::string(e.what()).find("deadlock") != std::string::npos;
+                EXPECT_TRUE(refused) << e.what();
+              }
+              try {
+                simulate(s, CostTable::uniform(S));
+              } catch (const pipefb::UserError& e) {
+                deadlocked = std::string(e.what()).find("deadlock") != std::string::npos;
+                EXPECT_TRUE(deadlocked) << e.what();
+              }
+              EXPECT_EQ(refused, deadlocked) << kind << " " << placement.toString() << " M=" << M
+                                             << " " << toString(p) << " lookahead " << lookahead;
+              deadlocks += deadlocked;
+              ++cases;
+            }
+  EXPECT_GT(deadlocks, 0);  // the shape still exists (the sweep can find one)
+  std::printf("%d of %d cases deadlock\n", deadlocks, cases);
 }

@@ -4,7 +4,15 @@
 // Note [Abstract run]
 // Each device has a program counter. A device advances while its next action can run:
 //  * a receive blocks until the matching send (same type/stage/index, peers agreeing) ran;
-//  * PRE is issued without blocking; it completes once the OFF of the same stash ran;
+//  * OFF and PRE go to the device's copy engine, which runs them in issue order (as the
+//    runtime's does, offload/TransferManager.h): an OFF finishes when it reaches the
+//    head, a PRE once the OFF of the same stash finished (possibly on another device), and
+//    a copy behind a waiting PRE waits too. PRE is issued without blocking; OFF waits while
+//    kOffloadsInFlight of the device's OFFs have not finished. (Without the queue, 648 of
+//    243,456 PipeFB placements the placement rule accepts were validated and deadlocked in
+//    the simulator, which runs the queue: "1/1 1/1 0/1", pipefb-sync M=1 offload, lookahead
+//    2, device 1's PRE2.0 waits ahead of its OFF0.0 for an OFF that waits on device 1. The
+//    runtime would have run until its stall watchdog; they are refused now);
 //  * B(s,m) blocks until its stash is on the device (local F not offloaded, or PRE done);
 //  * F needs its input on the device (local F(s-1,m) or RA(s-1).m), B needs its gradient
 //    (local B(s+1,m) or RG(s+1).m; for the last stage the output of F(S-1,m)); a missing
