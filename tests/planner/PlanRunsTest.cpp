@@ -391,24 +391,30 @@ TEST_F(PlanRuns, SplitBackwardPlansPeakWherePlanned) {
 // Issue 18: interleaved-1f1b and zbv (two stages per device: up to 8 stages on 4 devices)
 // and pipefb-zb (up to 2 stages on 4 devices) run as planned: VGG16/8, M = 4, halfway
 // between the smallest feasible budget and the top, on the measured profile; every device
-// within the budget and within +-10% of the plan (keep, as above). zbv's plan (S = 4 on 2
+// within the budget and within +-10% of the plan; GPT-2 tiny too, and under checkpoint
+// (whose I keeps the graph it recomputed, Note [What waits for W] in planner/CostModel.h):
+// measured within 6.6%. Not offload yet: a same-device stage's offloaded stashes are
+// over-charged (zbv-offload device 0 -13.1% on vgg16/8, -11.4% on gpt2-tiny; experiments/
+// README.md, zb_fidelity). zbv's plan (S = 4 on 2
 // devices, device 0 with conv1_1..conv4_2 and fc7..fc8) peaked 10.5% below the plan on
 // device 0 while the cost model charged fc7's Adam transient (2080620 bytes beyond the
 // stash) beside stage 0's 3 stashes; the device steps after its last W, with no stash
 // left (Note [Step working set]).
 TEST_F(PlanRuns, SharedDeviceAndPipefbZbPlansPeakWherePlanned) {
   int id = 200;
-  for (const std::string schedule : {"interleaved-1f1b", "zbv", "pipefb-zb"}) {
-    Instance x;
-    x.id = id++;
-    x.model = &zoo()[0];
-    x.schedule = schedule;
-    x.policy = "keep";
-    x.stages = isShared(schedule) ? 8 : 2;
-    x.microbatches = 4;
-    x.budgetAt = 0.5;
-    EXPECT_TRUE(run(x).ran) << x.describe();
-  }
+  for (const std::string schedule : {"interleaved-1f1b", "zbv", "pipefb-zb"})
+    for (const int model : {0, 3})  // vgg16/8, gpt2-tiny
+      for (const std::string policy : {"keep", "checkpoint"}) {
+        Instance x;
+        x.id = id++;
+        x.model = &zoo()[model];
+        x.schedule = schedule;
+        x.policy = policy;
+        x.stages = isShared(schedule) ? 8 : 2;
+        x.microbatches = 4;
+        x.budgetAt = 0.5;
+        EXPECT_TRUE(run(x).ran) << x.describe();
+      }
 }
 
 // Issue 15's case: VGG16 width 1/4, batch 32, M = 4 on 4 virtual devices, planned on the
