@@ -228,6 +228,14 @@ ModelWork gpt2(const model::ModelOptions& o) {
     // input, GELU input and output (16 E); per head: probabilities and scores (3 T).
     w.savedBytes = (16 * T * E + 3 * H * T * T) * kF;
     w.workingBytes = 2 * std::max(H * T * T, 4 * T * E) * kF;
+    // Without autograd (a checkpointed F): the input, the residual stream, LayerNorm's
+    // output and the MLP's 4E hidden and activation with a GELU temporary (12 E per token),
+    // or in attention the input, LayerNorm, q/k/v and the output (5 E) beside the scores,
+    // their masked copy and the probabilities (3 T per head) and the causal mask (T x T
+    // bytes). Measured (pipefb_profile, microbatch 2, GPT-2 tiny): 12 TE at T = 32, 5 TE +
+    // 3 HTT + T^2 at T = 128 (2244608 bytes); input + output + working (10 TE) was 17%
+    // below at T = 32, and a checkpointed forward device went over its plan.
+    w.noGradForwardBytes = std::max((12 * T * E) * kF, (5 * T * E + 3 * H * T * T) * kF + T * T);
     w.bytesMoved = double(w.params + 16 * T * E + 3 * H * T * T) * kF;
     m.layers.push_back(w);
   }
@@ -344,6 +352,7 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.gatheredWorkingFixedBytes = c.paramBytes;
     c.gatheredWorkingBytes = w.workingBytes * microbatch + c.gatheredWorkingFixedBytes;
     c.forwardWorkingBytes = w.workingBytes * microbatch;  // F makes no gradient
+    if (w.noGradForwardBytes >= 0) c.noGradForwardBytes = w.noGradForwardBytes * microbatch;
     p.layers.push_back(c);
   }
   return p;

@@ -36,6 +36,9 @@ struct LayerWork {
   std::int64_t outputBytes = 0;
   std::int64_t savedBytes = 0;
   std::int64_t workingBytes = 0;  // per sample, beside the fresh gradients
+  /// Per sample: F's peak without autograd, its input included (Note [Forward without
+  /// autograd] in CostModel.h); < 0: input + output + workingBytes.
+  std::int64_t noGradForwardBytes = -1;
 };
 
 struct ModelWork {
