@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "pipefb/memory/MemoryEvent.h"
@@ -212,11 +213,13 @@ class GatedBackend : public offload::CopyBackend {
     void block() override { opened.wait(); }
   };
   void arm() {
+    std::lock_guard<std::mutex> lock(mu_);
     promise_ = std::promise<void>();
     gate_ = std::make_shared<Gate>();
     gate_->opened = promise_.get_future().share();
   }
   void open() {
+    std::lock_guard<std::mutex> lock(mu_);
     promise_.set_value();
     gate_ = nullptr;
   }
@@ -224,7 +227,10 @@ class GatedBackend : public offload::CopyBackend {
   std::unique_ptr<offload::CopyEngine> makeEngine(int device, const std::string& role) override {
     return cpu_->makeEngine(device, role);
   }
-  std::shared_ptr<offload::CopyFence> fence() override { return gate_; }
+  std::shared_ptr<offload::CopyFence> fence() override {
+    std::lock_guard<std::mutex> lock(mu_);  // copy engines call it too
+    return gate_;
+  }
   at::Tensor emptyLike(const at::Tensor& like, const memory::MemoryDomain& domain) override {
     return cpu_->emptyLike(like, domain);
   }
@@ -238,6 +244,7 @@ class GatedBackend : public offload::CopyBackend {
 
  private:
   std::shared_ptr<offload::CopyBackend> cpu_ = offload::cpuCopyBackend();
+  std::mutex mu_;
   std::promise<void> promise_;
   std::shared_ptr<Gate> gate_;
 };
