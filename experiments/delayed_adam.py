@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Delayed-gradient Adam in plain PyTorch 1.13, independent of pipefb.
 
 pipefb-async's weight semantics are W[k+1] = W[k] - Adam(grad f(W[k-1])): every forward
@@ -8,9 +8,9 @@ this). This script trains the default config's model (VGG16 layout at width 1/8,
 Fashion-MNIST padded to 32 px, batch 64, Adam) with and without that delay, so that what
 async_convergence.sh measures can be told apart from a runtime bug.
 
-  /usr/bin/python3 experiments/delayed_adam.py sync  300 1e-3
-  /usr/bin/python3 experiments/delayed_adam.py delay 300 1e-3 [--bn]
-  /usr/bin/python3 experiments/delayed_adam.py predict 937 3e-4 --bn
+  build/pipefb-python experiments/delayed_adam.py sync  300 1e-3
+  build/pipefb-python experiments/delayed_adam.py delay 300 1e-3 [--bn]
+  build/pipefb-python experiments/delayed_adam.py predict 937 3e-4 --bn
 Modes: sync (no delay), delay (the gradient at W[k-1]), predict (at W[k-1] + (W[k-1] - W[k-2]),
 what pipeline.weight_prediction=linear does). Options to test remedies: --warmup N (linear lr
 warm-up), --clip C (gradient-norm clipping), --beta1 B, --sgd MOMENTUM (SGD instead of Adam),

@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
-PY=${PY:-/usr/bin/python3}
+PY=${PY:-$ROOT/build/pipefb-python}  # the build's torch 2.11 (Note [One LibTorch])
 NICE=${NICE-nice -n 10}  # NICE= (empty): normal priority
 
 need() {  # need PROGRAM...: the build's programs must exist

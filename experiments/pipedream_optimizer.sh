@@ -5,7 +5,7 @@
 # per-device memory (none, 16e9, 8e9, 6e9, 4e9 bytes):
 #   PipeDream: optimizer/optimizer_graph_hierarchical.py --straight_pipeline -n N
 #     -b 12000000000 [--use_memory_constraint -s BYTES], run from a PipeDream checkout with
-#     Debian's python3 (+ python3-graphviz, python3-numpy); its "Time per stage in pipeline"
+#     the build's python (build/pipefb-python, + graphviz from PyPI); its "Time per stage in pipeline"
 #     (seconds per minibatch of 128), "no plan" when it fails, "timeout" past PD_TIMEOUT s.
 #   pipefb best: pipefb_plan on configs/clusters/Nx-v100-pcie (12 GB/s every pair) with
 #     --budget BYTES (none: the 16 GB devices' capacity), every schedule and policy.
@@ -29,13 +29,12 @@ need pipefb_plan
 start_results pipedream_optimizer
 CFG=$ROOT/configs/pipedream-sgd.yaml
 
-# PipeDream's optimizer needs Debian's python3 with graphviz and numpy (not CI).
+# PipeDream's optimizer runs on the build's python (torch 2.11's venv), which has numpy;
+# graphviz comes from PyPI into the same venv (not CI).
 if ! "$PY" -c 'import graphviz, numpy' 2>/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    apt-get install -y python3-graphviz python3-numpy >"$OUT/apt.log" 2>&1
-  fi
+  "$PY" -m pip install --disable-pip-version-check graphviz numpy >"$OUT/pip.log" 2>&1 || true
   "$PY" -c 'import graphviz, numpy' 2>/dev/null || {
-    echo "$(basename "$0"): $PY needs graphviz and numpy: apt-get install python3-graphviz python3-numpy" >&2
+    echo "$(basename "$0"): $PY needs graphviz and numpy: $PY -m pip install graphviz numpy" >&2
     exit 2
   }
 fi

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Python PyTorch 1.13 eager baseline for experiments/compare_baselines.sh.
 
 The same VGG16 layout as pipefb's model zoo (src/model/Vision.cpp: torchvision's
@@ -11,7 +11,7 @@ numbers are the training step alone: zero_grad, forward, cross entropy, backward
 Prints one JSON line: step time median, samples/s, and the process's peak RSS
 (getrusage; compare_baselines.sh also wraps it in /usr/bin/time -v).
 
-  /usr/bin/python3 experiments/python_baseline.py --width 0.125 --batch 64 --steps 40
+  build/pipefb-python experiments/python_baseline.py --width 0.125 --batch 64 --steps 40
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 #pragma once
 // Helpers shared by the tests that run programs (pipefb_train, pipefb_sim,
-// /usr/bin/python3) the way a user does.
+// the build's python, build/pipefb-python) the way a user does.
 #include <sys/wait.h>
 #include <unistd.h>
 

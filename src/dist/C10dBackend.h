@@ -13,20 +13,18 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "pipefb/common/TorchVersion.h"
 #include "pipefb/dist/ProcessGroup.h"
 
 namespace pipefb::dist::detail {
 
-// What ProcessGroupGloo and ProcessGroupNCCL derive from.
-#if PIPEFB_TORCH_AT_LEAST(2, 0)
+// What ProcessGroupGloo and ProcessGroupNCCL derive from. The group drives its backends
+// directly: it needs only their point-to-point messages and collectives, which a
+// c10d::ProcessGroup around them would only dispatch to.
 using C10dBackend = c10d::Backend;
-#else
-using C10dBackend = c10d::ProcessGroup;
-#endif
 
 struct BackendSpec {
   std::string name;               // "gloo", "nccl": in logs and errors

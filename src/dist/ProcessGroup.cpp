@@ -1,6 +1,6 @@
 #include "pipefb/dist/ProcessGroup.h"
 
-#include <glog/logging.h>
+#include <c10/util/Logging.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -40,12 +40,13 @@ std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 
 std::string seconds(double s) { return fmt::format("{:g} s", s); }
 
-// c10d logs its connection retries and timeouts through glog on stderr; during the
-// rendezvous they would double our one-line error (README, "Programs").
-class QuietGlog {
+// c10d logs its connection retries and timeouts through c10's logging on stderr; during
+// the rendezvous they would double our one-line error (README, "Programs"). c10 prints a
+// message only at or above FLAGS_caffe2_log_level (3: fatal).
+class QuietC10Log {
  public:
-  QuietGlog() : old_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
-  ~QuietGlog() { FLAGS_minloglevel = old_; }
+  QuietC10Log() : old_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; }
+  ~QuietC10Log() { FLAGS_caffe2_log_level = old_; }
 
  private:
   int old_;
@@ -68,7 +69,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
       : env_(env),
         timeout_(static_cast<int64_t>(options.timeoutSeconds * 1000)),
         spec_(std::move(spec)) {
-    QuietGlog quiet;
+    QuietC10Log quiet;
     rendezvous(options);
     connect("");
     spdlog::info("distributed: rank {} of {} (local rank {}), c10d {}, store {}:{}", env.rank,
@@ -80,13 +81,13 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
             c10::intrusive_ptr<c10d::Store> store, const std::string& prefix,
             detail::BackendSpec spec)
       : env_(env), timeout_(timeout), spec_(std::move(spec)), store_(std::move(store)) {
-    QuietGlog quiet;
+    QuietC10Log quiet;
     connect(prefix);
   }
 
   void publishFailure(const std::string& text) override {
     try {
-      QuietGlog quiet;
+      QuietC10Log quiet;
       store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
     } catch (const std::exception&) {
     }
@@ -94,7 +95,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   std::string firstFailure() override {
     try {
-      QuietGlog quiet;
+      QuietC10Log quiet;
       if (!store_->check({kFailureKey})) return "";
       auto v = store_->get(kFailureKey);
       return std::string(v.begin(), v.end());

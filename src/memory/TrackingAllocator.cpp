@@ -43,7 +43,7 @@ void deleteBlock(void* data) {
 
 class TrackingCpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate(size_t nbytes) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (nbytes == 0) return {nullptr, nullptr, &deleteBlock, cpu};
     const ScopeTarget target = chargeTarget();
@@ -63,6 +63,11 @@ class TrackingCpuAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &deleteBlock; }
+
+  // Host memory: a plain memcpy, as c10's default CPU allocator does.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 };
 
 TrackingCpuAllocator& theAllocator() {

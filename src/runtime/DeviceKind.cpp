@@ -12,10 +12,9 @@
 namespace pipefb::runtime {
 
 std::string cudaUnavailableReason() {
-  if (!at::hasCUDA())
-    return "this LibTorch (" TORCH_VERSION
-           ") is built without CUDA; to build against a CUDA "
-           "LibTorch see README.md, \"On a GPU host\"";
+  // hasCUDART: libtorch_cuda registered its hooks when it loaded (Note [One LibTorch]).
+  if (!at::globalContext().hasCUDART())
+    return "this LibTorch (" TORCH_VERSION ") has no CUDA backend loaded (libtorch_cuda)";
   if (torch::cuda::device_count() == 0) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     return std::string("LibTorch has CUDA, but no GPU is visible (CUDA_VISIBLE_DEVICES=") +

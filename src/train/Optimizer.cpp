@@ -48,7 +48,8 @@ void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {
 namespace pipefb::train {
 
 namespace {
-std::string keyOf(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// LibTorch's optimizers key their per-parameter state by the parameter's TensorImpl.
+void* keyOf(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 const std::string* nameOf(const torch::Tensor& p,
                           const std::vector<std::pair<std::string, torch::Tensor>>& names) {

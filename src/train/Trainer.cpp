@@ -199,7 +199,9 @@ double Trainer::step(const data::Batch& batch) {
   const int64_t n = batch.input.size(0);
   memory::ScopeLeader leader;
   memory::MemoryScope deviceScope(*device_, MemoryCategory::WorkingSet);
-  optimizer_->zero_grad();  // zeroes the grads in place (LibTorch 1.13)
+  // In place: the gradients stay allocated, charged once as grads (LibTorch 2.x defaults
+  // to set_to_none, which would free and re-charge them every step).
+  optimizer_->zero_grad(/*set_to_none=*/false);
   std::vector<torch::Tensor> inputs, targets;
   {
     memory::MemoryScope scope(MemoryCategory::CommBuffers);

@@ -1,6 +1,6 @@
 // Parameter names and shapes against torchvision itself (Note [Parameter names]).
-// Python's torch/torchvision import only under /usr/bin/python3 (the python3 first
-// on PATH may be another interpreter), so the test calls it by full path.
+// Python's torch/torchvision are the build's own (PIPEFB_PYTHON, build/pipefb-python:
+// Note [One LibTorch]), not whatever python3 is first on PATH.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -28,9 +28,9 @@ std::vector<std::string> torchvisionKeys(const std::string& name) {
       "m = getattr(torchvision.models, sys.argv[1])(weights=None)\n"
       "for k, v in m.state_dict().items():\n"
       "    print(k, ','.join(str(d) for d in v.shape) or '-')\n";
-  const auto r = pipefb::test::runCommand("/usr/bin/python3 -c \"" + script + "\" " + name);
+  const auto r = pipefb::test::runCommand(std::string(PIPEFB_PYTHON) + " -c \"" + script + "\" " + name);
   EXPECT_EQ(r.code, 0)
-      << "/usr/bin/python3 with torchvision failed (install python3-torchvision):\n"
+      << PIPEFB_PYTHON << " with torchvision failed (run scripts/setup):\n"
       << r.out;
   std::vector<std::string> lines;
   if (r.code != 0) return lines;

@@ -155,7 +155,8 @@ TEST(Checkpoint, RoundTripsInCpp) {
 
 TEST(Checkpoint, LoadsIntoTorchvisionResnet50InPython) {
   // The whole state_dict at default settings loads with strict=True into
-  // torchvision.models.resnet50() under Python's torch 1.13, and the tensors agree.
+  // torchvision.models.resnet50() under Python's torch 2.11 (torch.load's default
+  // weights_only=True), and the tensors agree.
   std::string path = tempDir("py") + "/resnet50.pt";
   model::ModelOptions o;
   o.name = "resnet50";
@@ -165,7 +166,7 @@ TEST(Checkpoint, LoadsIntoTorchvisionResnet50InPython) {
   double sum = 0;
   for (auto& [k, v] : m->stateDict()) sum += v.to(torch::kDouble).sum().item<double>();
   auto r = pipefb::test::runCommand(
-      "/usr/bin/python3 -c \"import torch, torchvision; d = torch.load('" + path +
+      std::string(PIPEFB_PYTHON) + " -c \"import torch, torchvision; d = torch.load('" + path +
       "'); m = torchvision.models.resnet50(); r = m.load_state_dict(d, strict=True); "
       "print(len(d), sum(float(v.double().sum()) for v in d.values()))\"");
   const std::string& out = r.out;

@@ -5,9 +5,8 @@
 // needs: tagged point-to-point sends and receives of tensor lists (Send*/Recv*, the
 // stash of a stage whose F and B run in different processes, SyncWeights), a sum
 // all-reduce and a barrier. The engine is c10d itself: makeGlooGroup() rendezvouses
-// through c10d::TCPStore and runs on c10d::ProcessGroupGloo (CPU). A
-// ProcessGroupNCCL variant implements the same interface where LibTorch has CUDA
-// (PIPEFB_WITH_NCCL; this Debian LibTorch 1.13 has none, so it is not compiled here).
+// through c10d::TCPStore and runs on c10d::ProcessGroupGloo (CPU); makeNcclGroup()
+// (cuda/NcclGroup.h) runs the same group on c10d::ProcessGroupNCCL (GPUs).
 //
 // Messages carry their own shapes: send() writes a small header (dtype, shapes) and
 // then the tensors' data as one flat buffer, so the receiver needs no shape

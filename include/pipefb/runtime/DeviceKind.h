@@ -6,11 +6,11 @@
 // `cuda` must run on a GPU or not at all: where this process cannot run it, the run
 // stops before it starts, with a UserError (exit 2, one line) that says which of these
 // is missing:
-//   1. a LibTorch built with CUDA (Debian's libtorch 1.13 is CPU-only; README.md,
-//      "On a GPU host", builds against a CUDA LibTorch);
+//   1. LibTorch's CUDA backend loaded (libtorch_cuda; every build links it, Note [One
+//      LibTorch]);
 //   2. a visible GPU (CUDA_VISIBLE_DEVICES, the driver);
 //   3. the pipeline runtime on CUDA: its backend (src/memory/cuda, offload/cuda,
-//      src/dist/cuda) is built and type-checked, but PipelineEngine does not place its
+//      src/dist/cuda) is built and linked, but PipelineEngine does not place its
 //      stages on it yet, so a CUDA build refuses too rather than train on the CPU.
 // Both the trainer and the engine check, before either makes a run folder or a thread.
 #include <string>

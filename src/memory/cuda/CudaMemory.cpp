@@ -11,7 +11,6 @@
 #include <optional>
 #include <unordered_map>
 
-#include "pipefb/common/TorchVersion.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/OutOfMemoryError.h"
@@ -102,7 +101,10 @@ std::string installCudaAccounting() {
   static std::once_flag once;
   static std::string why;
   std::call_once(once, [] {
-#if PIPEFB_TORCH_AT_LEAST(2, 2)
+    if (c10::cuda::device_count() == 0) {
+      why = "no GPU is visible, so there is no CUDA caching allocator to account";
+      return;
+    }
     // The allocator must exist before a hook can be attached: one allocation makes it.
     (void)at::empty({1}, at::TensorOptions().device(at::kCUDA));
     namespace cca = c10::cuda::CUDACachingAllocator;
@@ -121,13 +123,6 @@ std::string installCudaAccounting() {
     });
     std::lock_guard<std::mutex> lock(accounting().mu);
     accounting().installed = true;
-#else
-    why = "LibTorch " TORCH_VERSION " has no caching-allocator trace hook "
-          "(attachAllocatorTraceTracker, LibTorch >= 2.2), so pipeline devices on a GPU "
-          "cannot be accounted one by one; build against LibTorch 2.2 or later";
-    (void)&onAlloc;
-    (void)&onFree;
-#endif
   });
   return why;
 }
@@ -146,7 +141,7 @@ void throwPendingOutOfMemory() {
 
 GpuMemory gpuMemory(int gpu) {
   const auto index = static_cast<c10::DeviceIndex>(gpu);
-  // Stat arrays are indexed by StatType; 0 is AGGREGATE in 1.13 and 2.x.
+  // Stat arrays are indexed by StatType; 0 is AGGREGATE.
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
   GpuMemory m;
   m.gpu = gpu;
