@@ -96,6 +96,12 @@ endif()
 # the toolkit's libnvrtc need not be found at run time either.
 list(FILTER TORCH_LIBRARIES EXCLUDE REGEX "stubs/libcuda\\.so$|CUDA::cuda_driver|libnvrtc\\.so")
 add_link_options(LINKER:--no-as-needed)
+# The wheel's libtorch.so carries and exports a few libstdc++ symbols of its own (its
+# toolchain's libstdc++_nonshared: std::filesystem among them), and its
+# std::filesystem::remove_all crashes when called from here. The system libstdc++ is
+# made the first library every binary needs, so every std:: symbol binds to it
+# (no_gpu_test).
+add_link_options(-lstdc++)
 
 # One fmt in every translation unit: Debian's (see above).
 set(PIPEFB_FMT_DIR ${PROJECT_BINARY_DIR}/fmt-include)

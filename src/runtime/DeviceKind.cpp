@@ -21,7 +21,7 @@ std::string cudaUnavailableReason() {
            (visible ? "'" + std::string(visible) + "'" : std::string("unset")) + ")";
   }
   return "the pipeline runtime does not place its stages on CUDA yet (its CUDA backend is "
-         "built and type-checked only; issue 17)";
+         "built and linked only; issue 32)";
 }
 
 DeviceKind checkDeviceKind(const config::Config& config) {

@@ -1,5 +1,8 @@
 #include "pipefb/train/Checkpoint.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -53,11 +56,32 @@ int64_t stepOfDir(const std::string& name) {
   return v;
 }
 
+// Note [Plain pickles]
+// torch.load reads with weights_only=True by default (PyTorch 2.6 on), which refuses the
+// type tag that torch::pickle_save puts on a typed c10::Dict
+// (torch.jit._pickle.restore_type_tag). So the dict is pickled untagged, as a plain dict
+// of tensors, into the same zip archive (data.pkl beside data/N); torch::pickle_load and
+// Python's torch.load both read it as is.
 std::string pickled(const NamedTensors& tensors) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : tensors) dict.insert(name, t.detach().cpu().contiguous());
-  std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  return std::string(bytes.begin(), bytes.end());
+  std::string pickle;
+  torch::jit::Pickler pickler([&](const char* buf, size_t n) { pickle.append(buf, n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::string archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    archive.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
 }
 
 NamedTensors unpickled(const std::string& bytes, const std::string& path) {

@@ -1,8 +1,7 @@
 // The CUDA backend's pieces on a GPU (issue 17; ctest label `gpu`): per-device memory
 // domains on one GPU (Note [CUDA accounting]), the CUDA copy backend under the transfer
-// manager (Note [Copy backends]) and NCCL groups (Note [c10d backends]). Built against a
-// CUDA LibTorch; every test skips without a GPU. Against the CPU LibTorch this file is
-// type-checked only (Note [CUDA sources]).
+// manager (Note [Copy backends]) and NCCL groups (Note [c10d backends]). Built in every
+// build (Note [CUDA sources]); every test skips without a GPU.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -1,7 +1,6 @@
 // The pipeline runtime with devices.kind: cuda (issue 17; ctest label `gpu`): several
-// pipeline devices on one GPU. Built against a CUDA LibTorch; every test skips without a
-// GPU, and fails while the runtime refuses cuda (Note [No silent fallback], DeviceKind.h,
-// point 3). Against the CPU LibTorch this file is type-checked only.
+// pipeline devices on one GPU. Built in every build; every test skips without a GPU, and
+// fails while the runtime refuses cuda (Note [No silent fallback], DeviceKind.h, point 3).
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>

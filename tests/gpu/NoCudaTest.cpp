@@ -1,11 +1,12 @@
 // Without a GPU (every machine CI runs on): the programs link the CUDA LibTorch yet start
 // without a GPU driver (Note [One LibTorch]), and devices.kind: cuda refuses to run and
 // says why (Note [No silent fallback]). On a GPU host these tests skip.
-#include <gtest/gtest.h>
 #include <ATen/Context.h>
+#include <gtest/gtest.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,18 @@ TEST(NoGpu, ProgramsLinkTheCudaLibTorchButNotTheDriver) {
   // And the CUDA one starts: its CPU path runs to a clean exit.
   const auto help = test::runCommand(std::string(PIPEFB_BINARY_DIR) + "/pipefb_train --help");
   EXPECT_EQ(help.code, 0) << help.out;
+}
+
+TEST(NoGpu, StdSymbolsBindToTheSystemLibstdcxx) {
+  // libtorch.so exports a std::filesystem of its own that crashes here (Note [One
+  // LibTorch]): the system libstdc++ must come first among what a binary needs.
+  const std::string needed = dynamicSection("pipefb_train");
+  const auto first = needed.find("(NEEDED)");
+  ASSERT_NE(first, std::string::npos) << needed;
+  EXPECT_EQ(needed.find("[libstdc++.so.6]", first), needed.find('[', first)) << needed;
+  const auto dir = std::filesystem::temp_directory_path() / "pipefb_no_gpu_fs";
+  std::filesystem::create_directories(dir / "a" / "b");
+  EXPECT_EQ(std::filesystem::remove_all(dir), 3u);
 }
 
 TEST(NoGpu, TheCudaBackendIsRegisteredAtStart) {

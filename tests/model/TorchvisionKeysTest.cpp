@@ -28,10 +28,10 @@ std::vector<std::string> torchvisionKeys(const std::string& name) {
       "m = getattr(torchvision.models, sys.argv[1])(weights=None)\n"
       "for k, v in m.state_dict().items():\n"
       "    print(k, ','.join(str(d) for d in v.shape) or '-')\n";
-  const auto r = pipefb::test::runCommand(std::string(PIPEFB_PYTHON) + " -c \"" + script + "\" " + name);
-  EXPECT_EQ(r.code, 0)
-      << PIPEFB_PYTHON << " with torchvision failed (run scripts/setup):\n"
-      << r.out;
+  const auto r =
+      pipefb::test::runCommand(std::string(PIPEFB_PYTHON) + " -c \"" + script + "\" " + name);
+  EXPECT_EQ(r.code, 0) << PIPEFB_PYTHON << " with torchvision failed (run scripts/setup):\n"
+                       << r.out;
   std::vector<std::string> lines;
   if (r.code != 0) return lines;
   std::istringstream in(r.out);

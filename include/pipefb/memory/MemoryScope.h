@@ -10,7 +10,7 @@
 // (the tracking allocator records domain and category with each block).
 //
 // Note [Intra-op threads]
-// LibTorch (Debian's 1.13 is built with OpenMP) runs parts of some ops on the
+// LibTorch (the 2.11 wheel is built with OpenMP) runs parts of some ops on the
 // intra-op pool's threads. Those threads never see a MemoryScope: OpenMP does not
 // carry thread-locals, and ATen's parallel_for does not propagate
 // ThreadLocalState (only at::launch does, and it has no slot for ours). Few ops

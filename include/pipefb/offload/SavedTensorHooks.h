@@ -6,7 +6,7 @@
 // torch::autograd::set_default_engine_stub) with a subclass whose
 // get_default_saved_variable_hooks() returns pack/unpack hooks while a StashScope is
 // active on the calling thread, and no hooks otherwise (then nothing changes). Call it
-// before the first autograd call of the process. Works with libtorch 1.13.
+// before the first autograd call of the process. Works with LibTorch 2.11 (and 1.13).
 //   pack:   the tensor joins the scope's SavedTensorGroup (deduplicated by storage,
 //           offset, sizes and strides), unless it was marked skip() (resident weights:
 //           kept by reference, never copied). With hooks, SavedVariable keeps no

@@ -1,8 +1,8 @@
 #pragma once
 // The process group on NCCL (issue 17; Note [c10d backends] in src/dist/C10dBackend.h):
 // one process per GPU under pipefb_launch or torchrun, for the pipeline's sends and
-// receives and the hybrid gradient all-reduce. Built only against a CUDA LibTorch
-// (PIPEFB_TORCH_CUDA); the CPU build type-checks it (Note [CUDA sources]).
+// receives and the hybrid gradient all-reduce. Built and linked in every build (Note
+// [CUDA sources]); runs only where there are GPUs.
 #include <memory>
 
 #include "pipefb/dist/ProcessGroup.h"

@@ -1,7 +1,7 @@
 #pragma once
 // Memory domains of pipeline devices on GPUs (DESIGN.md, "Devices and memory
-// accounting"; issue 17). Compiled only against a CUDA LibTorch; the CPU build
-// type-checks it (target cuda_typecheck).
+// accounting"; issue 17). Built and linked in every build (Note [CUDA sources]); runs
+// only on a GPU.
 //
 // Note [CUDA accounting]
 // Several pipeline devices may share one GPU (devices.count > GPUs): each is a memory

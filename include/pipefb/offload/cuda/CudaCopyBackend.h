@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA copy backend (Note [Copy backends], pipefb/offload/CopyBackend.h; issue 17).
-// Compiled only against a CUDA LibTorch; the CPU build type-checks it (cuda_typecheck).
+// Built and linked in every build (Note [CUDA sources]); runs only on a GPU.
 //
 //   engines    one CudaCopyEngine per pipeline device and role: its own CUDA stream on
 //              the device's GPU and a thread that queues LibTorch copies on it
