@@ -238,7 +238,12 @@ double Trainer::step(const data::Batch& batch) {
       loss = model_->loss(out, targets[m]) * weight;
     }
     if (numerics != "off") check(loss, "loss", m);
-    loss.backward();
+    {
+      // Linear layers add their weight gradients straight into the resident .grad, as
+      // the pipeline runtime's B does (Note on model::WeightGradientsIntoGrad).
+      model::WeightGradientsIntoGrad into;
+      loss.backward();
+    }
     if (numerics == "all")
       for (const auto& [name, p] : model_->namedParameters())
         check(p.grad(), "gradient of " + name, m);
