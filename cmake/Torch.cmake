@@ -4,8 +4,8 @@
 # libtorch_cuda, libc10_cuda, its CMake config); CMake finds it through
 # torch.utils.cmake_prefix_path of PIPEFB_PYTHON, the python3 that imports it.
 #  * PIPEFB_PYTHON (cache variable or environment variable): scripts/setup makes a venv
-#    (default ~/.cache/pipefb/venv-torch-2.11.0) and passes its python; a user who already
-#    has torch 2.11 points the build at that python instead.
+#    (PIPEFB_VENV, default ~/.cache/pipefb/venv-torch-2.11.0) and passes its python; a
+#    user who already has torch 2.11 points the build at that python instead.
 #  * The version is checked here, so a wrong torch fails at configure time with one line.
 #  * The wheel is a CUDA build, so find_package(Torch) needs the CUDA toolkit
 #    (/usr/local/cuda, or CUDAToolkit_ROOT). The CUDA backend compiles and links in every
@@ -24,6 +24,9 @@
 set(PIPEFB_TORCH_VERSION 2.11.0)
 
 set(_pipefb_default_python "$ENV{HOME}/.cache/pipefb/venv-torch-${PIPEFB_TORCH_VERSION}/bin/python")
+if(DEFINED ENV{PIPEFB_VENV} AND NOT "$ENV{PIPEFB_VENV}" STREQUAL "")
+  set(_pipefb_default_python "$ENV{PIPEFB_VENV}/bin/python")
+endif()
 if(DEFINED ENV{PIPEFB_PYTHON} AND NOT "$ENV{PIPEFB_PYTHON}" STREQUAL "")
   set(_pipefb_default_python "$ENV{PIPEFB_PYTHON}")
 endif()

@@ -4,7 +4,7 @@
 #   pipefb_train, 1f1b on 2 devices (1 intra-op thread each) -> pipefb-1f1b-2dev
 #   bench_trainer --only pipefb (the trainer's step alone)   -> pipefb-trainer-step
 #   bench_trainer --only plain (a hand-written LibTorch loop) -> libtorch-plain
-#   experiments/python_baseline.py (Python PyTorch 1.13 eager) -> python-eager
+#   experiments/python_baseline.py (Python PyTorch 2.11 eager, build/pipefb-python) -> python-eager
 # VGG16 (torchvision layout) width WIDTH, 1x32x32 input, 10 classes, batch BATCH, Adam
 # lr 1e-3, synthetic data; each in its own process so /usr/bin/time -v gives its peak RSS.
 # Throughput: samples/s over the STEPS steps after 3 warm-up steps (mean, not median).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Python PyTorch 1.13 eager baseline for experiments/compare_baselines.sh.
+"""Python PyTorch eager baseline (torch 2.11, build/pipefb-python) for experiments/compare_baselines.sh.
 
 The same VGG16 layout as pipefb's model zoo (src/model/Vision.cpp: torchvision's
 configuration "D" without batch norm, channels scaled by --width and rounded, the
