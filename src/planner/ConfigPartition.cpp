@@ -53,7 +53,24 @@ WholePlan planWholePipeline(const config::Config& config, const std::string& pro
   WholePlan out;
   out.profileText = planning.profileText;
   const SolveResult r = solve(*planning.model, o);
-  if (!r.feasible) return out;
+  if (!r.feasible) {
+    out.minimalBudget = r.minimalBudget;
+    if (config.devices.memory) {
+      // The devices' capacities are devices.memory itself: the smallest budget is the
+      // peak of the memory-minimal plan on the same devices without it.
+      config::Config unbounded = config;
+      unbounded.devices.memory = std::nullopt;
+      Planning free = setupPlanning(unbounded, setup);
+      SolverOptions m = free.solver;
+      m.microbatches = o.microbatches;
+      m.schedules = o.schedules;
+      m.objective = Objective::Memory;
+      m.simulateTop = 0;
+      const SolveResult least = solve(*free.model, m);
+      if (least.feasible) out.minimalBudget = least.best.peakMemory;
+    }
+    return out;
+  }
   const Plan& plan = r.best;
   const PlanContext ctx{configPath, planning.model->profile().model, planning.profileText,
                         planning.model->cluster().name};

@@ -95,6 +95,25 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
 std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
   using namespace pipefb::planner;
   const WholePlan p = planWholePipeline(config, cachedProfile(config, nullptr), configPath);
+  if (p.planYaml.empty() && config.devices.memory) {
+    // No fit, no start: the planner already knows the run would go out of memory.
+    const std::string family = config.pipeline.schedule + "-" + config.pipeline.stash;
+    const std::string shape = " on " + std::to_string(config.devices.count) + " devices with " +
+                              std::to_string(config.pipeline.microbatches) + " microbatches";
+    if (p.minimalBudget >= 0)
+      throw pipefb::UserError(
+          "devices.memory: no " + family + " plan of " + config.model.name + shape + " fits " +
+          pipefb::formatBytes(*config.devices.memory) +
+          " per device; the smallest budget "
+          "that fits is " +
+          pipefb::formatBytes(p.minimalBudget) + " (" + std::to_string(p.minimalBudget) +
+          " bytes): set devices.memory to at least that, "
+          "or add devices, or choose another pipeline.stash or pipeline.schedule");
+    throw pipefb::UserError("devices.memory: no " + family + " plan of " + config.model.name +
+                            shape +
+                            " fits any budget within the devices' capacities; add "
+                            "devices, or choose another pipeline.stash or pipeline.schedule");
+  }
   if (p.planYaml.empty())
     spdlog::info("pipeline: no {} plan fits devices.memory; planning the partition alone",
                  config.pipeline.schedule);

@@ -139,3 +139,39 @@ TEST(PipefbTrain, PlannerPartitionIsPlannedOnAMeasuredProfileCachedOnFirstUse) {
       << second.out;
   fs::remove_all(work);
 }
+
+// No fit, no start: a PipeFB config whose devices.memory no plan of its family fits exits 2
+// before training, with one error line that names the smallest budget that fits; at that
+// budget the same config trains, and one byte below it is refused again.
+TEST(PipefbTrain, NothingFitsExitsTwoNamingTheSmallestBudget) {
+  const fs::path work = pipefb::test::freshDir("cli_nothing_fits");
+  auto train = [&](const std::string& memory) {
+    return pipefb::test::runCommand(
+        "cd " + work.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_train --config " +
+        cfg("mlp-tiny.yaml") +
+        " --set pipeline.schedule=pipefb-sync --set devices.count=2"
+        " --set pipeline.microbatches=2 --set training.iterations=2 --set training.eval=false"
+        " --set devices.memory=" +
+        memory + " --set output.dir=" + (work / "run").string());
+  };
+  CommandResult tiny = train("4KiB");
+  ASSERT_EQ(tiny.code, 2) << tiny.out;
+  EXPECT_FALSE(fs::exists(work / "run")) << tiny.out;
+  const std::string error = tiny.out.substr(tiny.out.find("pipefb_train: error: "));
+  EXPECT_EQ(pipefb::test::countLines(error), 1u) << tiny.out;
+  EXPECT_NE(error.find("no pipefb-sync-"), std::string::npos) << error;
+  EXPECT_NE(error.find("on 2 devices"), std::string::npos) << error;
+  const std::string tag = "the smallest budget that fits is ";
+  const auto at = error.find(tag);
+  ASSERT_NE(at, std::string::npos) << error;
+  const auto open = error.find('(', at);
+  ASSERT_NE(open, std::string::npos) << error;
+  const long long bytes = std::stoll(error.substr(open + 1));
+  ASSERT_GT(bytes, 4096);
+  CommandResult fits = train(std::to_string(bytes));
+  EXPECT_EQ(fits.code, 0) << fits.out;
+  fs::remove_all(work / "run");
+  CommandResult below = train(std::to_string(bytes - 1));
+  EXPECT_EQ(below.code, 2) << below.out;
+  fs::remove_all(work);
+}

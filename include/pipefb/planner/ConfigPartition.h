@@ -45,6 +45,9 @@ struct WholePlan {
   std::string planYaml;     // "" when nothing fits devices.memory (plan the partition then)
   std::string profileText;  // "measured <file>"
   std::string summary;      // "pipefb-sync folded, 2 stages on 2 devices (0/1 1/0), ..."
+  /// When nothing fits: the smallest per-device budget that fits (-1: not even the
+  /// devices' capacities), as pipefb_plan prints it.
+  std::int64_t minimalBudget = -1;
 };
 /// pipefb_plan's best plan for the config's schedule, stash and microbatches, on the
 /// profile file `profilePath` (plansWholePipeline(config) must hold).
