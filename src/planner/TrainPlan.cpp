@@ -157,6 +157,9 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
     // runtime reports the out-of-memory error with a real partition.
     out.withinLimits = false;
     std::vector<std::int64_t> none(limits.size(), -1);
+    if (auto least =
+            solveShape(model, shape, policies, none, model.cluster().hostPool, Objective::Memory))
+      out.minimalBudget = least->peakMemory;
     plan = solveShape(model, shape, policies, none, -1, Objective::Time);
   }
   PIPEFB_ASSERT(plan.has_value(), "an unlimited shape always has a plan");

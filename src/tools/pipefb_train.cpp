@@ -20,6 +20,7 @@
 // stderr naming the key or file; 1 any other failure (out of memory, numerical).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -77,8 +78,26 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
                                 pipefb::dist::ProcessGroup* group) {
   using namespace pipefb::planner;
   const std::string cached = cachedProfile(config, group);
-  const ConfigPartition p =
-      setPlannerPartition(config, pipefb::runtime::stagesFor(config), cached, configPath);
+  const int stages = pipefb::runtime::stagesFor(config);
+  const ConfigPartition p = setPlannerPartition(config, stages, cached, configPath);
+  if (!p.partition.withinLimits && config.devices.memory) {
+    // No fit, no start (as useWholePlan): no partition of this shape fits devices.memory.
+    const std::string what = "no " + config.pipeline.schedule + "-" + config.pipeline.stash +
+                             " partition of " + config.model.name + " into " +
+                             std::to_string(stages) + " stages on " +
+                             std::to_string(config.devices.count) + " devices fits " +
+                             pipefb::formatBytes(*config.devices.memory) + " per device";
+    if (p.partition.minimalBudget >= 0)
+      throw pipefb::UserError(
+          "devices.memory: " + what + "; the smallest budget that fits is " +
+          pipefb::formatBytes(p.partition.minimalBudget) + " (" +
+          std::to_string(p.partition.minimalBudget) +
+          " bytes): set devices.memory to at least that, or add devices, or choose another "
+          "pipeline.stash or pipeline.schedule");
+    throw pipefb::UserError("devices.memory: " + what +
+                            ", nor any budget within the host pool (devices.host_memory); "
+                            "raise devices.host_memory, or choose another pipeline.stash");
+  }
   spdlog::info(
       "pipeline: partition by the planner ({} profile): {}; predicted {} per iteration, peak {}"
       "{} (pipeline.partition_by: params for the parameter-bytes balance)",
@@ -255,6 +274,23 @@ int main(int argc, char** argv) {
       planYaml = pipefb::planner::readPlanText(planPath);  // copied to RUN_DIR/plan.yaml
       spec = pipefb::planner::parsePlan(planYaml, planPath);
       pipefb::planner::applyPlan(config, *spec, planPath);  // may set pipeline.replicas
+      // No fit, no start: a plan whose planned peak is over a device's budget would go out
+      // of memory; say so before training.
+      for (size_t d = 0; d < spec->predictedPeak.size(); ++d) {
+        std::optional<std::int64_t> capacity = config.devices.memory;
+        if (d < config.devices.device_memory.size() && config.devices.device_memory[d])
+          capacity = config.devices.device_memory[d];
+        const std::int64_t peak = spec->predictedPeak[d];
+        if (!capacity || peak <= *capacity) continue;
+        const std::int64_t need =
+            *std::max_element(spec->predictedPeak.begin(), spec->predictedPeak.end());
+        throw pipefb::UserError(
+            planPath + ": device " + std::to_string(d) + "'s planned peak " +
+            pipefb::formatBytes(peak) + " (" + std::to_string(peak) + " bytes) is over its " +
+            "devices.memory " + pipefb::formatBytes(*capacity) + "; set devices.memory to at " +
+            "least " + std::to_string(need) +
+            " bytes, or plan again for this budget (pipefb_plan " + "--budget)");
+      }
     }
     // One process per device (issue 8), under pipefb_launch or torchrun; checked before
     // anything is printed or planned.

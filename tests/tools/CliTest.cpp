@@ -140,38 +140,70 @@ TEST(PipefbTrain, PlannerPartitionIsPlannedOnAMeasuredProfileCachedOnFirstUse) {
   fs::remove_all(work);
 }
 
-// No fit, no start: a PipeFB config whose devices.memory no plan of its family fits exits 2
+// No fit, no start: a config whose devices.memory no plan of its family fits exits 2
 // before training, with one error line that names the smallest budget that fits; at that
-// budget the same config trains, and one byte below it is refused again.
+// budget the same config trains, and one byte below it is refused again. PipeFB plans the
+// whole pipeline (Note [The planner's whole plan in pipefb_train]); 1f1b plans the
+// partition of its shape.
 TEST(PipefbTrain, NothingFitsExitsTwoNamingTheSmallestBudget) {
-  const fs::path work = pipefb::test::freshDir("cli_nothing_fits");
+  for (const std::string schedule : {"pipefb-sync", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    const fs::path work = pipefb::test::freshDir("cli_nothing_fits");
+    auto train = [&](const std::string& memory) {
+      return pipefb::test::runCommand(
+          "cd " + work.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_train --config " +
+          cfg("mlp-tiny.yaml") + " --set pipeline.schedule=" + schedule +
+          " --set devices.count=2 --set pipeline.microbatches=2 --set training.iterations=2"
+          " --set training.eval=false --set devices.memory=" +
+          memory + " --set output.dir=" + (work / "run").string());
+    };
+    CommandResult tiny = train("4KiB");
+    ASSERT_EQ(tiny.code, 2) << tiny.out;
+    EXPECT_FALSE(fs::exists(work / "run")) << tiny.out;
+    const std::string error = tiny.out.substr(tiny.out.find("pipefb_train: error: "));
+    EXPECT_EQ(pipefb::test::countLines(error), 1u) << tiny.out;
+    EXPECT_NE(error.find("no " + schedule + "-"), std::string::npos) << error;
+    EXPECT_NE(error.find("on 2 devices"), std::string::npos) << error;
+    const std::string tag = "the smallest budget that fits is ";
+    const auto at = error.find(tag);
+    ASSERT_NE(at, std::string::npos) << error;
+    const auto open = error.find('(', at);
+    ASSERT_NE(open, std::string::npos) << error;
+    const long long bytes = std::stoll(error.substr(open + 1));
+    ASSERT_GT(bytes, 4096);
+    CommandResult fits = train(std::to_string(bytes));
+    EXPECT_EQ(fits.code, 0) << fits.out;
+    fs::remove_all(work / "run");
+    CommandResult below = train(std::to_string(bytes - 1));
+    EXPECT_EQ(below.code, 2) << below.out;
+    fs::remove_all(work);
+  }
+}
+
+// No fit, no start for --plan: a plan file whose planned peak is over devices.memory exits
+// 2 before training, naming the device, its planned peak and the budget that fits.
+TEST(PipefbTrain, PlanOverItsBudgetExitsTwoBeforeTraining) {
+  const fs::path work = pipefb::test::freshDir("cli_plan_over_budget");
+  const std::string shape = " --config " + cfg("mlp-tiny.yaml") +
+                            " --set pipeline.schedule=1f1b --set devices.count=2"
+                            " --set pipeline.microbatches=2";
+  CommandResult plan =
+      pipefb::test::runCommand("cd " + work.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_plan" +
+                               shape + " --schedules 1f1b-keep --microbatches 2 -o plan.yaml");
+  ASSERT_EQ(plan.code, 0) << plan.out;
   auto train = [&](const std::string& memory) {
-    return pipefb::test::runCommand(
-        "cd " + work.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_train --config " +
-        cfg("mlp-tiny.yaml") +
-        " --set pipeline.schedule=pipefb-sync --set devices.count=2"
-        " --set pipeline.microbatches=2 --set training.iterations=2 --set training.eval=false"
-        " --set devices.memory=" +
-        memory + " --set output.dir=" + (work / "run").string());
+    return pipefb::test::runCommand("cd " + work.string() + " && " + PIPEFB_BINARY_DIR +
+                                    "/pipefb_train" + shape +
+                                    " --plan plan.yaml --set training.iterations=2"
+                                    " --set training.eval=false --set devices.memory=" +
+                                    memory + " --set output.dir=" + (work / "run").string());
   };
   CommandResult tiny = train("4KiB");
   ASSERT_EQ(tiny.code, 2) << tiny.out;
+  EXPECT_EQ(pipefb::test::countLines(tiny.out), 1u) << tiny.out;
+  EXPECT_NE(tiny.out.find("plan.yaml: device 0's planned peak"), std::string::npos) << tiny.out;
+  EXPECT_NE(tiny.out.find("is over its devices.memory 4.00 KiB"), std::string::npos) << tiny.out;
   EXPECT_FALSE(fs::exists(work / "run")) << tiny.out;
-  const std::string error = tiny.out.substr(tiny.out.find("pipefb_train: error: "));
-  EXPECT_EQ(pipefb::test::countLines(error), 1u) << tiny.out;
-  EXPECT_NE(error.find("no pipefb-sync-"), std::string::npos) << error;
-  EXPECT_NE(error.find("on 2 devices"), std::string::npos) << error;
-  const std::string tag = "the smallest budget that fits is ";
-  const auto at = error.find(tag);
-  ASSERT_NE(at, std::string::npos) << error;
-  const auto open = error.find('(', at);
-  ASSERT_NE(open, std::string::npos) << error;
-  const long long bytes = std::stoll(error.substr(open + 1));
-  ASSERT_GT(bytes, 4096);
-  CommandResult fits = train(std::to_string(bytes));
-  EXPECT_EQ(fits.code, 0) << fits.out;
-  fs::remove_all(work / "run");
-  CommandResult below = train(std::to_string(bytes - 1));
-  EXPECT_EQ(below.code, 2) << below.out;
+  EXPECT_EQ(train("1GiB").code, 0);
   fs::remove_all(work);
 }

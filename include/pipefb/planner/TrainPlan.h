@@ -48,6 +48,9 @@ struct PlannedPartition {
   std::vector<std::int64_t> cuts;  // pipeline.partition
   Plan plan;                       // with its predicted times and memory
   bool withinLimits = true;        // false: nothing fits devices.memory; planned without it
+  /// When !withinLimits: the smallest per-device budget at which this shape has a plan
+  /// (the memory-minimal partition's peak, host pool as configured); -1 if none has.
+  std::int64_t minimalBudget = -1;
 };
 PlannedPartition plannerPartition(const CostModel& model, const config::Config& config, int stages);
 
