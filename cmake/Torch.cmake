@@ -11,7 +11,7 @@
 #    (/usr/local/cuda, or CUDAToolkit_ROOT). The CUDA backend compiles and links in every
 #    build; it needs no GPU and no driver until it runs.
 #  * Every program starts on a machine without a GPU driver: nothing links the driver
-#    stub (libcuda.so), so no binary needs libcuda.so.1 (ctest: LinkTest). libtorch_cuda
+#    stub (libcuda.so), so no binary needs libcuda.so.1 (no_gpu_test). libtorch_cuda
 #    stays a DT_NEEDED of every Torch target (--no-as-needed): it registers CUDA with ATen
 #    when it is loaded, and nothing of ours references a symbol of it directly.
 #  * fmt: the wheel carries fmt 12 headers (LibTorch uses it header-only) in the same folder

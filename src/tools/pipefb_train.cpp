@@ -74,30 +74,36 @@ std::string cachedProfile(const pipefb::config::Config& config, pipefb::dist::Pr
   return cached;
 }
 
+// No fit, no start: the planner already knows the run would go out of memory, so the run
+// stops before training. `what` says which plan or partition of which shape does not fit
+// devices.memory; `minimalBudget` is the smallest per-device budget that fits (-1: none
+// within the other limits, which `otherwise` then says how to lift).
+[[noreturn]] void throwNoFit(const pipefb::config::Config& config, const std::string& what,
+                             std::int64_t minimalBudget, const std::string& otherwise) {
+  const std::string head = "devices.memory: " + what + " fits " +
+                           pipefb::formatBytes(*config.devices.memory) + " per device";
+  if (minimalBudget < 0) throw pipefb::UserError(head + ", " + otherwise);
+  throw pipefb::UserError(head + "; the smallest budget that fits is " +
+                          pipefb::formatBytes(minimalBudget) + " (" +
+                          std::to_string(minimalBudget) +
+                          " bytes): set devices.memory to at least that, or add devices, or "
+                          "choose another pipeline.stash or pipeline.schedule");
+}
+
 std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
                                 pipefb::dist::ProcessGroup* group) {
   using namespace pipefb::planner;
   const std::string cached = cachedProfile(config, group);
   const int stages = pipefb::runtime::stagesFor(config);
   const ConfigPartition p = setPlannerPartition(config, stages, cached, configPath);
-  if (!p.partition.withinLimits && config.devices.memory) {
-    // No fit, no start (as useWholePlan): no partition of this shape fits devices.memory.
-    const std::string what = "no " + config.pipeline.schedule + "-" + config.pipeline.stash +
-                             " partition of " + config.model.name + " into " +
-                             std::to_string(stages) + " stages on " +
-                             std::to_string(config.devices.count) + " devices fits " +
-                             pipefb::formatBytes(*config.devices.memory) + " per device";
-    if (p.partition.minimalBudget >= 0)
-      throw pipefb::UserError(
-          "devices.memory: " + what + "; the smallest budget that fits is " +
-          pipefb::formatBytes(p.partition.minimalBudget) + " (" +
-          std::to_string(p.partition.minimalBudget) +
-          " bytes): set devices.memory to at least that, or add devices, or choose another "
-          "pipeline.stash or pipeline.schedule");
-    throw pipefb::UserError("devices.memory: " + what +
-                            ", nor any budget within the host pool (devices.host_memory); "
-                            "raise devices.host_memory, or choose another pipeline.stash");
-  }
+  if (!p.partition.withinLimits && config.devices.memory)
+    throwNoFit(config,
+               "no " + config.pipeline.schedule + "-" + config.pipeline.stash + " partition of " +
+                   config.model.name + " into " + std::to_string(stages) + " stages on " +
+                   std::to_string(config.devices.count) + " devices",
+               p.partition.minimalBudget,
+               "nor any budget within the host pool (devices.host_memory); raise "
+               "devices.host_memory, or choose another pipeline.stash");
   spdlog::info(
       "pipeline: partition by the planner ({} profile): {}; predicted {} per iteration, peak {}"
       "{} (pipeline.partition_by: params for the parameter-bytes balance)",
@@ -114,25 +120,15 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
 std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
   using namespace pipefb::planner;
   const WholePlan p = planWholePipeline(config, cachedProfile(config, nullptr), configPath);
-  if (p.planYaml.empty() && config.devices.memory) {
-    // No fit, no start: the planner already knows the run would go out of memory.
-    const std::string family = config.pipeline.schedule + "-" + config.pipeline.stash;
-    const std::string shape = " on " + std::to_string(config.devices.count) + " devices with " +
-                              std::to_string(config.pipeline.microbatches) + " microbatches";
-    if (p.minimalBudget >= 0)
-      throw pipefb::UserError(
-          "devices.memory: no " + family + " plan of " + config.model.name + shape + " fits " +
-          pipefb::formatBytes(*config.devices.memory) +
-          " per device; the smallest budget "
-          "that fits is " +
-          pipefb::formatBytes(p.minimalBudget) + " (" + std::to_string(p.minimalBudget) +
-          " bytes): set devices.memory to at least that, "
-          "or add devices, or choose another pipeline.stash or pipeline.schedule");
-    throw pipefb::UserError("devices.memory: no " + family + " plan of " + config.model.name +
-                            shape +
-                            " fits any budget within the devices' capacities; add "
-                            "devices, or choose another pipeline.stash or pipeline.schedule");
-  }
+  if (p.planYaml.empty() && config.devices.memory)
+    throwNoFit(config,
+               "no " + config.pipeline.schedule + "-" + config.pipeline.stash + " plan of " +
+                   config.model.name + " on " + std::to_string(config.devices.count) +
+                   " devices with " + std::to_string(config.pipeline.microbatches) +
+                   " microbatches",
+               p.minimalBudget,
+               "nor any budget within the devices' capacities; add devices, or choose another "
+               "pipeline.stash or pipeline.schedule");
   if (p.planYaml.empty())
     spdlog::info("pipeline: no {} plan fits devices.memory; planning the partition alone",
                  config.pipeline.schedule);
@@ -284,12 +280,12 @@ int main(int argc, char** argv) {
         if (!capacity || peak <= *capacity) continue;
         const std::int64_t need =
             *std::max_element(spec->predictedPeak.begin(), spec->predictedPeak.end());
-        throw pipefb::UserError(
-            planPath + ": device " + std::to_string(d) + "'s planned peak " +
-            pipefb::formatBytes(peak) + " (" + std::to_string(peak) + " bytes) is over its " +
-            "devices.memory " + pipefb::formatBytes(*capacity) + "; set devices.memory to at " +
-            "least " + std::to_string(need) +
-            " bytes, or plan again for this budget (pipefb_plan " + "--budget)");
+        throw pipefb::UserError(planPath + ": device " + std::to_string(d) + "'s planned peak " +
+                                pipefb::formatBytes(peak) + " (" + std::to_string(peak) +
+                                " bytes) is over its " + "devices.memory " +
+                                pipefb::formatBytes(*capacity) + "; set devices.memory to at " +
+                                "least " + std::to_string(need) +
+                                " bytes, or plan again for this budget (pipefb_plan --budget)");
       }
     }
     // One process per device (issue 8), under pipefb_launch or torchrun; checked before
