@@ -93,6 +93,17 @@ bool plannerPartitions(const config::Config& cfg, int stages) {
          (isSplit(kind) && given == schedules::Placement::folded(stages));
 }
 
+void checkStagesFitLayers(const config::Config& cfg, int stages, int numLayers) {
+  if (stages > numLayers)
+    throw UserError(cfg.source + ": pipeline.stages: " + std::to_string(stages) +
+                    " stages but the model has only " + std::to_string(numLayers) +
+                    " layers; lower pipeline.stages or devices.count");
+}
+
+void checkStagesFitLayers(const config::Config& cfg, int stages) {
+  checkStagesFitLayers(cfg, stages, static_cast<int>(modelWork(cfg.model).layers.size()));
+}
+
 PlannedPartition plannerPartition(const CostModel& model, const config::Config& cfg, int stages) {
   PipelineShape shape;
   shape.kind = parseScheduleKind(cfg.pipeline.schedule);
@@ -125,10 +136,7 @@ PlannedPartition plannerPartition(const CostModel& model, const config::Config& 
                     ": devices.count: " + std::to_string(model.cluster().numDevices()) +
                     " devices but " + cfg.pipeline.schedule + " with " + std::to_string(stages) +
                     " stages needs " + std::to_string(shape.chainLength()));
-  if (stages > model.numLayers())
-    throw UserError(cfg.source + ": pipeline.stages: " + std::to_string(stages) +
-                    " stages but the model has only " + std::to_string(model.numLayers()) +
-                    " layers; lower pipeline.stages or devices.count");
+  checkStagesFitLayers(cfg, stages, model.numLayers());
   // Each stage keeps the policy the config gives it (one for all, or one per stage); the
   // solver chooses only the partition.
   const std::vector<StashPolicy> asked = config::stashPerStage(cfg, stages);

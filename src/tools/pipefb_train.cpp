@@ -93,8 +93,9 @@ std::string cachedProfile(const pipefb::config::Config& config, pipefb::dist::Pr
 std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
                                 pipefb::dist::ProcessGroup* group) {
   using namespace pipefb::planner;
-  const std::string cached = cachedProfile(config, group);
   const int stages = pipefb::runtime::stagesFor(config);
+  checkStagesFitLayers(config, stages);  // before the profile: cheap checks first
+  const std::string cached = cachedProfile(config, group);
   const ConfigPartition p = setPlannerPartition(config, stages, cached, configPath);
   if (!p.partition.withinLimits && config.devices.memory)
     throwNoFit(config,

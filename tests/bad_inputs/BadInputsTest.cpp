@@ -11,12 +11,18 @@
 //                  @WORK@ the work folder, @DATA@ tests/bad_inputs/data
 //   # program: NAME  runs another pipefb program (pipefb_sim, pipefb_plan) instead
 // Every case must be listed in docs/troubleshooting.md (second test).
+//
+// Cheap checks first (issue 33): a bad input is refused before anything expensive runs,
+// so every case finishes within kCaseSeconds (wall clock, the program's start included)
+// and measures no profile (no profiles/ folder is left). The test prints the slowest case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,6 +56,11 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
   std::sort(cases.begin(), cases.end());
   ASSERT_GE(cases.size(), 30u);
 
+  // Generous against the ~0.5 s a case takes: a refusal that waits on a profile or a
+  // solve over thousands of devices takes from seconds to minutes.
+  constexpr double kCaseSeconds = 5.0;
+  std::string slowest;
+  double slowestSeconds = 0;
   const fs::path work = pipefb::test::scratchPath("bad_inputs");
   for (const auto& c : cases) {
     SCOPED_TRACE(c.filename().string());
@@ -83,13 +94,25 @@ TEST(BadInputs, EveryCaseExitsTwoWithOneNamingLine) {
     }
 
     // No GPU visible: 80-kind-cuda-unavailable.yaml is bad input on a GPU host too.
+    const auto start = std::chrono::steady_clock::now();
     auto r = pipefb::test::runCommand("cd " + work.string() + " && CUDA_VISIBLE_DEVICES= " +
                                       PIPEFB_BINARY_DIR + "/" + program + " " + args);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, kCaseSeconds) << "a bad input must be refused by a cheap check first";
+    if (seconds > slowestSeconds) {
+      slowestSeconds = seconds;
+      slowest = c.filename().string();
+    }
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_EQ(pipefb::test::countLines(r.out), 1u) << r.out;
     EXPECT_NE(r.out.find(expect), std::string::npos) << "expected '" << expect << "' in: " << r.out;
     EXPECT_FALSE(fs::exists(work / "runs")) << "a run folder was left behind";
+    EXPECT_FALSE(fs::exists(work / "profiles")) << "a profile was measured for a bad input";
   }
+  std::cout << "slowest case: " << slowest << " (" << slowestSeconds << " s of " << kCaseSeconds
+            << " s allowed)\n";
+  RecordProperty("slowest_case", slowest);
 }
 
 // docs/troubleshooting.md lists every case file (so that it cannot go stale): each name

@@ -42,6 +42,13 @@ void applyPlan(config::Config& config, const PlanSpec& spec, const std::string& 
 /// the folded one.
 bool plannerPartitions(const config::Config& config, int stages);
 
+/// Cheap checks first (issue 33): `stages` against the model's layers, UserError (one
+/// line naming pipeline.stages) when there are more stages than layers. The second form
+/// counts the layers of the analytic model (modelWork), so pipefb_train refuses before
+/// it measures a profile; plannerPartition() applies the first with the profile's count.
+void checkStagesFitLayers(const config::Config& config, int stages, int numLayers);
+void checkStagesFitLayers(const config::Config& config, int stages);
+
 /// The planner's partition for the config's pipeline shape (schedule, `stages`,
 /// pipeline.microbatches, pipeline.stash, lookahead), devices 0..D-1 in order.
 struct PlannedPartition {
