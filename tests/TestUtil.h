@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -67,8 +68,12 @@ inline CommandResult runCommand(const std::string& command) {
 }
 
 /// Runs build/<program-and-args>.
+/// PIPEFB_TEST_BINARY_DIR, when set, names another folder holding the programs (a copy of
+/// this build's, to run a long test against them while the build changes).
 inline CommandResult runProgram(const std::string& programAndArgs) {
-  return runCommand(std::string(PIPEFB_BINARY_DIR) + "/" + programAndArgs);
+  const char* other = std::getenv("PIPEFB_TEST_BINARY_DIR");
+  const std::string dir = other && *other ? other : PIPEFB_BINARY_DIR;
+  return runCommand(dir + "/" + programAndArgs);
 }
 
 /// Number of '\n' in `s`.

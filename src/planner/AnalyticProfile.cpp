@@ -49,7 +49,8 @@ LayerWork convRelu(const std::string& name, int64_t cin, int64_t cout, int64_t& 
   w.flops = 2.0 * cin * k * k * cout * ho * ho + 2 * pre;  // MACs + bias + ReLU
   w.params = cin * k * k * cout + cout;
   w.largestParam = cin * k * k * cout;
-  w.freshGradient = w.params;  // convolution_backward: the weight's and the bias's at once
+  w.freshGradient = w.params;       // convolution_backward: the weight's and the bias's at once
+  w.weightLayout = w.largestParam;  // Note [Convolution weight layout]
   int64_t hout = ho;
   std::int64_t indices = 0;
   if (pk > 0) {
@@ -101,7 +102,8 @@ ModelWork vgg16(const model::ModelOptions& o) {
         w.flops += 8 * pre;
         w.params += 2 * out;
         w.freshGradient = std::max(w.freshGradient, 2 * out);  // its own node
-        w.savedBytes += static_cast<std::int64_t>(pre) * kF;   // its input; ReLU saves its output
+        w.bufferBytes += 2 * out * kF + kL;  // running mean and variance, batch counter
+        w.savedBytes += static_cast<std::int64_t>(pre) * kF;  // its input; ReLU saves its output
         w.bytesMoved += 2 * pre * kF;
       }
       in = out;
@@ -140,6 +142,9 @@ void convBn(LayerWork& w, int64_t cin, int64_t cout, int64_t h, int64_t k, int64
   w.flops += 2.0 * cin * k * k * cout * ho * ho + 8 * out;
   w.params += cin * k * k * cout + 2 * cout;
   w.largestParam = std::max(w.largestParam, cin * k * k * cout);
+  w.weightLayout =
+      std::max(w.weightLayout, cin * k * k * cout);  // Note [Convolution weight layout]
+  w.bufferBytes += 2 * cout * kF + kL;  // BN's running mean and variance, batch counter
   // The convolution's node (no bias) and the batch norm's (weight and bias), one at a time.
   w.freshGradient = std::max({w.freshGradient, cin * k * k * cout, 2 * cout});
   // conv input, BN input (+ stats), ReLU output.
@@ -347,12 +352,16 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     // its stash (Note [Backward layer by layer] in CostModel.h), never less.
     // Note [Fresh gradients in the analytic profile]: B's working set in place holds the
     // largest node's fresh gradients beside the activations; gathering, all of the layer's.
-    c.workingFixedBytes = w.freshGradient * kF;
+    // Note [Convolution weight layout]: a convolution's weight in the library's layout
+    // beside them.
+    const std::int64_t layout = w.weightLayout * kF;
+    c.workingFixedBytes = w.freshGradient * kF + layout;
     c.workingBytes = w.workingBytes * microbatch + c.workingFixedBytes;
-    c.gatheredWorkingFixedBytes = c.paramBytes;
+    c.gatheredWorkingFixedBytes = c.paramBytes + layout;
     c.gatheredWorkingBytes = w.workingBytes * microbatch + c.gatheredWorkingFixedBytes;
     c.forwardWorkingBytes = w.workingBytes * microbatch;  // F makes no gradient
     if (w.noGradForwardBytes >= 0) c.noGradForwardBytes = w.noGradForwardBytes * microbatch;
+    c.bufferBytes = w.bufferBytes;
     p.layers.push_back(c);
   }
   return p;

@@ -127,15 +127,32 @@ bool isShared(const std::string& schedule) {
   return schedule == "zbv" || schedule == "interleaved-1f1b";
 }
 
+// Note [A plan is an upper bound] (issue 33)
+// A plan is a promise: no device ever peaks above the peak its plan predicts for it (the
+// planner's stated reserve included, Note [Planned reserve] in planner/CostModel.h), and
+// none more than kBelow under it, or the plan wastes the budget it was given. One class
+// may run further below, down to kCopyTimingFloor: a same-device offload, whose bound
+// depends on a copy's timing (Instance::copyTiming()).
+constexpr double kBelow = 0.10;
+constexpr double kCopyTimingFloor = 0.30;
+
 struct Instance {
   int id = 0;
   const ZooModel* model = nullptr;
   std::string schedule, policy;
   int stages = 2, microbatches = 1;
-  double budgetAt = 0;      // 0 = the smallest feasible budget, 1 = the fastest plan's peak
-  double tolerance = 0.10;  // |measured - predicted| / predicted allowed per device
+  double budgetAt = 0;  // 0 = the smallest feasible budget, 1 = the fastest plan's peak
 
   std::string family() const { return schedule + "-" + policy; }
+  /// Note [A plan is an upper bound]: the one class allowed below -10%: a stage whose F
+  /// and B share a device and that offloads its stashes. The plan charges each offload's
+  /// device copy until its copy to the host is done and the prefetch beside it, a bound
+  /// over the copy's timing; the copy is usually done first.
+  bool copyTiming() const {
+    return !isSplit(schedule) && (policy == "offload" || policy == "checkpoint-offload");
+  }
+  /// How far below its plan a device may peak: (predicted - measured) / predicted.
+  double below() const { return copyTiming() ? kCopyTimingFloor : kBelow; }
   /// 2, or as many as the schedule needs to reach the steady state the plan predicts:
   /// pipedream holds S - s microbatches of stage s in flight, which 2 iterations of M < S
   /// microbatches never reach (measured: resnet50/8 S=3 M=2, stage 0 held 2 weight
@@ -221,7 +238,8 @@ test::CommandResult trainOnPlan(const std::string& sets, const std::string& plan
 
 struct Outcome {
   bool ran = false;
-  double worstError = 0;  // largest |measured - predicted| / predicted over devices
+  double worstAbove = 0;  // largest (measured - predicted) / predicted over devices
+  double worstBelow = 0;  // largest (predicted - measured) / predicted over devices
 };
 
 class PlanRuns : public ::testing::Test {
@@ -316,15 +334,19 @@ class PlanRuns : public ::testing::Test {
       const double err = want > 0 ? double(peak - want) / double(want) : 0;
       table << "  " << name << ": measured " << peak << ", predicted " << want << " ("
             << (err >= 0 ? "+" : "") << 100 * err << "%)\n";
-      bad = bad || peak > budget || std::abs(err) > x.tolerance;
-      if (want > 0) o.worstError = std::max(o.worstError, std::abs(err));
+      bad = bad || peak > budget || peak > want || -err > x.below();
+      if (want > 0) {
+        o.worstAbove = std::max(o.worstAbove, err);
+        o.worstBelow = std::max(o.worstBelow, -err);
+      }
       line << " " << 100 * err << "%";
     }
     // One line per instance, to compare runs of a seed (Note [Plans run as planned]).
     std::printf("%s\n", line.str().c_str());
     EXPECT_FALSE(bad) << x.describe() << ", budget " << budget << " (smallest " << minBudget
-                      << ", top " << top << "): every device's peak <= the budget and within "
-                      << "+-" << 100 * x.tolerance << "% of the plan's\n"
+                      << ", top " << top << "): every device's peak <= the budget, <= the "
+                      << "plan's and at most " << 100 * x.below() << "% below it"
+                      << (x.copyTiming() ? " (a same-device offload)" : "") << "\n"
                       << table.str();
     return o;
   }
@@ -336,7 +358,7 @@ TEST_F(PlanRuns, EveryPlanFitsAndPeaksWhereThePlanSays) {
   const unsigned seed = static_cast<unsigned>(envInt("PIPEFB_PLAN_RUNS_SEED", 0));
   const int n = envInt("PIPEFB_PLAN_RUNS_INSTANCES", 50);
   int ran = 0;
-  double worst = 0;
+  double above = 0, below = 0;
   std::map<std::string, int> perSchedule;
   // PIPEFB_PLAN_RUNS_ONLY=3,8 runs only those instances of the draw (to look at a miss).
   const char* only = std::getenv("PIPEFB_PLAN_RUNS_ONLY");
@@ -346,12 +368,15 @@ TEST_F(PlanRuns, EveryPlanFitsAndPeaksWhereThePlanSays) {
     const Outcome o = run(x);
     ran += o.ran;
     if (o.ran) ++perSchedule[x.schedule];
-    worst = std::max(worst, o.worstError);
+    above = std::max(above, o.worstAbove);
+    below = std::max(below, o.worstBelow);
   }
   std::ostringstream s;
   for (const auto& [k, v] : perSchedule) s << " " << k << " " << v;
-  std::printf("%d of %d instances planned and ran (%s); worst peak error %.1f%%\n", ran, n,
-              s.str().c_str(), 100 * worst);
+  std::printf(
+      "%d of %d instances planned and ran (%s); worst above the plan %+.2f%%, "
+      "worst below %+.2f%%\n",
+      ran, n, s.str().c_str(), 100 * above, -100 * below);
   // Most draws are plannable; a draw the planner refuses outright is not a run.
   if (ids.empty()) {
     EXPECT_GE(ran, n * 3 / 4) << "too few instances ran";
@@ -455,6 +480,46 @@ TEST_F(PlanRuns, SmallestFeasibleBudgetRunsOnVgg16) {
     // The budget binds: the fullest device comes within 1% of it, as planned.
     EXPECT_GE(highest, budget - budget / 100) << family;
     EXPECT_EQ(*std::max_element(predicted.begin(), predicted.end()), budget) << family;
+  }
+}
+
+// Issue 33's cases: ResNet50 width 1/4 (configs/resnet50.yaml) on 4 devices, M = 4,
+// planned on the analytic profile (pipefb_plan's default) at each family's smallest
+// feasible budget, ran out of memory in B on a 576 KiB allocation: 1f1b's last device
+// 4.9% above its plan, decoupled pipefb-sync's device 1 5.7% above the budget. The
+// analytic profile had no copy of a convolution's weight in the kernel library's layout
+// (Note [Convolution weight layout] in planner/AnalyticProfile.h) and no BatchNorm
+// buffers. Now both run at their budgets, no device above its plan (Note [A plan is an
+// upper bound]). Not within 10% below it: the analytic profile is a roofline for devices
+// it cannot run on, and 1f1b's stem device peaks 25% below it (measured profiles are
+// exact here: every device within 0.4%).
+TEST_F(PlanRuns, AnalyticResnetPlansRunAtTheirSmallestBudgets) {
+  for (const std::string family : {"1f1b", "pipefb-sync"}) {
+    const std::string sets = "--config " + std::string(PIPEFB_SOURCE_DIR) +
+                             "/configs/resnet50.yaml --set devices.count=4"
+                             " --set pipeline.schedule=" +
+                             family +
+                             " --set data.name=synthetic --set data.synthetic_train=128"
+                             " --set data.synthetic_test=64";
+    const std::string plan =
+        "pipefb_plan " + sets + " --schedules " + family + " --microbatches 4 --quiet";
+    const std::string planFile = dir_ + "/" + family + ".yaml";
+    std::int64_t budget = -1;
+    planAtSmallestBudget(plan, planFile, &budget);
+    if (HasFatalFailure()) return;
+    if (family == "pipefb-sync")  // the issue's case: the decoupled form, 18 segments
+      ASSERT_GT(YAML::LoadFile(planFile)["stages"].size(), 4u) << "not decoupled";
+    const std::string runDir = dir_ + "/run-" + family;
+    auto t = trainOnPlan(sets, planFile, budget, 4, runDir);
+    ASSERT_EQ(t.code, 0) << family << " at " << budget << "\n" << t.out;
+    const auto summary = nlohmann::json::parse(std::ifstream(runDir + "/summary.json"));
+    const auto predicted = predictedPeaks(planFile);
+    for (const auto& d : summary["devices"]) {
+      const std::string name = d["name"];
+      if (name.rfind("cpu:", 0) != 0) continue;
+      EXPECT_LE(d["peak_bytes"].get<std::int64_t>(), predicted.at(std::stoul(name.substr(4))))
+          << family << " " << name << " peaked above its plan";
+    }
   }
 }
 

@@ -39,6 +39,13 @@ struct LayerWork {
   /// Per sample: F's peak without autograd, its input included (Note [Forward without
   /// autograd] in CostModel.h); < 0: input + output + workingBytes.
   std::int64_t noGradForwardBytes = -1;
+  /// Elements of the largest convolution weight: the copy of it in the kernel library's
+  /// layout that lives while the convolution runs, in F and in B (Note [Convolution
+  /// weight layout]). Not per sample.
+  std::int64_t weightLayout = 0;
+  /// Bytes of the layer's buffers (BatchNorm's running statistics and its batch counter),
+  /// resident beside the weights. Not per sample.
+  std::int64_t bufferBytes = 0;
 };
 
 struct ModelWork {
@@ -51,6 +58,19 @@ struct ModelWork {
 /// The zoo's layer chain for these options (same layers as model::buildModel).
 ModelWork modelWork(const model::ModelOptions& options);
 
+/// Note [Convolution weight layout]
+/// LibTorch's CPU convolution (oneDNN) reorders its weight into the library's own layout
+/// before it runs, in F and again in B, and holds that copy while it runs; B's fresh weight
+/// gradient is beside it. So a layer with convolutions charges one copy of its largest
+/// convolution weight in F's working set and again in B's fixed part, beside the fresh
+/// gradients (Note [Fresh gradients in the analytic profile]). Measured (pipefb_profile,
+/// LibTorch 2.11 CPU, microbatch 16): vgg16/8's conv5_1 (147712 parameter bytes) B fixed
+/// 295424 bytes, F 163840 of which its activations 16384; resnet50/4's layer4.1 (its
+/// 3x3 convolution 589824 bytes) B fixed 1174528, F 519168. Without it the analytic plans
+/// of issue 33 went out of memory in B on a 576 KiB allocation (resnet50/4 on 4 devices:
+/// 1f1b's last device 4.9% above its plan; decoupled pipefb-sync's device 1 5.7% above
+/// the budget). On a GPU, cuDNN's workspace takes its place; the copy is a bound there.
+///
 /// Note [Fresh gradients in the analytic profile]
 /// The runtime's B makes a parameter's gradient as a fresh tensor, whether it then adds it
 /// into a defined .grad (in place, Note [In-place weight gradients] in
