@@ -87,7 +87,10 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   F_.assign(L + 1, 0);
   B_ = R_ = Ffixed_ = Bfixed_ = Rfixed_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
-  param_ = buffer_ = grad_ = opt_ = states_ = saved_;
+  param_ = buffer_ = grad_ = opt_ = states_ = kept_ = saved_;
+  // Note [Outputs kept between layers]: 0 means not measured unless some layer's is not.
+  const bool inputsMeasured = std::any_of(profile_.layers.begin(), profile_.layers.end(),
+                                          [](const LayerCost& c) { return c.savedInputBytes > 0; });
   std::vector<std::int64_t> stepWs(L), fws(L), fpeak(L), noGrad(L);
   for (size_t l = 0; l < L; ++l) {
     const LayerCost& c = profile_.layers[l];
@@ -104,6 +107,12 @@ CostModel::CostModel(Profile profile, Cluster cluster)
         afterStep_[l] + (c.backwardAfterStep > 0 ? c.backwardAfterStep : c.backward);
     snapshot_[l + 1] = snapshot_[l] + c.snapshot;
     saved_[l + 1] = saved_[l] + c.savedBytes;
+    // Note [Outputs kept between layers]: layer l-1's output its graph keeps and l's does not.
+    const std::int64_t kept =
+        inputsMeasured && l > 0
+            ? std::max<std::int64_t>(0, profile_.layers[l - 1].savedOutputBytes - c.savedInputBytes)
+            : 0;
+    kept_[l + 1] = kept_[l] + kept;
     param_[l + 1] = param_[l] + c.paramBytes;
     buffer_[l + 1] = buffer_[l] + c.bufferBytes;
     grad_[l + 1] = grad_[l] + c.gradBytes;
@@ -111,7 +120,8 @@ CostModel::CostModel(Profile profile, Cluster cluster)
     states_[l + 1] = states_[l] + c.paramBytes + c.gradBytes + c.optimizerBytes;
     stepWs[l] = c.stepWorkingBytes;
     fws[l] = c.forwardWorkingBytes >= 0 ? c.forwardWorkingBytes : c.workingBytes;
-    fpeak[l] = saved_[l + 1] + c.outputBytes + fws[l];
+    // Note [Outputs kept between layers]: beside those of the layers before l (kept_[l]).
+    fpeak[l] = saved_[l + 1] + kept_[l] + c.outputBytes + fws[l];
     noGrad[l] = c.noGradForwardBytes >= 0
                     ? c.noGradForwardBytes
                     : inputBytes(static_cast<int>(l)) + c.outputBytes + fws[l];
@@ -141,7 +151,17 @@ const CostModel& CostModel::at(std::int64_t microbatchSize) const {
 }
 
 std::int64_t CostModel::forwardPeak(int k, int first, int last, bool graph) const {
-  if (graph) return rangeMax(forwardPeakMax_, first, last) - saved_[first];
+  if (graph) {
+    // Layer `first` holds none of the outputs kept inside the range (Note [Outputs kept
+    // between layers]); a later layer l those of layers first+1 .. l-1.
+    const LayerCost& c = profile_.layers[first];
+    std::int64_t peak =
+        c.savedBytes + c.outputBytes + rangeMax(forwardWorkingMax_, first, first + 1);
+    if (last > first + 1)
+      peak = std::max(
+          peak, rangeMax(forwardPeakMax_, first + 1, last) - saved_[first] - kept_[first + 1]);
+    return peak;
+  }
   // Note [Forward without autograd]: layer `first` reads the stage input; the later ones
   // run beside it (execForward holds it until F returns). Stage 0's input is one of the
   // microbatch inputs charged as comm buffers.
@@ -305,8 +325,26 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
   return out;
 }
 
-PlanLoad planLoad(const CostModel& modelIn, const PipelineShape& shape,
-                  const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
+std::int64_t plannedReserve(std::int64_t bytes, int perMille) {
+  return bytes > 0 ? (bytes * perMille + 999) / 1000 : 0;
+}
+
+std::int64_t roomUnder(std::int64_t limit, int perMille) {
+  if (limit < 0) return limit;
+  std::int64_t room = limit * 1000 / (1000 + perMille);  // within a byte or two of the answer
+  while (room > 0 && room + plannedReserve(room, perMille) > limit) --room;
+  while (room + 1 + plannedReserve(room + 1, perMille) <= limit) ++room;
+  return room;
+}
+
+std::vector<std::int64_t> roomForEstimates(std::vector<std::int64_t> limits, int perMille) {
+  for (auto& l : limits) l = roomUnder(l, perMille);
+  return limits;
+}
+
+namespace {
+PlanLoad estimatedLoad(const CostModel& modelIn, const PipelineShape& shape,
+                       const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
   // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
   const CostModel& model = modelIn.at(shape.microbatchSize);
   const int S = static_cast<int>(stages.size());
@@ -357,6 +395,18 @@ PlanLoad planLoad(const CostModel& modelIn, const PipelineShape& shape,
   }
   for (int a = 0; a + 1 < S; ++a)
     out.tau = std::max(out.tau, model.foldedLinkTime(shape, a, cuts[a + 1], cuts[S - 1 - a]));
+  return out;
+}
+}  // namespace
+
+PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
+                  const std::vector<StageEstimate>& stages, const std::vector<int>& cuts) {
+  PlanLoad out = estimatedLoad(model, shape, stages, cuts);
+  out.deviceReserve.assign(out.deviceMemory.size(), 0);
+  for (size_t d = 0; d < out.deviceMemory.size(); ++d) {  // Note [Planned reserve]
+    out.deviceReserve[d] = plannedReserve(out.deviceMemory[d], model.cluster().reservePerMille);
+    out.deviceMemory[d] += out.deviceReserve[d];
+  }
   return out;
 }
 

@@ -80,8 +80,11 @@ PassCuts partitionPass(int L, int n, double cap,
 
 std::optional<Plan> solveDecoupledShape(const CostModel& modelIn, const PipelineShape& shapeIn,
                                         const std::vector<StashPolicy>& policies,
-                                        const std::vector<std::int64_t>& limits,
+                                        const std::vector<std::int64_t>& limitsIn,
                                         std::int64_t hostLimit, Objective objective, double bound) {
+  // Note [Planned reserve]: the search fits estimates; a plan's peaks hold the reserve.
+  const std::vector<std::int64_t> limits =
+      roomForEstimates(limitsIn, modelIn.cluster().reservePerMille);
   // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
   const CostModel& model = modelIn.at(shapeIn.microbatchSize);
   const int L = model.numLayers(), Df = shapeIn.forwardDevices, Db = shapeIn.backwardDevices;

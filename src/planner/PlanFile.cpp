@@ -106,6 +106,13 @@ std::string planToYaml(const CostModel& modelIn, const Plan& plan, const PlanCon
   if (plan.simulated)
     o << "  simulated_iteration_time: " << plan.simIterationTime << "    # s, event simulator\n";
   o << "  throughput: " << plan.throughput << "    # samples/s\n";
+  // Note [Planned reserve]: each peak below holds its device's reserve.
+  o << "  reserve_per_mille: " << model.cluster().reservePerMille
+    << "    # of each device's charged bytes, for scratch and rounding no profile shows\n";
+  o << "  reserve_bytes: [";
+  for (size_t d = 0; d < plan.deviceReserve.size(); ++d)
+    o << (d ? ", " : "") << plan.deviceReserve[d];
+  o << "]    # in peak_memory\n";
   o << "  peak_memory: [";
   for (size_t d = 0; d < plan.deviceMemory.size(); ++d)
     o << (d ? ", " : "") << plan.deviceMemory[d];

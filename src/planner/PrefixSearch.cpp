@@ -36,8 +36,11 @@ bool better(const Entry& a, const Entry& b) {
 
 std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& shape,
                                const std::vector<StashPolicy>& policiesIn,
-                               const std::vector<std::int64_t>& limits, std::int64_t hostLimit,
+                               const std::vector<std::int64_t>& limitsIn, std::int64_t hostLimit,
                                Objective objective, double bound) {
+  // Note [Planned reserve]: the search fits estimates; a plan's peaks hold the reserve.
+  const std::vector<std::int64_t> limits =
+      roomForEstimates(limitsIn, modelIn.cluster().reservePerMille);
   // Note [Bytes at every microbatch] (LayerCost.h): the model at this microbatch size.
   const CostModel& model = modelIn.at(shape.microbatchSize);
   const int L = model.numLayers(), S = shape.stages;

@@ -162,6 +162,8 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
     const int c = clusterDevice(d);
     if (sh.sharesDevices() && d >= sh.chainLength()) break;
     plan.simPeak[c] = r.memory[d].peakBytes;
+    plan.simPeak[c] +=
+        plannedReserve(plan.simPeak[c], cl.reservePerMille);  // Note [Planned reserve]
     if (limits[c] >= 0 && plan.simPeak[c] > limits[c]) plan.simFits = false;
   }
   plan.simHostPeak = r.host.peakBytes;

@@ -108,6 +108,7 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
   }
   Cluster cluster = pl.clusterSpec.toCluster(speeds);
+  cluster.reservePerMille = kPlannedReservePerMille;  // Note [Planned reserve] (CostModel.h)
   // Virtual CPU devices share this machine's cores (Note [Shared cores] in CostModel.h): the
   // detected ones (hwloc cores this process may use), or --cores.
   if (opt.cluster.empty() && pl.clusterSpec.devices.front().name == "cpu" && opt.cores >= 0)

@@ -59,6 +59,7 @@ void evaluatePlan(const CostModel& modelIn, Plan& plan) {
   plan.tau = load.tau;
   plan.hostBytes = load.hostBytes;
   plan.deviceMemory = std::move(load.deviceMemory);
+  plan.deviceReserve = std::move(load.deviceReserve);
   plan.iterationTime = sh.iterationTime(plan.tau);
   plan.throughput =
       plan.iterationTime > 0

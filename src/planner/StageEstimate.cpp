@@ -585,7 +585,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   t.hostOptimizer = shape.optimizerOnHost ? t.W + t.G + range(opt_, first, last) : 0;
   t.buffers = range(buffer_, first, last);
   t.Wres = t.W + t.buffers;
-  t.graph = scaled(range(saved_, first, last), f);
+  t.graph = scaled(savedSum(first, last), f);  // Note [Outputs kept between layers]
   t.input = scaled(inputBytes(first), f);
   t.output = scaled(profile_.layers[last - 1].outputBytes, f);
   // Note [Comm buffers in the cost model]: the iteration's inputs wait on stage 0's forward

@@ -36,6 +36,11 @@ struct Cluster {
   /// Note [Shared cores]: > 0 when the devices' compute threads share this many cores
   /// (pipefb's virtual CPU devices on one machine); 0 = every device computes alone.
   int cores = 0;
+  /// Note [Planned reserve] (CostModel.h): the share of its charged bytes, per mille, that
+  /// every device's planned peak holds beside them. 0 for a cluster made by hand (the
+  /// solver's literal tests); kPlannedReservePerMille on the clusters pipefb's programs
+  /// plan on (Setup.cpp).
+  int reservePerMille = 0;
 
   int numDevices() const { return static_cast<int>(devices.size()); }
   /// Note [Devices and processes]

@@ -203,6 +203,24 @@
 // WorkingSet: the peak beyond one stash). Measured, vgg16/8 pipefb-sync-keep S=2 M=1:
 // cpu:0 at 3.18 MB, charged 4.99 MB before (stash + the largest working set).
 //
+// Note [Outputs kept between layers]
+// A layer's savedBytes leave its output out, and count its input when its graph saves it
+// (Note [Measured saved bytes] in Profiler.h): an output that the layer's own graph keeps
+// (an in-place ReLU's result, savedOutputBytes) is in the stash through the next layer's
+// savedInputBytes, if that layer saves it. ResNet's head does not (adaptive average pooling
+// saves no input; its linear saves the pooled tensor, a new one): layer4.2's ReLU result,
+// 1024 bytes a sample at width 1/8, was in no layer's saved bytes, and a stage holding
+// layer4.2 and the head stashed that much above stashBytes (resnet50/8 pipefb-async-keep,
+// M = 1, microbatch 8: offloaded 180736 bytes a stash against 172544 planned; the forward
+// device held one such stash beside F's peak, +8192 bytes above the plan; PlanRunsTest seed
+// 0 instance 34 and 8 more, all resnet50/8 PipeFB forward devices). So a range's graph adds,
+// per layer j inside it after the first, max(0, savedOutput(j-1) - savedInput(j)); at its
+// last layer stashBytes charges savedOutput (offload) or the output (keep) as before. F's
+// peak at layer j holds those of the layers before j (j's own input is in its working
+// set: the profiler's F holds it). Not for a profile that measured no savedInputBytes
+// (analytic, or older): there 0 means not measured, and the analytic one's savedBytes
+// already count what a ReLU keeps.
+//
 // Note [Forward without autograd]
 // Under a checkpoint kind F runs with autograd off (execForward keeps a clone of the
 // stage input and saves nothing): during layer l only its input, its output and its
@@ -809,11 +827,37 @@ std::vector<DecoupledRange> decoupledRanges(const CostModel& model, const Pipeli
                                             const std::vector<StageEstimate>& stages,
                                             const std::vector<int>& cuts);
 
+/// Note [Planned reserve]
+/// Every device's planned peak holds a stated reserve beside what the cost model charges:
+/// bytes the planner cannot see from a profile, such as the allocator's rounding and
+/// LibTorch's scratch space. It is a share of the device's charged bytes, rounded up:
+/// kPlannedReservePerMille (0.5%) on the clusters pipefb's programs plan on (Setup.cpp;
+/// Cluster::reservePerMille, 0 on a cluster made by hand, as the solver's literal tests
+/// make). planLoad() adds it to each device a plan uses, the simulated peaks get it too
+/// (simulatePlan), and the searches fit their estimates into what each device's limit
+/// leaves with it (roomUnder), so a plan's printed peak is the promise: no device above it
+/// (Note [A plan is an upper bound] in PlanRunsTest). The plan file states the share and
+/// each device's bytes (`reserve_per_mille`, `reserve_bytes`).
+/// Measured (PlanRunsTest, seeds 0 to 9, 500 instances on measured profiles, before it):
+/// 9 devices peaked above the cost model's charge, all forward devices of PipeFB stages of
+/// resnet50/8, by 2048 to 8192 bytes (one layer4 activation, 1024 bytes a sample), 0.27% to
+/// 0.32% of their charge; none above it by more. A fixed 16 KiB instead was 20% to 30% of
+/// mlp's smallest devices (37 KiB to 93 KiB), which then peaked that far below their plans.
+inline constexpr int kPlannedReservePerMille = 5;
+/// The reserve beside `bytes` charged on a device: ceil(bytes x perMille / 1000).
+std::int64_t plannedReserve(std::int64_t bytes, int perMille);
+/// The most a device's estimates may charge so that they and their reserve fit `limit`
+/// (< 0: no limit, returned as is).
+std::int64_t roomUnder(std::int64_t limit, int perMille);
+/// roomUnder() of every limit.
+std::vector<std::int64_t> roomForEstimates(std::vector<std::int64_t> limits, int perMille);
+
 /// Pace, memory per cluster device and host bytes of a partition (stage k = [cuts[k],
 /// cuts[k+1]) with estimate stages[k]): evaluatePlan and the brute force both read it.
 struct PlanLoad {
   double tau = 0;
-  std::vector<std::int64_t> deviceMemory;
+  std::vector<std::int64_t> deviceMemory;   // with each device's reserve
+  std::vector<std::int64_t> deviceReserve;  // Note [Planned reserve]
   std::int64_t hostBytes = 0;
 };
 PlanLoad planLoad(const CostModel& model, const PipelineShape& shape,
@@ -972,7 +1016,17 @@ class CostModel {
   /// Unscaled sums over layers [first, last) at the profile's microbatch and device.
   double stepSum(int first, int last) const { return range(step_, first, last); }
   std::int64_t paramSum(int first, int last) const { return range(param_, first, last); }
-  std::int64_t savedSum(int first, int last) const { return range(saved_, first, last); }
+  /// The graph F of [first, last) keeps (its stash less what it holds of the output):
+  /// the layers' saved bytes and the outputs kept inside it (Note [Outputs kept between
+  /// layers]).
+  std::int64_t savedSum(int first, int last) const {
+    return range(saved_, first, last) + keptInside(first, last);
+  }
+  /// Note [Outputs kept between layers]: of layers [first, last), the outputs that a
+  /// layer's graph keeps and the next layer's does not save (inside the range only).
+  std::int64_t keptInside(int first, int last) const {
+    return last > first + 1 ? kept_[last] - kept_[first + 1] : 0;
+  }
   /// Parameters + gradients + optimizer state of layers [first, last).
   std::int64_t staticSum(int first, int last) const { return range(states_, first, last); }
 
@@ -1013,9 +1067,12 @@ class CostModel {
   Cluster cluster_;
   std::vector<double> F_, B_, R_, Ffixed_, Bfixed_, Rfixed_, step_, afterStep_, snapshot_;
   std::vector<std::int64_t> saved_, param_, buffer_, grad_, opt_, states_;
+  // Note [Outputs kept between layers]: kept_[l] sums, over the layers j in 1 .. l-1, what
+  // layer j-1's graph keeps of its output that layer j's does not save.
+  std::vector<std::int64_t> kept_;
   SparseMax stepWorkingMax_, forwardWorkingMax_;
-  // Note [Forward peak]: per layer l, saved(0 .. l+1) + output(l) + F's working set(l)
-  // (autograd on), and F's peak without autograd (Note [Forward without autograd]).
+  // Note [Forward peak]: per layer l, saved(0 .. l+1) + kept(l) + output(l) + F's working
+  // set(l) (autograd on), and F's peak without autograd (Note [Forward without autograd]).
   SparseMax forwardPeakMax_, noGradForwardMax_;
   /// One microbatch's F of stage k = [first, last), unscaled: the peak above what was live
   /// before it (the stage input excluded), with autograd (`graph`) or without.

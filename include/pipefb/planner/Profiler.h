@@ -20,7 +20,8 @@
 // The input is therefore counted iff the graph saved it (conv and linear save their
 // input; ReLU saves its result, which is the output and is not counted twice; max-pool
 // keeps int64 indices). An output that is itself saved (in-place ReLU) is charged to the
-// next layer's input, so the sum over a stage is the stage's stash. At a stage boundary
+// next layer's input, if that layer saves its input (ResNet's head does not: the cost model
+// adds the rest, Note [Outputs kept between layers] in CostModel.h). At a stage boundary
 // the sender's graph also keeps such an output (the last layer's in-place ReLU result)
 // beside the receiver's copy: the profiler records it as savedOutputBytes (the output
 // storage that dropping the last handle on the output, with its graph alive, leaves

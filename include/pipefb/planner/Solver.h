@@ -174,6 +174,8 @@ struct Plan {
   double iterationTime = 0;                // predicted by the cost model
   double throughput = 0;                   // samples per second
   std::vector<std::int64_t> deviceMemory;  // per cluster device (0 when unused)
+  /// Of deviceMemory, the reserve beside the charged bytes (Note [Planned reserve]).
+  std::vector<std::int64_t> deviceReserve;
   std::int64_t hostBytes = 0;
   std::int64_t peakMemory = 0;  // the largest of deviceMemory
   // Re-scored by the event simulator (Solver.cpp, simulatePlan()).
