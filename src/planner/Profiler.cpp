@@ -473,7 +473,7 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
   }
   // Note [Bytes at every microbatch] in LayerCost.h: every other size the planner may pick,
   // each divisor of the batch, and the second size of the fits.
-  for (std::int64_t size = 1; size <= cfg.training.batch; ++size)
+  for (std::int64_t size = 1; o.otherSizes && size <= cfg.training.batch; ++size)
     if ((cfg.training.batch % size == 0 || size == b2) && size != b)
       if (auto at = measureBytesAt(*model, size, dom)) prof.bytesAt.push_back(std::move(*at));
   // Note [Parameter-sized working sets] in LayerCost.h: B's working sets at the second size

@@ -19,6 +19,7 @@
 // Exit codes: 0 success; 2 bad input (config, flag, data or plan file), with one line on
 // stderr naming the key or file; 1 any other failure (out of memory, numerical).
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -27,6 +28,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <system_error>
 
 #include "pipefb/common/Program.h"
 #include "pipefb/common/Size.h"
@@ -74,6 +76,50 @@ std::string cachedProfile(const pipefb::config::Config& config, pipefb::dist::Pr
   return cached;
 }
 
+// Note [No fit before the profile]
+// No fit, no start, and fast: the first run of a config measures its profile (38 s for
+// VGG16 at width 1 on two cores), and only then did the planner find that nothing fits
+// devices.memory. The smallest budget of a plan at the config's microbatch depends on
+// bytes alone, so before the full profile pipefb_train measures the bytes at that
+// microbatch only, with analytic times (one run per layer, no other sizes: 6 s there),
+// and plans on them: nothing fits, it exits 2 naming the smallest budget; something does,
+// it measures the full profile and plans on that. Only when devices.memory is set and the
+// full profile is not cached yet (a cached one answers in well under a second).
+class QuickProfile {
+ public:
+  static std::optional<QuickProfile> forFitCheck(const pipefb::config::Config& config) {
+    using namespace pipefb::planner;
+    if (!config.devices.memory) return std::nullopt;
+    if (std::filesystem::exists(defaultProfilePath(profileHeader(config, ProfilerOptions{}))))
+      return std::nullopt;
+    ProfilerOptions o;
+    o.times = "analytic";
+    o.warmup = 0;
+    o.repeats = 1;
+    o.otherSizes = false;
+    QuickProfile q;
+    q.path_ = (std::filesystem::temp_directory_path() /
+               ("pipefb-fit-check-" + std::to_string(::getpid()) + ".yaml"))
+                  .string();
+    spdlog::info("pipeline: checking that a plan fits devices.memory on the model's bytes first");
+    loadOrMeasureProfile(config, o, q.path_, /*force=*/true);
+    return q;
+  }
+  QuickProfile(QuickProfile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  QuickProfile(const QuickProfile&) = delete;
+  QuickProfile& operator=(const QuickProfile&) = delete;
+  QuickProfile& operator=(QuickProfile&&) = delete;
+  ~QuickProfile() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  QuickProfile() = default;
+  std::string path_;
+};
+
 // No fit, no start: the planner already knows the run would go out of memory, so the run
 // stops before training. `what` says which plan or partition of which shape does not fit
 // devices.memory; `minimalBudget` is the smallest per-device budget that fits (-1: none
@@ -90,13 +136,13 @@ std::string cachedProfile(const pipefb::config::Config& config, pipefb::dist::Pr
                           "choose another pipeline.stash or pipeline.schedule");
 }
 
-std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
-                                pipefb::dist::ProcessGroup* group) {
+// The planner's partition of `config` on `profile`, or the no-fit error when none fits
+// devices.memory.
+pipefb::planner::ConfigPartition partitionOrNoFit(pipefb::config::Config& config, int stages,
+                                                  const std::string& profile,
+                                                  const std::string& configPath) {
   using namespace pipefb::planner;
-  const int stages = pipefb::runtime::stagesFor(config);
-  checkStagesFitLayers(config, stages);  // before the profile: cheap checks first
-  const std::string cached = cachedProfile(config, group);
-  const ConfigPartition p = setPlannerPartition(config, stages, cached, configPath);
+  ConfigPartition p = setPlannerPartition(config, stages, profile, configPath);
   if (!p.partition.withinLimits && config.devices.memory)
     throwNoFit(config,
                "no " + config.pipeline.schedule + "-" + config.pipeline.stash + " partition of " +
@@ -105,6 +151,21 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
                p.partition.minimalBudget,
                "nor any budget within the host pool (devices.host_memory); raise "
                "devices.host_memory, or choose another pipeline.stash");
+  return p;
+}
+
+std::string usePlannerPartition(pipefb::config::Config& config, const std::string& configPath,
+                                pipefb::dist::ProcessGroup* group) {
+  using namespace pipefb::planner;
+  const int stages = pipefb::runtime::stagesFor(config);
+  checkStagesFitLayers(config, stages);  // before the profile: cheap checks first
+  if (group == nullptr)
+    if (const auto quick = QuickProfile::forFitCheck(config)) {
+      pipefb::config::Config probe = config;
+      partitionOrNoFit(probe, stages, quick->path(), configPath);
+    }
+  const std::string cached = cachedProfile(config, group);
+  const ConfigPartition p = partitionOrNoFit(config, stages, cached, configPath);
   spdlog::info(
       "pipeline: partition by the planner ({} profile): {}; predicted {} per iteration, peak {}"
       "{} (pipeline.partition_by: params for the parameter-bytes balance)",
@@ -118,9 +179,12 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
 // Note [The planner's whole plan in pipefb_train] (planner/ConfigPartition.h): the plan
 // pipefb_plan writes for the config's schedule, stash and microbatches, on the same cached
 // profile as usePlannerPartition. Returns "" when nothing fits devices.memory.
-std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
+// The whole plan of `config` on `profile`; the no-fit error when none fits devices.memory.
+pipefb::planner::WholePlan wholePlanOrNoFit(const pipefb::config::Config& config,
+                                            const std::string& profile,
+                                            const std::string& configPath) {
   using namespace pipefb::planner;
-  const WholePlan p = planWholePipeline(config, cachedProfile(config, nullptr), configPath);
+  WholePlan p = planWholePipeline(config, profile, configPath);
   if (p.planYaml.empty() && config.devices.memory)
     throwNoFit(config,
                "no " + config.pipeline.schedule + "-" + config.pipeline.stash + " plan of " +
@@ -130,6 +194,14 @@ std::string useWholePlan(const pipefb::config::Config& config, const std::string
                p.minimalBudget,
                "nor any budget within the devices' capacities; add devices, or choose another "
                "pipeline.stash or pipeline.schedule");
+  return p;
+}
+
+std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
+  using namespace pipefb::planner;
+  if (const auto quick = QuickProfile::forFitCheck(config))
+    wholePlanOrNoFit(config, quick->path(), configPath);
+  const WholePlan p = wholePlanOrNoFit(config, cachedProfile(config, nullptr), configPath);
   if (p.planYaml.empty())
     spdlog::info("pipeline: no {} plan fits devices.memory; planning the partition alone",
                  config.pipeline.schedule);

@@ -144,7 +144,8 @@ TEST(PipefbTrain, PlannerPartitionIsPlannedOnAMeasuredProfileCachedOnFirstUse) {
 // before training, with one error line that names the smallest budget that fits; at that
 // budget the same config trains, and one byte below it is refused again. PipeFB plans the
 // whole pipeline (Note [The planner's whole plan in pipefb_train]); 1f1b plans the
-// partition of its shape.
+// partition of its shape. Both refuse before the full profile (Note [No fit before the
+// profile] in src/tools/pipefb_train.cpp).
 TEST(PipefbTrain, NothingFitsExitsTwoNamingTheSmallestBudget) {
   for (const std::string schedule : {"pipefb-sync", "1f1b"}) {
     SCOPED_TRACE(schedule);
@@ -160,6 +161,9 @@ TEST(PipefbTrain, NothingFitsExitsTwoNamingTheSmallestBudget) {
     CommandResult tiny = train("4KiB");
     ASSERT_EQ(tiny.code, 2) << tiny.out;
     EXPECT_FALSE(fs::exists(work / "run")) << tiny.out;
+    // Note [No fit before the profile]: refused on the bytes alone, before the full
+    // profile is measured and cached.
+    EXPECT_FALSE(fs::exists(work / "profiles")) << tiny.out;
     const std::string error = tiny.out.substr(tiny.out.find("pipefb_train: error: "));
     EXPECT_EQ(pipefb::test::countLines(error), 1u) << tiny.out;
     EXPECT_NE(error.find("no " + schedule + "-"), std::string::npos) << error;

@@ -71,6 +71,11 @@ struct ProfilerOptions {
   std::string device = "cpu";  // the reference device's name in the profile and its key
   /// "measured" (medians) or "analytic" (Note [Analytic times in a measured profile]).
   std::string times = "measured";
+  /// Bytes at every other microbatch size the planner may pick too (Note [Bytes at every
+  /// microbatch] in LayerCost.h); false: at the profile's microbatch alone, for a plan at
+  /// that size only (pipefb_train's fit check before its profile, Note [No fit before the
+  /// profile] in src/tools/pipefb_train.cpp).
+  bool otherSizes = true;
 
   /// Throws UserError naming the flag when a value is out of range.
   void validate() const;
