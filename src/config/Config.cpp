@@ -446,6 +446,8 @@ const std::vector<KeySpec>& schema() {
         "data.name", [](Config & c) -> auto& { return c.data.name; }, data::dataNames()));
     s.push_back(text(
         "data.path", [](Config & c) -> auto& { return c.data.path; }));
+    s.push_back(text(
+        "data.test_path", [](Config & c) -> auto& { return c.data.test_path; }));
     s.push_back(integer(
         "data.synthetic_train", [](Config & c) -> auto& { return c.data.synthetic_train; }, 1));
     s.push_back(integer(
@@ -751,8 +753,21 @@ void validate(const Config& c, ConfigUse use) {
     throw UserError(src + ": pipeline.microbatches: " + std::to_string(c.pipeline.microbatches) +
                     " does not divide training.batch " + std::to_string(c.training.batch) +
                     "; please choose a divisor of the batch");
-  if (c.model.name == "gpt2" && c.data.name != "synthetic")
-    throw UserError(src + ": data.name: model gpt2 needs token data; allowed with gpt2: synthetic");
+  if (c.model.name == "gpt2" && c.data.name != "synthetic" && c.data.name != "tokens" &&
+      c.data.name != "tensors")
+    throw UserError(src +
+                    ": data.name: model gpt2 needs token data; allowed with gpt2: "
+                    "synthetic, tokens, tensors");
+  if (c.model.name != "gpt2" && c.data.name == "tokens")
+    throw UserError(src + ": data.name: tokens feeds a token model; allowed with " + c.model.name +
+                    ": fashion-mnist, cifar10, synthetic, tensors");
+  if ((c.data.name == "tensors" || c.data.name == "tokens") && c.data.path.empty())
+    throw UserError(src + ": data.path: data.name " + c.data.name +
+                    " needs the training file; set data.path");
+  if ((c.data.name == "tensors" || c.data.name == "tokens") && c.data.test_path.empty() &&
+      c.training.eval)
+    throw UserError(src + ": data.test_path: data.name " + c.data.name +
+                    " evaluates on a test file; set data.test_path, or training.eval: false");
   if (c.model.name != "gpt2" && c.model.num_classes > 1000000)
     throw UserError(src + ": model.num_classes: " + std::to_string(c.model.num_classes) +
                     " is too many for a classifier; allowed: 2..1000000");

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "Random.h"
+#include "UserData.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/data/Readers.h"
 
@@ -418,6 +419,8 @@ std::shared_ptr<Dataset> makeDataset(const DataOptions& data, const model::Model
   checkOptions(data, model);
   if (data.name == "fashion-mnist") return loadFashionMnist(data, model, split);
   if (data.name == "cifar10") return loadCifar10(data, model, split);
+  if (data.name == "tensors") return loadTensors(data, model, split);
+  if (data.name == "tokens") return loadTokens(data, model, split);
   PIPEFB_ASSERT(data.name == "synthetic", "unhandled data.name " << data.name);
   const char* key = split == Split::Train ? "data.synthetic_train" : "data.synthetic_test";
   int64_t n = split == Split::Train ? data.synthetic_train : data.synthetic_test;

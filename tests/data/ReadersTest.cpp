@@ -270,7 +270,10 @@ TEST(MakeDataset, UnknownNameListsTheAllowedOnes) {
   DataOptions d;
   d.name = "mnist";
   std::string msg = userErrorOf([&] { makeDataset(d, imageModel(32, 1), Split::Train, 0); });
-  EXPECT_EQ(msg, "data.name = 'mnist' is not known; allowed: fashion-mnist, cifar10, synthetic");
+  EXPECT_EQ(
+      msg,
+      "data.name = 'mnist' is not known; allowed: fashion-mnist, cifar10, synthetic, tensors, "
+      "tokens");
 }
 
 TEST(MakeDataset, ImageDataForATokenModelIsRefused) {

@@ -7,11 +7,14 @@
 namespace pipefb::data {
 
 struct DataOptions {
-  /// fashion-mnist | cifar10 | synthetic
+  /// fashion-mnist | cifar10 | synthetic | tensors | tokens
   std::string name = "fashion-mnist";
   /// Folder holding the files. Empty means the default for the data set
-  /// (/usr/share/datasets/fashion-mnist for fashion-mnist).
+  /// (/usr/share/datasets/fashion-mnist for fashion-mnist). tensors and tokens: the
+  /// training file (Notes [Tensors from Python], [Token files] in src/data/UserData.cpp).
   std::string path;
+  /// tensors and tokens: the test (validation) file; needed when training.eval is on.
+  std::string test_path;
   /// synthetic only: number of training and test samples.
   int64_t synthetic_train = 4096;
   int64_t synthetic_test = 1024;
@@ -23,7 +26,8 @@ struct DataOptions {
 };
 
 inline const std::vector<std::string>& dataNames() {
-  static const std::vector<std::string> names = {"fashion-mnist", "cifar10", "synthetic"};
+  static const std::vector<std::string> names = {"fashion-mnist", "cifar10", "synthetic", "tensors",
+                                                 "tokens"};
   return names;
 }
 
