@@ -21,7 +21,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -138,17 +137,21 @@ std::shared_ptr<Dataset> loadTensors(const DataOptions& data, const model::Model
   try {
     v = torch::pickle_load(readFile(path));
   } catch (const c10::Error&) {
-    throw UserError(path + ": not a file torch.save wrote (expected its zip archive of a dict, "
-                           "torch.save({\"x\": X, \"y\": Y}, path))");
+    throw UserError(path +
+                    ": not a file torch.save wrote (expected its zip archive of a dict, "
+                    "torch.save({\"x\": X, \"y\": Y}, path))");
   }
   if (!v.isGenericDict())
     throw UserError(path + ": holds a " + v.tagKind() +
                     ", not a dict; expected torch.save({\"x\": X, \"y\": Y}, path)");
   const auto dict = v.toGenericDict();
   torch::Tensor x = entry(dict, "x", path), y = entry(dict, "y", path);
+  x = x.detach();
+  y = y.detach();
   if (x.dim() < 1 || y.dim() < 1 || x.size(0) != y.size(0))
     throw UserError(path + ": \"x\" " + shapeText(x.sizes()) + " and \"y\" " +
                     shapeText(y.sizes()) + " hold different numbers of samples (dimension 0)");
+  if (x.size(0) == 0) throw UserError(path + ": \"x\" and \"y\" hold no samples");
   const bool tokens = isTokenModel(model);
   std::vector<std::int64_t> want =
       tokens ? std::vector<std::int64_t>{model.input_size}
@@ -197,40 +200,47 @@ std::shared_ptr<Dataset> loadTokens(const DataOptions& data, const model::ModelO
   const std::string path = fileOf(data, split, "tokens");
   if (!isTokenModel(model))
     throw UserError("data.name: tokens feeds a token model (gpt2), not " + model.name);
-  const std::vector<char> bytes = readFile(path);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw UserError(path + ": cannot be read");
+  const std::int64_t size = static_cast<std::int64_t>(in.tellg());
+  in.seekg(0);
   std::int64_t offset = 0;
   std::string layout = "raw uint16 (nanoGPT)";
   std::int32_t head[3] = {0, 0, 0};
-  if (bytes.size() >= sizeof head) std::memcpy(head, bytes.data(), sizeof head);
+  if (size >= static_cast<std::int64_t>(sizeof head))
+    in.read(reinterpret_cast<char*>(head), sizeof head);
   if (head[0] == kLlmcMagic) {
     const std::int64_t headerBytes = kLlmcHeaderInts * 4;
-    if (static_cast<std::int64_t>(bytes.size()) < headerBytes)
+    if (size < headerBytes)
       throw UserError(path + ": llm.c header (magic " + std::to_string(kLlmcMagic) +
-                      ") is cut short: " + std::to_string(bytes.size()) + " of " +
+                      ") is cut short: " + std::to_string(size) + " of " +
                       std::to_string(headerBytes) + " bytes");
     if (head[1] != kLlmcVersion)
       throw UserError(path + ": llm.c token file version " + std::to_string(head[1]) +
                       "; allowed: 1 (uint16 tokens)");
-    const std::int64_t body = static_cast<std::int64_t>(bytes.size()) - headerBytes;
+    const std::int64_t body = size - headerBytes;
     if (head[2] < 0 || body != 2 * static_cast<std::int64_t>(head[2]))
       throw UserError(path + ": llm.c header says " + std::to_string(head[2]) +
                       " tokens but the file holds " + std::to_string(body) +
                       " bytes after its 1024-byte header (2 a token)");
     offset = headerBytes;
     layout = "llm.c (header, uint16)";
-  } else if (bytes.size() % 2 != 0) {
-    throw UserError(path + ": " + std::to_string(bytes.size()) +
+  } else if (size % 2 != 0) {
+    throw UserError(path + ": " + std::to_string(size) +
                     " bytes is not a whole number of uint16 tokens, and it has no llm.c header "
                     "(magic " +
                     std::to_string(kLlmcMagic) + ")");
   }
-  const std::int64_t count = (static_cast<std::int64_t>(bytes.size()) - offset) / 2;
+  const std::int64_t count = (size - offset) / 2;
   const std::int64_t t = model.input_size;
   if (count < t + 1)
     throw UserError(path + ": " + std::to_string(count) + " tokens, fewer than one sample of " +
                     std::to_string(t + 1) + " (model.input_size + 1)");
+  // Read straight into the tokens' storage (little-endian uint16, as both layouts write).
   std::vector<std::uint16_t> raw(static_cast<size_t>(count));
-  std::memcpy(raw.data(), bytes.data() + offset, raw.size() * 2);
+  in.seekg(offset);
+  if (!in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(2 * count)))
+    throw UserError(path + ": read failed after byte " + std::to_string(offset));
   const std::uint16_t top = *std::max_element(raw.begin(), raw.end());
   if (top >= model.num_classes)
     throw UserError(path + ": token id " + std::to_string(top) +

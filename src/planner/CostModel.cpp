@@ -326,14 +326,19 @@ CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int 
 }
 
 std::int64_t plannedReserve(std::int64_t bytes, int perMille) {
-  return bytes > 0 ? (bytes * perMille + 999) / 1000 : 0;
+  if (bytes <= 0 || perMille <= 0) return 0;
+  // ceil(bytes x perMille / 1000) without overflow for any byte count.
+  return bytes / 1000 * perMille + (bytes % 1000 * perMille + 999) / 1000;
 }
 
 std::int64_t roomUnder(std::int64_t limit, int perMille) {
   if (limit < 0) return limit;
-  std::int64_t room = limit * 1000 / (1000 + perMille);  // within a byte or two of the answer
+  // limit x 1000 / (1000 + perMille) without overflow: within a byte or two of the answer,
+  // which the two steps below make exact (bytes + plannedReserve(bytes) only grows).
+  const std::int64_t d = 1000 + perMille;
+  std::int64_t room = limit / d * 1000 + limit % d * 1000 / d;
   while (room > 0 && room + plannedReserve(room, perMille) > limit) --room;
-  while (room + 1 + plannedReserve(room + 1, perMille) <= limit) ++room;
+  while (room < limit && room + 1 + plannedReserve(room + 1, perMille) <= limit) ++room;
   return room;
 }
 

@@ -89,7 +89,8 @@ class QuickProfile {
  public:
   static std::optional<QuickProfile> forFitCheck(const pipefb::config::Config& config) {
     using namespace pipefb::planner;
-    if (!config.devices.memory) return std::nullopt;
+    // Replicas run at batch / (M x R), a size the quick profile has no bytes for.
+    if (!config.devices.memory || config.pipeline.replicas > 1) return std::nullopt;
     if (std::filesystem::exists(defaultProfilePath(profileHeader(config, ProfilerOptions{}))))
       return std::nullopt;
     ProfilerOptions o;
@@ -98,11 +99,18 @@ class QuickProfile {
     o.repeats = 1;
     o.otherSizes = false;
     QuickProfile q;
-    q.path_ = (std::filesystem::temp_directory_path() /
-               ("pipefb-fit-check-" + std::to_string(::getpid()) + ".yaml"))
-                  .string();
-    spdlog::info("pipeline: checking that a plan fits devices.memory on the model's bytes first");
-    loadOrMeasureProfile(config, o, q.path_, /*force=*/true);
+    try {
+      q.path_ = (std::filesystem::temp_directory_path() /
+                 ("pipefb-fit-check-" + std::to_string(::getpid()) + ".yaml"))
+                    .string();
+      spdlog::info("pipeline: checking that a plan fits devices.memory on the model's bytes");
+      loadOrMeasureProfile(config, o, q.path_, /*force=*/true);
+    } catch (const std::exception& e) {
+      // Only a plan that does not fit stops the run here; anything else the full profile
+      // meets again, and reports, on its own.
+      spdlog::debug("no quick fit check: {}", e.what());
+      return std::nullopt;
+    }
     return q;
   }
   QuickProfile(QuickProfile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }

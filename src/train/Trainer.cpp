@@ -95,6 +95,7 @@ Trainer::Trainer(config::Config config, TrainerHooks hooks)
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   torch::manual_seed(t.seed);
   train_ = data::makeDataset(config_.data, config_.model, data::Split::Train, t.seed);
+  if (t.eval) test_ = data::makeDataset(config_.data, config_.model, data::Split::Test, t.seed);
   loader_ = std::make_unique<data::Loader>(train_, t.batch, /*shuffle=*/true, t.seed);
   totalSteps_ = plannedSteps(config_, train_->size());
   if (config_.pipeline.schedule != "none") {
@@ -594,7 +595,7 @@ RunSummary Trainer::run() {
   summary.throughput_samples_per_s = summary.samples / std::max(trainSeconds, 1e-9);
 
   if (t.eval) {
-    auto test = data::makeDataset(config_.data, config_.model, data::Split::Test, t.seed);
+    const auto& test = test_;
     auto [acc, loss] = evaluate(*test);
     summary.test_accuracy = acc;
     summary.test_loss = loss;

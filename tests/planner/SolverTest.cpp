@@ -1591,3 +1591,26 @@ TEST(DecoupledDevice, ChargesEachSegmentsFWithTheCopyOfTheOffBeforeIt) {
   }
   EXPECT_EQ(one.memory(), 741);
 }
+
+// Note [Planned reserve]: roomUnder is the exact inverse of bytes + plannedReserve(bytes):
+// the most that fits a limit with its reserve, for small and huge limits alike.
+TEST(PlannedReserve, RoomUnderIsTheMostThatFitsWithItsReserve) {
+  EXPECT_EQ(plannedReserve(0, 5), 0);
+  EXPECT_EQ(plannedReserve(1, 5), 1);
+  EXPECT_EQ(plannedReserve(200, 5), 1);
+  EXPECT_EQ(plannedReserve(201, 5), 2);
+  EXPECT_EQ(plannedReserve(1000000, 0), 0);
+  EXPECT_EQ(roomUnder(-1, 5), -1);
+  const std::int64_t limits[] = {
+      0, 1, 2, 199, 200, 201, 1000, 8664564, 1LL << 40, 9000000000000000000LL, (1LL << 62) + 12345};
+  for (const std::int64_t limit : limits)
+    for (const int perMille : {0, 5, 10}) {
+      const std::int64_t r = roomUnder(limit, perMille);
+      SCOPED_TRACE(std::to_string(limit) + " at " + std::to_string(perMille) + " per mille");
+      ASSERT_GE(r, 0);
+      EXPECT_LE(r + plannedReserve(r, perMille), limit);
+      if (r < limit) {
+        EXPECT_GT(r + 1 + plannedReserve(r + 1, perMille), limit);
+      }
+    }
+}

@@ -127,6 +127,9 @@ class Trainer {
   config::Config config_;
   std::shared_ptr<model::Model> model_;
   std::shared_ptr<data::Dataset> train_;
+  /// training.eval: the test split, loaded with the training one so that a bad test file
+  /// is refused before training (data.test_path, Note [Token files]).
+  std::shared_ptr<data::Dataset> test_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t totalSteps_ = 0;
