@@ -296,7 +296,8 @@ std::string explainPlan(const CostModel& modelIn, const Plan& plan, std::int64_t
     } else {
       StageEstimate keep = model.stage(stageShape(sh, s.optimizerOnHost), static_cast<int>(k),
                                        s.first, s.last, StashPolicy::Keep);
-      if (lim >= 0 && keep.peakMemory() > lim)
+      // Note [Planned reserve]: the estimate fits what the limit leaves beside the reserve.
+      if (lim >= 0 && keep.peakMemory() > roomUnder(lim, model.cluster().reservePerMille))
         o << "keep would need " << formatBytes(keep.peakMemory()) << " on device " << d
           << " (limit " << formatBytes(lim) << ")";
       else
