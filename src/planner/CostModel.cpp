@@ -212,12 +212,14 @@ const CostModel::GatherTables& CostModel::gatherTables(const PipelineShape& shap
       const LayerCost& c = profile_.layers[l];
       // Note [Parameter-sized working sets] in LayerCost.h: affine in the microbatch.
       own[l] = scaledBytes(c.workingBytes, c.workingFixedBytes, f);
-      ownLayered[l] = own[l] + scaled(saved_[l + 1], f);
+      // Note [Outputs kept between layers]: the graph of layers .. l holds those kept
+      // inside it too (less those before `first`, after the range maximum).
+      ownLayered[l] = own[l] + scaled(saved_[l + 1] + kept_[l + 1], f);
       key[l] = (c.gatheredWorkingBytes >= 0
                     ? scaledBytes(c.gatheredWorkingBytes, c.gatheredWorkingFixedBytes, f)
                     : own[l]) -
                grad_[l + 1];
-      layered[l] = key[l] + scaled(saved_[l + 1], f);
+      layered[l] = key[l] + scaled(saved_[l + 1] + kept_[l + 1], f);
     }
     GatherTables t{buildMax(std::move(key)), buildMax(std::move(layered)), buildMax(std::move(own)),
                    buildMax(std::move(ownLayered))};
@@ -254,7 +256,7 @@ std::int64_t CostModel::backwardLayered(const PipelineShape& shape, int k, int f
   const GatherTables& t = gatherTables(shape);
   const std::int64_t during = (inPlace ? rangeMax(t.inPlaceLayered, first, last)
                                        : grad_[last] + rangeMax(t.layered, first, last)) -
-                              scaled(saved_[first], f) - onStash;
+                              scaled(saved_[first] + kept_[first + 1], f) - onStash;
   const std::int64_t atEnd =
       (inPlace ? 0 : range(grad_, first, last)) + (k > 0 ? scaled(inputBytes(first), f) : 0);
   return std::max(during, atEnd);

@@ -125,11 +125,15 @@ std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& sh
     // The backward device's: states, weight versions, and the larger of the working set
     // and one graph (keep and offload keep >= 1 resident stash of it, the checkpoint kinds
     // recompute it in B; a B charged layer by layer may free the graph's later layers
-    // before its largest working set, Note [Backward layer by layer] in CostModel.h).
+    // before its largest working set, Note [Backward layer by layer] in CostModel.h). Less
+    // the first layer's saved input: a checkpointed stage's stash holds it, not its graph
+    // (onStash in StageEstimate.cpp; the bound pruned optimal plans without it, Note
+    // [Outputs kept between layers]'s random instances in OptimalityTest).
     // (memoryLowerBound with no working set: the states, without the optimizer's when it is
     // on the host, Note [Optimizer offload in the cost model].)
     return model.memoryLowerBound(leanest, k, i, j, 0) + copies[k] * W +
-           std::max(ws, scaledAtF(model.savedSum(i, j)));
+           std::max(ws, scaledAtF(model.savedLayersSum(i, j) -
+                                  model.profile().layers[i].savedInputBytes));
   };
   auto memFits = [&](int k, int i, int j, std::int64_t ws, std::int64_t memCap) {
     const std::int64_t mb = memLb(k, i, j, ws);

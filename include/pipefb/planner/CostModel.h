@@ -1023,6 +1023,9 @@ class CostModel {
   std::int64_t savedSum(int first, int last) const {
     return range(saved_, first, last) + keptInside(first, last);
   }
+  /// The layers' saved bytes alone: the lower bound a B device holds of the graph while it
+  /// runs B layer by layer (the kept outputs may be freed with their layers first).
+  std::int64_t savedLayersSum(int first, int last) const { return range(saved_, first, last); }
   /// Note [Outputs kept between layers]: of layers [first, last), the outputs that a
   /// layer's graph keeps and the next layer's does not save (inside the range only).
   std::int64_t keptInside(int first, int last) const {
