@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "Random.h"
+#include "Samples.h"
 #include "UserData.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/data/Readers.h"
@@ -30,7 +31,11 @@
 
 namespace pipefb::data {
 namespace fs = std::filesystem;
+using detail::capped;
+using detail::indexTensor;
+using detail::isTokenModel;
 using detail::mixSeed;
+using detail::splitName;
 using detail::uniformBelow;
 
 namespace {
@@ -42,14 +47,6 @@ std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
-}
-
-bool isTokenModel(const model::ModelOptions& m) { return m.name == "gpt2"; }
-
-/// Indices -> long tensor, each checked against the set size (a bug if not).
-torch::Tensor indexTensor(const std::vector<int64_t>& indices, int64_t n) {
-  for (int64_t i : indices) PIPEFB_ASSERT(i >= 0 && i < n, "sample index " << i << " of " << n);
-  return torch::tensor(indices, torch::kLong);
 }
 
 struct ImageStats {
@@ -160,10 +157,6 @@ torch::Tensor shapeImages(const torch::Tensor& raw, ImageStats stats, const std:
   }
   return out;
 }
-
-int64_t capped(int64_t n, int64_t limit) { return limit > 0 ? std::min(n, limit) : n; }
-
-const char* splitName(Split s) { return s == Split::Train ? "train" : "test"; }
 
 void requireImageModel(const DataOptions& data, const model::ModelOptions& model) {
   if (isTokenModel(model)) {

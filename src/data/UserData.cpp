@@ -26,22 +26,21 @@
 #include <iterator>
 #include <sstream>
 
+#include "Samples.h"
 #include "pipefb/common/Error.h"
 
 namespace pipefb::data {
 namespace fs = std::filesystem;
+using detail::capped;
+using detail::indexTensor;
+using detail::isTokenModel;
+using detail::splitName;
 
 namespace {
 
 constexpr std::int32_t kLlmcMagic = 20240520;
 constexpr std::int32_t kLlmcVersion = 1;
 constexpr std::int64_t kLlmcHeaderInts = 256;
-
-bool isTokenModel(const model::ModelOptions& m) { return m.name == "gpt2"; }
-std::int64_t capped(std::int64_t n, std::int64_t limit) {
-  return limit > 0 ? std::min(n, limit) : n;
-}
-const char* splitName(Split s) { return s == Split::Train ? "train" : "test"; }
 
 /// The file of `split`: data.path, or data.test_path for the test split.
 std::string fileOf(const DataOptions& data, Split split, const char* name) {
@@ -67,13 +66,6 @@ std::string shapeText(at::IntArrayRef s) {
   for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
   o << ")";
   return o.str();
-}
-
-/// Indices -> long tensor, each checked against the set size (a bug if not).
-torch::Tensor indexTensor(const std::vector<std::int64_t>& indices, std::int64_t n) {
-  for (std::int64_t i : indices)
-    PIPEFB_ASSERT(i >= 0 && i < n, "sample index " << i << " of " << n);
-  return torch::tensor(indices, torch::kLong);
 }
 
 class TensorPairs : public Dataset {

@@ -184,9 +184,6 @@ std::string usePlannerPartition(pipefb::config::Config& config, const std::strin
   return p.planYaml;
 }
 
-// Note [The planner's whole plan in pipefb_train] (planner/ConfigPartition.h): the plan
-// pipefb_plan writes for the config's schedule, stash and microbatches, on the same cached
-// profile as usePlannerPartition. Returns "" when nothing fits devices.memory.
 // The whole plan of `config` on `profile`; the no-fit error when none fits devices.memory.
 pipefb::planner::WholePlan wholePlanOrNoFit(const pipefb::config::Config& config,
                                             const std::string& profile,
@@ -205,6 +202,9 @@ pipefb::planner::WholePlan wholePlanOrNoFit(const pipefb::config::Config& config
   return p;
 }
 
+// Note [The planner's whole plan in pipefb_train] (planner/ConfigPartition.h): the plan
+// pipefb_plan writes for the config's schedule, stash and microbatches, on the same cached
+// profile as usePlannerPartition. Returns "" when nothing fits devices.memory.
 std::string useWholePlan(const pipefb::config::Config& config, const std::string& configPath) {
   using namespace pipefb::planner;
   if (const auto quick = QuickProfile::forFitCheck(config))
