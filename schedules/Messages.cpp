@@ -82,6 +82,18 @@ std::vector<Pos> latestWaitedFor(int N, int D, const std::vector<std::pair<int, 
       if (!ordered[v]) pull(v);
   return last;
 }
+// Adds h to a set of combinations none of which dominates another (Note [Messages held
+// together]), keeping it so.
+void addUndominated(std::vector<WaitingMessages::Held>& set, const WaitingMessages::Held& h) {
+  auto covers = [](const WaitingMessages::Held& a, const WaitingMessages::Held& b) {
+    return a[0] >= b[0] && a[1] >= b[1] && a[2] >= b[2];
+  };
+  for (const auto& x : set)
+    if (covers(x, h)) return;
+  set.erase(std::remove_if(set.begin(), set.end(), [&](const auto& x) { return covers(h, x); }),
+            set.end());
+  set.push_back(h);
+}
 }  // namespace
 
 WaitingMessages waitingMessages(const Schedule& schedule) {
@@ -255,6 +267,27 @@ WaitingMessages waitingMessages(const Schedule& schedule) {
       if (schedule.devices[inputDevice][p].isInputBackward())
         out.inputsAtBackward = std::max(out.inputsAtBackward, run);
     }
+  // Note [Messages held together]: per device, the kinds summed over stages.
+  out.together.assign(D, {});
+  out.togetherAtBackward.assign(D, {});
+  std::vector<std::array<std::vector<int>, 3>> perDevice(D);
+  for (const auto& [key, v] : diff) {
+    const auto [d, kind, stage] = key;
+    std::vector<int>& sum = perDevice[d][kind];
+    if (sum.empty()) sum.assign(v.size(), 0);
+    for (size_t p = 0; p < v.size(); ++p) sum[p] += v[p];
+  }
+  for (int d = 0; d < D; ++d) {
+    const int n = static_cast<int>(schedule.devices[d].size());
+    WaitingMessages::Held run{0, 0, 0};
+    for (int p = 0; p < n; ++p) {
+      for (int kind = 0; kind < 3; ++kind)
+        if (!perDevice[d][kind].empty()) run[kind] += perDevice[d][kind][p];
+      const Action& c = schedule.devices[d][p];
+      if (c.isCompute()) addUndominated(out.together[d], run);
+      if (c.isInputBackward()) addUndominated(out.togetherAtBackward[d], run);
+    }
+  }
   for (const auto& [key, v] : diff) {
     const auto [d, kind, stage] = key;
     int most = 0, atBackward = 0;

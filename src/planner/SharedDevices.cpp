@@ -25,11 +25,40 @@ double foldedDeviceTime(const StageEstimate& forwardPart, const StageEstimate& b
                   forwardPart.forwardCopy + backwardPart.backwardCopy);
 }
 
+namespace {
+// Note [Messages held together]: the most bytes of any one combination of messages that
+// can wait together on the device of forwardPart's F and backwardPart's B.
+std::int64_t messagesTogether(const std::vector<std::array<int, 3>>& combinations,
+                              const StageEstimate& forwardPart, const StageEstimate& backwardPart) {
+  std::int64_t most = 0;
+  for (const auto& [activations, gradients, outputs] : combinations)
+    most = std::max(most, activations * forwardPart.messages.activation +
+                              gradients * backwardPart.messages.gradient +
+                              outputs * backwardPart.messages.output);
+  return most;
+}
+}  // namespace
+
 std::int64_t foldedDeviceMemory(const StageEstimate& forwardPart,
                                 const StageEstimate& backwardPart) {
   const int ws = index(MemoryCategory::WorkingSet), st = index(MemoryCategory::Stash);
   const CategoryBytes& f = forwardPart.forwardMemory;
   const CategoryBytes& b = backwardPart.backwardMemory;
+  if (forwardPart.messages.together != nullptr && backwardPart.messages.together != nullptr) {
+    // Note [Messages held together]: the messages charged at each phase are the most that
+    // wait together at the device's compute starts (any; B's alone beside B), not the two
+    // stages' counts summed. The rest as below.
+    const std::int64_t inputsBesideF = forwardPart.inputsOnlyAtForward;
+    const std::int64_t rest = total(f) - f[ws] - f[st] - forwardPart.messages.forward + total(b) -
+                              b[ws] - backwardPart.messages.backward - inputsBesideF;
+    const std::int64_t whileF =
+        f[st] + f[ws] + inputsBesideF +
+        messagesTogether(*forwardPart.messages.together, forwardPart, backwardPart);
+    const std::int64_t whileB =
+        std::max<std::int64_t>(0, f[st] - forwardPart.stashBytes) + b[ws] +
+        messagesTogether(*forwardPart.messages.togetherAtBackward, forwardPart, backwardPart);
+    return rest + std::max(whileF, whileB);
+  }
   // Note [Folded pace]: the messages that wait at F starts only wait beside the forwards.
   const std::int64_t besideF =
       forwardPart.forwardCommOnlyAtForward + backwardPart.backwardCommOnlyAtForward;

@@ -307,8 +307,8 @@ void chargeForwardDevice(const CostModel& model, const StageTerms& t, StageEstim
   if (shape.folded && isFlushing(shape.kind)) {
     const std::int64_t inputsAtB =
         waitingFor(shape.kind, S, M, true, shape.lag()).inputsAtBackward * oneInput;
-    e.forwardCommOnlyAtForward =
-        std::max<std::int64_t>(0, inputs - inputsAtB) + t.waiting.activationsOnlyAtForward;
+    e.inputsOnlyAtForward = std::max<std::int64_t>(0, inputs - inputsAtB);
+    e.forwardCommOnlyAtForward = e.inputsOnlyAtForward + t.waiting.activationsOnlyAtForward;
     e.backwardCommOnlyAtForward = t.waiting.gradientsOnlyAtForward;
   }
 }
@@ -601,6 +601,17 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   t.waiting = timesOnly ? WaitingBytes{} : waitingBytes(shape, k, first, last, t.outputTravels);
   t.actsWaiting = t.waiting.activations;
   t.gradsWaiting = t.waiting.gradients;
+  if (shape.folded && split && !timesOnly) {  // Note [Messages held together]
+    const schedules::WaitingMessages& wm = waitingFor(shape.kind, S, M, true, shape.lag());
+    const int device = schedules::Placement::folded(S).forward(k);
+    e.messages = {t.actsWaiting,
+                  t.gradsWaiting,
+                  t.input,
+                  scaled(profile_.layers[last - 1].outputBytes, f),
+                  t.outputTravels ? scaled(profile_.layers[last - 1].outputBytes, f) : 0,
+                  &wm.together.at(device),
+                  &wm.togetherAtBackward.at(device)};
+  }
   // A kept graph (not offloaded) also holds the stage's output: execForward's stash entry
   // keeps the graph root, and the profile's saved bytes leave the output out. An offloaded
   // graph holds what of it the last layer's graph saved (Note [Measured saved bytes]).

@@ -1304,6 +1304,35 @@ TEST(SolverLiteral, FoldedDeviceHoldsTheLargerOfWhatFAndBHoldWhileTheyRun) {
   EXPECT_EQ(q->deviceMemory, (std::vector<std::int64_t>{2400, 2400}));
 }
 
+// Note [Messages held together] (schedules/Messages.h): pipefb-sync folded, S = 3, M = 4,
+// every layer's output 100 bytes. Device 2 runs F2 and B0: 3 activations can wait for F2
+// and 3 gradients for B0, but never more than 3 together. With F's working set binding
+// (2000 against B's 10) the device is charged 300 bytes of messages; the two counts
+// summed charged 600.
+TEST(SolverLiteral, FoldedDeviceIsChargedTheMessagesThatWaitTogether) {
+  Profile prof = timesProfile({1, 1, 1});
+  for (auto& l : prof.layers) {
+    l.backward = 1;
+    l.outputBytes = 100;
+    l.savedBytes = 100;
+    l.workingBytes = 10;
+    l.forwardWorkingBytes = 2000;
+  }
+  CostModel m(prof, freeCluster(3));
+  PipelineShape folded = shapeOf(ScheduleKind::PipeFbSync, 3, 4, {0, 1, 2});
+  folded.folded = true;
+  auto p = solveShape(m, folded, {StashPolicy::Offload}, unlimited(3), -1, Objective::Time);
+  ASSERT_TRUE(p);
+  const StageEstimate& f2 = p->stages[2].estimate;
+  const StageEstimate& b0 = p->stages[0].estimate;
+  EXPECT_EQ(f2.messages.forward, 300);
+  EXPECT_EQ(b0.messages.backward, 300);
+  EXPECT_EQ(p->deviceMemory[2], foldedDeviceMemory(f2, b0));
+  StageEstimate f2Apart = f2, b0Apart = b0;  // as the two counts summed
+  f2Apart.messages.together = b0Apart.messages.together = nullptr;
+  EXPECT_EQ(foldedDeviceMemory(f2Apart, b0Apart) - foldedDeviceMemory(f2, b0), 300);
+}
+
 // Note [Optimizer placement search]: two stages of 1 s each (F 1, B 0, step 0); stage 1's
 // layer has 100 bytes of weights and 200 of optimizer state, and the host link moves 100
 // bytes/s. Under a 300-byte budget only the host fits stage 1 (W + G + O = 400 on the

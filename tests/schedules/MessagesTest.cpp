@@ -166,5 +166,28 @@ TEST(WaitingMessages, InputsWaitAtStageZerosBackwardsUntilTheirForward) {
   EXPECT_EQ(two.activationsAtBackward.at(2), 0);
 }
 
+TEST(WaitingMessages, AFoldedDeviceHoldsItsTwoStagesMessagesTogetherAtMostAsOneCount) {
+  // Note [Messages held together]: pipefb-sync folded, S = 3, M = 4; device 2 runs
+  // F2.0-3, then B0.0-3. At F2.0's start the activations of F1.1-3 can wait (no gradient:
+  // B1.0 needs F2.0), at F2.3's the gradients of B1.0-2 (no activation: F1.3's is F2.3's
+  // own), between them some of each; at B0.0's start the gradients of B1.1-3. Each stage's
+  // own count is 3, so summed they are 6; together never more than 3.
+  const WaitingMessages w =
+      waitingMessages(makeSchedule("pipefb-sync", 3, 4, Placement::folded(3), 1).schedule);
+  EXPECT_EQ(w.activations.at(2), 3);
+  EXPECT_EQ(w.gradients.at(0), 3);
+  using H = WaitingMessages::Held;
+  ASSERT_EQ(w.together.size(), 3u);
+  EXPECT_EQ(w.together[2], (std::vector<H>{{3, 0, 0}, {2, 1, 0}, {1, 2, 0}, {0, 3, 0}}));
+  EXPECT_EQ(w.togetherAtBackward[2], (std::vector<H>{{0, 3, 0}}));
+  // Device 0 runs F0 (fed inputs, no activations) and B2, which is sent outputs.
+  EXPECT_EQ(w.together[0], (std::vector<H>{{0, 0, 3}}));
+  // No combination is covered by another, and each is within the per-stage counts.
+  for (const auto& set : w.together)
+    for (const H& a : set)
+      for (const H& b : set)
+        if (&a != &b) EXPECT_FALSE(a[0] >= b[0] && a[1] >= b[1] && a[2] >= b[2]);
+}
+
 }  // namespace
 }  // namespace pipefb::schedules

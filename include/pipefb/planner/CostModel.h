@@ -298,6 +298,7 @@
 // profiler measures each layer's clone (LayerCost::snapshot); it is charged to the
 // forward device's compute per microbatch.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -652,6 +653,18 @@ struct StageEstimate {
   /// Folded (Note [Folded pace]): of forwardMemory's and of backwardMemory's comm buffers,
   /// the messages that wait on their device at F starts only, never beside its B.
   std::int64_t forwardCommOnlyAtForward = 0, backwardCommOnlyAtForward = 0;
+  /// Of forwardCommOnlyAtForward, the iteration's inputs.
+  std::int64_t inputsOnlyAtForward = 0;
+  /// Note [Messages held together] (schedules/Messages.h), a folded split stage: the
+  /// waiting messages in forwardMemory's comm buffers (activations) and backwardMemory's
+  /// (gradients, and the last stage's outputs), one of each kind's bytes, and the
+  /// combinations that can wait together on its forward device (null when not folded).
+  struct Messages {
+    std::int64_t forward = 0, backward = 0;
+    std::int64_t activation = 0, gradient = 0, output = 0;
+    const std::vector<std::array<int, 3>>* together = nullptr;
+    const std::vector<std::array<int, 3>>* togetherAtBackward = nullptr;
+  } messages;
   int inFlight = 0;
   int versions = 1;
   CategoryBytes forwardMemory{};   // on the forward device (== backwardMemory if same)

@@ -1,5 +1,6 @@
 #pragma once
 // How many messages can wait on a device (Note [Waiting messages]).
+#include <array>
 #include <vector>
 
 #include "pipefb/schedules/Schedule.h"
@@ -36,7 +37,25 @@ struct WaitingMessages {
   // iteration inputs waiting on stage 0's forward device at its B (or I) starts: fed at
   // the iteration's start, or once the last stage's backwards of the one before ran
   int inputsAtBackward = 0;
+  /// Note [Messages held together]: per device, the (activations, gradients, outputs)
+  /// that can wait there together at one compute start, summed over stages: the
+  /// combinations not dominated by another, over all its compute starts (`together`) and
+  /// over its B (or I) starts alone (`togetherAtBackward`).
+  using Held = std::array<int, 3>;
+  std::vector<std::vector<Held>> together, togetherAtBackward;
 };
+
+/// Note [Messages held together]
+/// The counts above are each the most over a device's compute starts, one stage and kind
+/// at a time. A folded device receives two stages' messages, activations for its F and
+/// gradients (or the last stage's outputs) for its B, and their worst starts differ: at
+/// the first F of an iteration the next forwards' activations can be waiting, but no
+/// gradient, which needs that F to have run; at the last F the gradients can be, and no
+/// activation. Summed, the two counts charged pipefb-sync folded S=3 M=4 six messages
+/// where three can wait together (mlp pipefb-sync-checkpoint, PlanRunsTest seed 1
+/// instance 22: the device of F2 and B0 measured 10.2% below its plan, 12 KiB of its
+/// 24 KiB of comm buffers never there). The cost model charges a folded device the most
+/// bytes of any one combination (foldedDeviceMemory).
 
 /// Note [Outputs at the loss]
 /// An output of the next iteration cannot wait beside the loss of a B(S-1,m) (or I) that
