@@ -139,6 +139,16 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
       std::lock_guard<std::mutex> lock(mu_);
       // Note [Held offload copies]: kept until the release point unless it came already.
       if (hold && e->holding && !error) e->heldDevice = std::move(*job);
+    }
+    // Note [Planned prefetch destinations]: what no hold keeps (its hold ended while it
+    // copied, e.g. the same key's PRE right after its OFF) goes before `offloaded` lets this
+    // key's prefetch bind beside it, not after: freed after the lock below, the device held
+    // the stash and its prefetch's destination at once whenever this thread was preempted
+    // there while the device's B acquired (gpt2-tiny pipedream-offload S=2 M=4: B0.6 beside
+    // stash 6 and stash 7 twice, out of memory about one run in ten under load).
+    job->clear();  // not held, or what the loop did not reach (an error)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       --offloadsInFlight_[device];
       if (!e->dropped) e->host = std::move(host);
       e->error = error;
@@ -149,7 +159,6 @@ void TransferManager::offload(int device, TransferKey key, std::vector<at::Tenso
       c.copySeconds += (end - start) * 1e-9;
       c.intervals.push_back({start, end, /*toHost=*/true, bytes, key});
     }
-    job->clear();  // not held, or what the loop did not reach (an error)
     host.clear();  // a dropped stash: freed before synchronize() can return
     finishJob();
   });
