@@ -441,6 +441,12 @@ const std::vector<KeySpec>& schema() {
         "model.dropout", [](Config & c) -> auto& { return c.model.dropout; }, 0, 0.99));
     s.push_back(boolean(
         "model.batch_norm", [](Config & c) -> auto& { return c.model.batch_norm; }));
+    s.push_back(text(
+        "model.path", [](Config & c) -> auto& { return c.model.path; }));
+    s.push_back(intList(
+        "model.sample_shape", [](Config & c) -> auto& { return c.model.sample_shape; }, 1));
+    s.push_back(choice("model.input_dtype", [](Config & c) -> auto& { return c.model.input_dtype; },
+                       {"float32", "float64", "int64"}));
     // data
     s.push_back(choice(
         "data.name", [](Config & c) -> auto& { return c.data.name; }, data::dataNames()));
@@ -753,12 +759,11 @@ void validate(const Config& c, ConfigUse use) {
     throw UserError(src + ": pipeline.microbatches: " + std::to_string(c.pipeline.microbatches) +
                     " does not divide training.batch " + std::to_string(c.training.batch) +
                     "; please choose a divisor of the batch");
-  if (c.model.name == "gpt2" && c.data.name != "synthetic" && c.data.name != "tokens" &&
-      c.data.name != "tensors")
-    throw UserError(src +
-                    ": data.name: model gpt2 needs token data; allowed with gpt2: "
-                    "synthetic, tokens, tensors");
-  if (c.model.name != "gpt2" && c.data.name == "tokens")
+  const bool tokens = model::isTokenModel(c.model);
+  if (tokens && c.data.name != "synthetic" && c.data.name != "tokens" && c.data.name != "tensors")
+    throw UserError(src + ": data.name: model " + c.model.name +
+                    " takes tokens; allowed with it: synthetic, tokens, tensors");
+  if (!tokens && c.data.name == "tokens")
     throw UserError(src + ": data.name: tokens feeds a token model; allowed with " + c.model.name +
                     ": fashion-mnist, cifar10, synthetic, tensors");
   if ((c.data.name == "tensors" || c.data.name == "tokens") && c.data.path.empty())
@@ -768,7 +773,7 @@ void validate(const Config& c, ConfigUse use) {
       c.training.eval)
     throw UserError(src + ": data.test_path: data.name " + c.data.name +
                     " evaluates on a test file; set data.test_path, or training.eval: false");
-  if (c.model.name != "gpt2" && c.model.num_classes > 1000000)
+  if (!tokens && c.model.num_classes > 1000000)
     throw UserError(src + ": model.num_classes: " + std::to_string(c.model.num_classes) +
                     " is too many for a classifier; allowed: 2..1000000");
   if (train && c.pipeline.schedule == "none" && c.devices.count != 1)

@@ -36,6 +36,7 @@ using detail::indexTensor;
 using detail::isTokenModel;
 using detail::mixSeed;
 using detail::splitName;
+using detail::squareImages;
 using detail::uniformBelow;
 
 namespace {
@@ -162,6 +163,17 @@ void requireImageModel(const DataOptions& data, const model::ModelOptions& model
   if (isTokenModel(model)) {
     throw UserError("data.name = '" + data.name + "' gives images, but model.name = '" +
                     model.name + "' takes tokens; use data.name=synthetic for " + model.name);
+  }
+  if (model.name == "torchscript" && model.input_dtype == "float64")
+    throw UserError("data.name = '" + data.name +
+                    "' gives float32 images; model.input_dtype float64 takes data.name tensors "
+                    "or synthetic");
+  if (!squareImages(model)) {
+    std::string shape;
+    for (int64_t d : model.sample_shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    throw UserError("data.name = '" + data.name +
+                    "' gives images [C, H, H], but model.sample_shape is [" + shape +
+                    "]; use data.name tensors or synthetic");
   }
 }
 
@@ -295,7 +307,15 @@ class SyntheticImages : public Dataset {
       : channels_(m.channels), side_(m.input_size), classes_(m.num_classes) {
     const int64_t s = std::min<int64_t>(side_, 8);
     auto gen = at::detail::createCPUGenerator(mixSeed(seed, kStreamTemplates));
-    templates_ = torch::randn({classes_, channels_, s, s}, gen, torch::kFloat);
+    // A torchscript model's samples of another shape than [C, H, H]: templates of it.
+    if (!squareImages(m)) shape_ = model::sampleShape(m);
+    double_ = m.name == "torchscript" && m.input_dtype == "float64";
+    std::vector<int64_t> templateShape = {classes_};
+    if (shape_.empty())
+      templateShape.insert(templateShape.end(), {channels_, s, s});
+    else
+      templateShape.insert(templateShape.end(), shape_.begin(), shape_.end());
+    templates_ = torch::randn(templateShape, gen, torch::kFloat);
     std::mt19937_64 rng(mixSeed(seed, splitStream(kStreamLabels, split)));
     std::vector<int64_t> labels(n);
     for (auto& l : labels) l = static_cast<int64_t>(uniformBelow(rng, classes_));
@@ -303,8 +323,13 @@ class SyntheticImages : public Dataset {
     noiseSeed_ = mixSeed(seed, splitStream(kStreamNoise, split));
     std::ostringstream os;
     os << "synthetic " << splitName(split) << ": " << n << " images " << channels_ << "×" << side_
-       << "×" << side_ << ", " << classes_ << " classes (class template + N(0,1) noise, seed "
-       << seed << ")";
+       << "×" << side_;
+    if (!shape_.empty()) {
+      os.str("");
+      os << "synthetic " << splitName(split) << ": " << n << " samples "
+         << torch::IntArrayRef(shape_);
+    }
+    os << ", " << classes_ << " classes (class template + N(0,1) noise, seed " << seed << ")";
     description_ = os.str();
   }
 
@@ -314,20 +339,26 @@ class SyntheticImages : public Dataset {
 
   Batch get(const std::vector<int64_t>& indices) const override {
     torch::Tensor y = labels_.index_select(0, indexTensor(indices, size()));
-    torch::Tensor t = templates_.index_select(0, y);  // (B, C, s, s)
-    if (t.size(-1) != side_) t = resizeTo(t, side_);
+    torch::Tensor t = templates_.index_select(0, y);  // (B, C, s, s), or (B, shape)
+    if (shape_.empty() && t.size(-1) != side_) t = resizeTo(t, side_);
     std::vector<torch::Tensor> noise;
     noise.reserve(indices.size());
+    const std::vector<int64_t> one =
+        shape_.empty() ? std::vector<int64_t>{channels_, side_, side_} : shape_;
     for (int64_t i : indices) {
       auto gen = at::detail::createCPUGenerator(mixSeed(noiseSeed_, static_cast<uint64_t>(i)));
-      noise.push_back(torch::randn({channels_, side_, side_}, gen, torch::kFloat));
+      noise.push_back(torch::randn(one, gen, torch::kFloat));
     }
-    return {t.add_(torch::stack(noise)), y};
+    t.add_(torch::stack(noise));
+    if (double_) t = t.to(torch::kDouble);  // a float64 torchscript model's
+    return {t, y};
   }
 
  private:
   int64_t channels_, side_, classes_;
-  torch::Tensor templates_;  // (classes, C, s, s), s = min(side, 8)
+  std::vector<int64_t> shape_;  // a sample's, when not [C, H, H] (torchscript)
+  bool double_ = false;
+  torch::Tensor templates_;  // (classes, C, s, s), s = min(side, 8), or (classes, shape)
   torch::Tensor labels_;     // (N) long
   uint64_t noiseSeed_ = 0;
   std::string description_;
@@ -403,8 +434,9 @@ void checkOptions(const DataOptions& data, const model::ModelOptions& model) {
 
 }  // namespace
 
-std::shared_ptr<Dataset> makeDataset(const DataOptions& data, const model::ModelOptions& model,
+std::shared_ptr<Dataset> makeDataset(const DataOptions& data, const model::ModelOptions& modelIn,
                                      Split split, uint64_t seed) {
+  const model::ModelOptions model = detail::shapedOptions(modelIn);
   const auto& names = dataNames();
   if (std::find(names.begin(), names.end(), data.name) == names.end()) {
     throw UserError("data.name = '" + data.name + "' is not known; allowed: " + joined(names));

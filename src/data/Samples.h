@@ -12,7 +12,28 @@
 
 namespace pipefb::data::detail {
 
-inline bool isTokenModel(const model::ModelOptions& m) { return m.name == "gpt2"; }
+using model::isTokenModel;
+
+/// A torchscript model's sample shape in the zoo's keys, for the data sets that read them
+/// (Note [TorchScript models] in model/Model.h): [T] sets model.input_size, [C, H, H]
+/// model.channels and model.input_size. Other shapes: model.sample_shape alone.
+inline model::ModelOptions shapedOptions(model::ModelOptions m) {
+  const std::vector<int64_t>& s = m.sample_shape;
+  if (m.name != "torchscript") return m;
+  if (s.size() == 1) m.input_size = s[0];
+  if (s.size() == 3 && s[1] == s[2]) {
+    m.channels = s[0];
+    m.input_size = s[1];
+  }
+  return m;
+}
+
+/// The zoo's images are [C, H, H]: a torchscript model of another sample shape cannot
+/// take an image data set.
+inline bool squareImages(const model::ModelOptions& m) {
+  const std::vector<int64_t> s = model::sampleShape(m);
+  return s.size() == 3 && s[1] == s[2];
+}
 
 inline const char* splitName(Split s) { return s == Split::Train ? "train" : "test"; }
 

@@ -145,15 +145,14 @@ std::shared_ptr<Dataset> loadTensors(const DataOptions& data, const model::Model
                     shapeText(y.sizes()) + " hold different numbers of samples (dimension 0)");
   if (x.size(0) == 0) throw UserError(path + ": \"x\" and \"y\" hold no samples");
   const bool tokens = isTokenModel(model);
-  std::vector<std::int64_t> want =
-      tokens ? std::vector<std::int64_t>{model.input_size}
-             : std::vector<std::int64_t>{model.channels, model.input_size, model.input_size};
+  const std::vector<std::int64_t> want = model::sampleShape(model);
   const auto sample = x.sizes().slice(1);
   if (std::vector<std::int64_t>(sample.begin(), sample.end()) != want)
-    throw UserError(
-        path + ": a sample of \"x\" is " + shapeText(sample) + " but model " + model.name +
-        " takes " + shapeText(want) +
-        (tokens ? " (model.input_size)" : " (model.channels, model.input_size, model.input_size)"));
+    throw UserError(path + ": a sample of \"x\" is " + shapeText(sample) + " but model " +
+                    model.name + " takes " + shapeText(want) +
+                    (model.name == "torchscript" ? " (model.sample_shape)"
+                     : tokens                    ? " (model.input_size)"
+                              : " (model.channels, model.input_size, model.input_size)"));
   if (tokens ? x.is_floating_point() : !x.is_floating_point())
     throw UserError(path + ": \"x\" is " + std::string(c10::toString(x.scalar_type())) +
                     "; model " + model.name + " takes " +
@@ -167,7 +166,10 @@ std::shared_ptr<Dataset> loadTensors(const DataOptions& data, const model::Model
   if (std::vector<std::int64_t>(ySample.begin(), ySample.end()) != wantY)
     throw UserError(path + ": a target of \"y\" is " + shapeText(ySample) + ", expected " +
                     shapeText(wantY) + (tokens ? " (the next token of each position)" : ""));
-  x = x.to(tokens ? torch::kLong : torch::kFloat).contiguous();
+  x = x.to(tokens                                                          ? torch::kLong
+           : model.input_dtype == "float64" && model.name == "torchscript" ? torch::kDouble
+                                                                           : torch::kFloat)
+          .contiguous();
   y = y.to(torch::kLong).contiguous();
   const std::int64_t lo = std::min(y.min().item<std::int64_t>(),
                                    tokens ? x.min().item<std::int64_t>() : std::int64_t{0});
@@ -191,7 +193,10 @@ std::shared_ptr<Dataset> loadTokens(const DataOptions& data, const model::ModelO
                                     Split split) {
   const std::string path = fileOf(data, split, "tokens");
   if (!isTokenModel(model))
-    throw UserError("data.name: tokens feeds a token model (gpt2), not " + model.name);
+    throw UserError(
+        "data.name: tokens feeds a token model (gpt2, or torchscript with "
+        "model.input_dtype int64), not " +
+        model.name);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw UserError(path + ": cannot be read");
   const std::int64_t size = static_cast<std::int64_t>(in.tellg());

@@ -9,6 +9,10 @@ namespace pipefb::model {
 
 namespace {
 thread_local at::Generator* tlsDropoutGen = nullptr;
+// Note [Dropout streams]: the open DropoutKey.
+thread_local bool tlsKeyOn = false;
+thread_local uint64_t tlsKeySeed = 0;
+thread_local int64_t tlsKeyMicrobatch = 0;
 thread_local bool tlsWeightGradientsIntoGrad = false;
 
 // Note [Weight gradients into .grad] in Model.h.
@@ -83,9 +87,28 @@ DropoutStream::DropoutStream(uint64_t seed)
 
 DropoutStream::~DropoutStream() { tlsDropoutGen = previous_; }
 
-uint64_t dropoutSeed(uint64_t seed, int stage, int64_t microbatch) {
-  // splitmix64 over the three inputs: distinct streams for distinct (stage, microbatch).
-  uint64_t z = seed ^ (0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(stage) + 1)) ^
+DropoutKey::DropoutKey(uint64_t seed, int64_t microbatch)
+    : previousOn_(tlsKeyOn), previousSeed_(tlsKeySeed), previousMicrobatch_(tlsKeyMicrobatch) {
+  tlsKeyOn = true;
+  tlsKeySeed = seed;
+  tlsKeyMicrobatch = microbatch;
+}
+
+DropoutKey::~DropoutKey() {
+  tlsKeyOn = previousOn_;
+  tlsKeySeed = previousSeed_;
+  tlsKeyMicrobatch = previousMicrobatch_;
+}
+
+torch::Tensor runLayer(Layer& layer, torch::Tensor x) {
+  if (!tlsKeyOn) return layer.forward(std::move(x));
+  DropoutStream stream(dropoutSeed(tlsKeySeed, layer.index(), tlsKeyMicrobatch));
+  return layer.forward(std::move(x));
+}
+
+uint64_t dropoutSeed(uint64_t seed, int layer, int64_t microbatch) {
+  // splitmix64 over the three inputs: distinct streams for distinct (layer, microbatch).
+  uint64_t z = seed ^ (0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(layer) + 1)) ^
                (0xBF58476D1CE4E5B9ULL * (static_cast<uint64_t>(microbatch) + 1));
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
@@ -104,6 +127,22 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   return x * keep;
 }
 
+torch::Tensor featureDropout(const torch::Tensor& x, double p, bool training) {
+  if (!training || p <= 0) return x;
+  if (tlsDropoutGen == nullptr) return torch::feature_dropout(x, p, training);
+  if (p >= 1) return x * 0;
+  // One draw per (sample, channel), as torch's feature dropout: (N, C, 1, ...).
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[0] = x.size(0);
+  if (x.dim() > 1) shape[1] = x.size(1);
+  torch::Tensor keep;
+  {
+    torch::NoGradGuard noGrad;
+    keep = torch::empty(shape, x.options()).bernoulli_(1 - p, *tlsDropoutGen).div_(1 - p);
+  }
+  return x * keep;
+}
+
 Model::Model(ModelOptions options, std::vector<std::shared_ptr<Layer>> layers,
              std::vector<int64_t> sampleShape, torch::ScalarType inputDtype)
     : options_(std::move(options)),
@@ -111,13 +150,16 @@ Model::Model(ModelOptions options, std::vector<std::shared_ptr<Layer>> layers,
       sampleShape_(std::move(sampleShape)),
       inputDtype_(inputDtype) {
   PIPEFB_ASSERT(!layers_.empty(), "a model needs at least one layer");
-  for (const auto& l : layers_) PIPEFB_ASSERT(l != nullptr, "null layer in " << options_.name);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    PIPEFB_ASSERT(layers_[i] != nullptr, "null layer in " << options_.name);
+    layers_[i]->index_ = static_cast<int>(i);
+  }
 }
 
 torch::Tensor Model::forward(torch::Tensor x, size_t first, size_t last) const {
   last = std::min(last, layers_.size());
   PIPEFB_ASSERT(first <= last, "bad layer range [" << first << ", " << last << ")");
-  for (size_t i = first; i < last; ++i) x = layers_[i]->forward(std::move(x));
+  for (size_t i = first; i < last; ++i) x = runLayer(*layers_[i], std::move(x));
   return x;
 }
 
@@ -231,6 +273,7 @@ void Model::to(torch::Device device) {
 std::shared_ptr<Model> buildModel(const ModelOptions& options) {
   validate(options);
   const auto& n = options.name;
+  if (n == "torchscript") return detail::buildTorchScript(options);
   if (n == "gpt2") {
     return std::make_shared<Model>(options, detail::buildGpt2(options),
                                    std::vector<int64_t>{options.input_size}, torch::kLong);

@@ -1,8 +1,12 @@
 // Torch-free checks and derived sizes of ModelOptions (library pipefb_model_options).
 #include "pipefb/model/ModelOptions.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "pipefb/common/Error.h"
@@ -40,9 +44,88 @@ int64_t scaled(int64_t base, double width) {
                            static_cast<int64_t>(std::llround(static_cast<double>(base) * width)));
 }
 
+bool isTokenModel(const ModelOptions& o) {
+  return o.name == "gpt2" || (o.name == "torchscript" && o.input_dtype == "int64");
+}
+
+std::vector<int64_t> sampleShape(const ModelOptions& o) {
+  if (o.name == "torchscript") return o.sample_shape;
+  if (o.name == "gpt2") return {o.input_size};
+  return {o.channels, o.input_size, o.input_size};
+}
+
+namespace {
+// CRC-32 of a file's bytes (zlib), or 0 when it cannot be read (validate says why).
+uint32_t fileCrc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize n = in.gcount();
+    if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? "," : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+}  // namespace
+
+std::string modelKey(const ModelOptions& o) {
+  std::ostringstream s;
+  s << o.name;
+  if (o.name == "torchscript") {
+    const std::string file = o.path.substr(o.path.find_last_of('/') + 1);
+    s << "-" << file << " crc32=" << std::hex << std::setw(8) << std::setfill('0')
+      << fileCrc(o.path) << std::dec << " sample=" << shapeText(o.sample_shape)
+      << " dtype=" << o.input_dtype << " classes=" << o.num_classes;
+    return s.str();
+  }
+  if (o.name == "gpt2") s << "-" << o.size;
+  s << " width=" << o.width << " input=" << o.input_size;
+  if (o.name != "gpt2") s << " channels=" << o.channels;
+  s << " classes=" << o.num_classes;
+  if (o.batch_norm) s << " batch_norm";
+  if (o.name == "mlp") {
+    s << " hidden=";
+    for (size_t i = 0; i < o.hidden.size(); ++i) s << (i ? "," : "") << o.hidden[i];
+  }
+  return s.str();
+}
+
 void validate(const ModelOptions& o) {
   if (!contains(modelNames(), o.name)) {
     fail("model.name", "unknown model '" + o.name + "'; allowed: " + joined(modelNames()));
+  }
+  if (o.name == "torchscript") {
+    // Cheap checks only: the file's content is checked where it is loaded (TorchScript.cpp).
+    if (o.path.empty())
+      fail("model.path",
+           "model.name torchscript loads a file torch.jit.save wrote; set model.path");
+    if (!std::ifstream(o.path, std::ios::binary))
+      fail("model.path", "'" + o.path + "' cannot be read (does it exist?)");
+    if (o.sample_shape.empty())
+      fail("model.sample_shape",
+           "model.name torchscript needs one sample's shape without the batch dimension, e.g. "
+           "[3, 32, 32] or [128]");
+    for (int64_t d : o.sample_shape)
+      if (d < 1)
+        fail("model.sample_shape",
+             "got " + shapeText(o.sample_shape) + "; every size must be >= 1");
+    if (o.input_dtype != "float32" && o.input_dtype != "float64" && o.input_dtype != "int64")
+      fail("model.input_dtype", "got '" + o.input_dtype + "'; allowed: float32, float64, int64");
+    if (o.input_dtype == "int64" && o.sample_shape.size() != 1)
+      fail("model.sample_shape", "got " + shapeText(o.sample_shape) +
+                                     " for model.input_dtype int64; a token model takes [T], the "
+                                     "sequence length");
+    if (o.num_classes < 2)
+      fail("model.num_classes", "got " + std::to_string(o.num_classes) +
+                                    "; the model's classes (or vocabulary) must be >= 2");
+    return;
   }
   if (!std::isfinite(o.width) || o.width <= 0.0) {
     std::ostringstream os;

@@ -15,6 +15,8 @@ Layers buildAlexNet(const ModelOptions& o);
 Layers buildResNet50(const ModelOptions& o);
 Layers buildMlp(const ModelOptions& o);
 Layers buildGpt2(const ModelOptions& o);
+/// Note [TorchScript models] (TorchScript.cpp).
+std::shared_ptr<Model> buildTorchScript(const ModelOptions& o);
 
 /// prefix + "." + name, skipping empty parts.
 inline std::string joinKey(const std::string& a, const std::string& b) {

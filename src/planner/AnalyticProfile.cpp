@@ -22,21 +22,6 @@ constexpr std::int64_t kL = 8;  // bytes per int64 (pooling indices, token ids)
 // needed 154,157,068 bytes at a 154,157,056 budget).
 constexpr std::int64_t kStepScalarBytes = 12;
 
-std::string key(const model::ModelOptions& o) {
-  std::ostringstream s;
-  s << o.name;
-  if (o.name == "gpt2") s << "-" << o.size;
-  s << " width=" << o.width << " input=" << o.input_size;
-  if (o.name != "gpt2") s << " channels=" << o.channels;
-  s << " classes=" << o.num_classes;
-  if (o.batch_norm) s << " batch_norm";
-  if (o.name == "mlp") {
-    s << " hidden=";
-    for (size_t i = 0; i < o.hidden.size(); ++i) s << (i ? "," : "") << o.hidden[i];
-  }
-  return s.str();
-}
-
 int64_t convOut(int64_t h, int64_t k, int64_t s, int64_t p) { return (h + 2 * p - k) / s + 1; }
 
 // conv (k x k, stride s, pad p) + ReLU [+ max-pool pk/ps], input (cin, h, h).
@@ -291,8 +276,10 @@ ModelWork modelWork(const model::ModelOptions& o) {
   else if (o.name == "mlp")
     m = mlp(o);
   else
-    throw UserError("model.name: no analytic profile for '" + o.name + "'");
-  m.model = key(o);
+    throw UserError("model.name: " + o.name +
+                    " has no analytic profile (pipefb measures its layers); profile it with "
+                    "pipefb_profile --config CONFIG and pass the file with --profile");
+  m.model = model::modelKey(o);
   return m;
 }
 

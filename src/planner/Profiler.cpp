@@ -267,7 +267,7 @@ Profile profileHeader(const config::Config& cfg, const ProfilerOptions& o) {
   const auto& t = cfg.training;
   std::string opt = t.optimizer;
   if (t.optimizer == "sgd" && t.momentum > 0) opt += "-momentum";
-  p.model = modelWork(cfg.model).model + " optimizer=" + opt;
+  p.model = model::modelKey(cfg.model) + " optimizer=" + opt;
   p.device = o.device;
   if (o.threads != 1) p.device += " threads=" + std::to_string(o.threads);
   // Note [Keeping freed memory]: times with glibc's defaults are another device.
@@ -489,6 +489,10 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
     }
   }
   if (o.times == "analytic") {
+    if (cfg.model.name == "torchscript")
+      throw UserError(
+          "--times: analytic needs a model of the zoo; a torchscript model's "
+          "times are measured (--times measured)");
     // Note [Analytic times in a measured profile]: the bytes above, the times of the roofline.
     const DeviceSpec spec = findDeviceSpec(o.device, configsDirFor(cfg.source) + "/devices");
     const Profile a = analyticProfile(

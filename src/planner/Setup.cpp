@@ -16,6 +16,22 @@
 
 namespace pipefb::planner {
 
+namespace {
+// A profile of another model would plan nonsense; pipefb_profile writes "<model key>
+// optimizer=..." as the model (Profiler.h). layers < 0: not known without the profile.
+void checkProfileModel(const Profile& profile, const std::string& file, const std::string& key,
+                       int layers, const std::string& config) {
+  if ((layers < 0 || profile.numLayers() == layers) &&
+      profile.model.compare(0, key.size(), key) == 0 &&
+      (profile.model.size() == key.size() || profile.model[key.size()] == ' '))
+    return;
+  throw UserError("--profile: " + file + " is for '" + profile.model + "' (" +
+                  std::to_string(profile.numLayers()) + " layers), but the config's model is '" +
+                  key + "'" + (layers >= 0 ? " (" + std::to_string(layers) + " layers)" : "") +
+                  "; profile it with: pipefb_profile --config " + config);
+}
+}  // namespace
+
 namespace fs = std::filesystem;
 
 std::string configsDirFor(const std::string& configPath) {
@@ -87,6 +103,20 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     const DeviceSpec& ref = pl.clusterSpec.devices.front();
     for (const auto& d : pl.clusterSpec.devices)
       speeds.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
+  } else if (cfg.model.name == "torchscript") {
+    // Note [TorchScript models] (model/Model.h): no analytic profile, and the planner does
+    // not load the file: its layers are the measured profile's.
+    if (opt.profile.empty())
+      throw UserError(
+          "--profile: model.name torchscript has no analytic profile; measure one "
+          "with pipefb_profile --config " +
+          cfg.source + " and pass it with --profile");
+    profile = parseProfile(profileText, opt.profile);
+    pl.profileText = "measured " + opt.profile;
+    checkProfileModel(profile, opt.profile, model::modelKey(cfg.model), -1, cfg.source);
+    const DeviceSpec& ref = pl.clusterSpec.devices.front();
+    for (const auto& d : pl.clusterSpec.devices)
+      speeds.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
   } else {
     const ModelWork work = modelWork(cfg.model);
     if (!opt.profile.empty()) {
@@ -94,13 +124,8 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
       pl.profileText = "measured " + opt.profile;
       // A profile of another model would plan nonsense; pipefb_profile writes
       // "<modelWork key> optimizer=..." as the model (Profiler.h).
-      if (profile.numLayers() != static_cast<int>(work.layers.size()) ||
-          profile.model.compare(0, work.model.size(), work.model) != 0)
-        throw UserError("--profile: " + opt.profile + " is for '" + profile.model + "' (" +
-                        std::to_string(profile.numLayers()) +
-                        " layers), but the config's model is '" + work.model + "' (" +
-                        std::to_string(work.layers.size()) +
-                        " layers); profile it with: pipefb_profile --config " + cfg.source);
+      checkProfileModel(profile, opt.profile, work.model, static_cast<int>(work.layers.size()),
+                        cfg.source);
     } else {
       profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), optimizer);
       pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;

@@ -34,13 +34,15 @@ std::vector<std::string> runtimeStashPolicies(const PlanSpec& spec, const std::s
 }
 
 void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& source) {
-  const ModelWork work = modelWork(cfg.model);
-  const int L = static_cast<int>(work.layers.size());
-  if (spec.numLayers != L || (!spec.model.empty() && !sameModel(spec.model, work.model)))
+  // A torchscript model's layers are known once it is loaded; its key names the file's bytes.
+  const bool script = cfg.model.name == "torchscript";
+  const std::string key = model::modelKey(cfg.model);
+  const int L = script ? spec.numLayers : static_cast<int>(modelWork(cfg.model).layers.size());
+  if (spec.numLayers != L || (!spec.model.empty() && !sameModel(spec.model, key)))
     throw UserError(source + ": the plan is for '" + spec.model + "' (" +
-                    std::to_string(spec.numLayers) + " layers) but the config's model is '" +
-                    work.model + "' (" + std::to_string(L) +
-                    " layers); re-plan with pipefb_plan --config " + cfg.source);
+                    std::to_string(spec.numLayers) + " layers) but the config's model is '" + key +
+                    "'" + (script ? "" : " (" + std::to_string(L) + " layers)") +
+                    "; re-plan with pipefb_plan --config " + cfg.source);
   if (spec.batch != cfg.training.batch)
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +
@@ -101,6 +103,8 @@ void checkStagesFitLayers(const config::Config& cfg, int stages, int numLayers) 
 }
 
 void checkStagesFitLayers(const config::Config& cfg, int stages) {
+  // A torchscript model's layers are counted when it is loaded (the runtime checks then).
+  if (cfg.model.name == "torchscript") return;
   checkStagesFitLayers(cfg, stages, static_cast<int>(modelWork(cfg.model).layers.size()));
 }
 

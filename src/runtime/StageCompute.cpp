@@ -18,8 +18,7 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
                           : takeFrom(dev.acts, in, "activation");
   ReplicaPtr rep = forwardReplica(st, a.index);
   // Note [Dropout streams]: the recompute in B(s,m) draws the same masks.
-  model::DropoutStream masks(
-      model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
+  model::DropoutKey masks(options.training.seed, options.firstStep * M + a.index);
   auto entry = std::make_shared<StashEntry>();
   const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
   Tensor out;
@@ -93,8 +92,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
       torch::NoGradGuard noGrad;
       for (const auto& b : rep->buffers) savedBuffers.push_back(b.clone());
     }
-    model::DropoutStream masks(
-        model::dropoutSeed(options.training.seed, a.stage, options.firstStep * M + a.index));
+    model::DropoutKey masks(options.training.seed, options.firstStep * M + a.index);
     // I's recompute outlives the action (until W): it is the stash again.
     memory::MemoryScope scope(a.type == ActionType::InputGrad ? MemoryCategory::Stash
                                                               : MemoryCategory::WorkingSet);

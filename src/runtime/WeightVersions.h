@@ -88,7 +88,7 @@ struct Replica {
   std::unique_ptr<Shell> shell;  // null for the master
 
   Tensor forward(Tensor x) const {
-    for (const auto& l : layers) x = l->forward(x);
+    for (const auto& l : layers) x = model::runLayer(*l, x);  // Note [Dropout streams]
     return x;
   }
 };

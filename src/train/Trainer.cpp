@@ -77,7 +77,7 @@ Trainer::Trainer(config::Config config, TrainerHooks hooks)
   // Note [Deterministic runs]: on CPU every kernel LibTorch runs here is already
   // reproducible for a fixed intra-op thread count, the loader's order is a function of
   // (seed, epoch), and a pipeline's gradient sums run in schedule order on one thread
-  // per device, with dropout masks from per-(seed, stage, microbatch) streams (Note
+  // per device, with dropout masks from per-(seed, layer, microbatch) streams (Note
   // [Dropout streams]); training.deterministic also makes torch refuse any
   // nondeterministic kernel.
   at::globalContext().setDeterministicAlgorithms(t.deterministic, /*warn_only=*/false);
@@ -225,6 +225,8 @@ double Trainer::step(const data::Batch& batch) {
     double weight = static_cast<double>(inputs[m].size(0)) / static_cast<double>(n);
     torch::Tensor loss;
     {
+      // Note [Dropout streams]: the masks a pipeline draws for this microbatch.
+      model::DropoutKey masks(config_.training.seed, stepsDone_ * M + m);
       memory::MemoryScope scope(MemoryCategory::Stash);
       torch::Tensor out;
       if (numerics == "all") {  // layer by layer, to name the first bad one

@@ -29,10 +29,14 @@ class Layer : public torch::nn::Module {
   const std::string& name() const { return name_; }
   /// Prefix of this layer's state_dict keys (may be empty). See Note [Parameter names].
   const std::string& keyPrefix() const { return keyPrefix_; }
+  /// Its position in its model (set by Model): its dropout stream's (Note [Dropout streams]).
+  int index() const { return index_; }
 
  private:
+  friend class Model;
   std::string name_;
   std::string keyPrefix_;
+  int index_ = 0;
 };
 
 /// What a model reports about one layer.
@@ -91,8 +95,13 @@ class Model {
 // global generator, as torch::dropout does. A pipeline runs stages on several threads and
 // recomputes forwards (stash checkpoint): the global generator would give a recompute a
 // different mask from its forward (wrong gradients) and make masks depend on thread
-// timing. So the runtime opens a DropoutStream around F(s,m) and around its recompute,
-// seeded from (seed, stage, microbatch): the same masks every time, on any thread.
+// timing. So whoever runs a microbatch opens a DropoutKey (run seed, microbatch): the
+// runtime around F(s,m) and around its recompute, the one-device trainer around each
+// microbatch. Each layer then runs inside a DropoutStream seeded from (seed, layer,
+// microbatch) (runLayer): the same masks every time, on any thread, and under any
+// partition, so a pipeline draws the masks of one-device training. (Seeded per stage
+// before, the masks changed with the partition, and a pipeline could not be compared with
+// one device under dropout.)
 class DropoutStream {
  public:
   /// Dropout on this thread draws from a generator seeded with `seed` until destruction.
@@ -106,12 +115,51 @@ class DropoutStream {
   at::Generator* previous_;
 };
 
-/// The seed of the dropout stream of (run seed, stage, microbatch).
-uint64_t dropoutSeed(uint64_t seed, int stage, int64_t microbatch);
+/// The seed of the dropout stream of (run seed, layer, microbatch).
+uint64_t dropoutSeed(uint64_t seed, int layer, int64_t microbatch);
+
+/// Note [Dropout streams]: while one is open on this thread, runLayer runs each layer in the
+/// stream of (seed, the layer's index, microbatch).
+class DropoutKey {
+ public:
+  DropoutKey(uint64_t seed, int64_t microbatch);
+  ~DropoutKey();
+  DropoutKey(const DropoutKey&) = delete;
+  DropoutKey& operator=(const DropoutKey&) = delete;
+
+ private:
+  bool previousOn_;
+  uint64_t previousSeed_;
+  int64_t previousMicrobatch_;
+};
+
+/// layer(x), in its dropout stream when a DropoutKey is open (Note [Dropout streams]).
+torch::Tensor runLayer(Layer& layer, torch::Tensor x);
 
 /// Inverted dropout (as torch::dropout) drawing from this thread's DropoutStream if one is
 /// open, else from torch's global generator.
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
+/// The same for channel dropout (nn.Dropout1d/2d/3d): one draw per sample and channel.
+torch::Tensor featureDropout(const torch::Tensor& x, double p, bool training);
+
+// Note [TorchScript models]
+// model.name: torchscript loads model.path, a module torch.jit.save wrote (torch 2.11;
+// python/pipefb_export.py writes one). Its layers are its top-level children in order (an
+// nn.Sequential, or a module whose forward runs its children one after another: checked
+// once at load against its own forward); a layer runs its child's scripted forward. Each
+// layer registers its child's own parameters and buffers (the same tensors), under the
+// child's name as key prefix, so Model::stateDict() has the keys of the Python module's
+// state_dict; a module may instead carry `pipefb_key_prefixes`, a list of one prefix per
+// child (the helper's torchvision exports: stem "" and "layer1.0", so that model.pt loads
+// into torchvision's own class). The input is model.sample_shape of model.input_dtype; the
+// loss is Model::loss. At load: every function of the module's compilation unit has its
+// aten::dropout and aten::feature_dropout replaced by pipefb::dropout and
+// pipefb::feature_dropout (Note [Dropout streams]: the thread's stream, so a recompute
+// draws the masks of its forward), and any other random op is refused; each child must run
+// on the previous child's output; no tensor may be in two children. The graph executor's
+// optimisations are off: the interpreter runs each op as eager LibTorch, so autograd, the
+// saved-tensor hooks of an offloaded stash and the memory domains see what they see for the
+// zoo (no fused kernels, no graph-level autograd). Every parameter is trained.
 
 // Note [Weight gradients into .grad]
 // Autograd makes a linear layer's weight gradient as a fresh tensor (addmm's backward:

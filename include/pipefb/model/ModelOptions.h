@@ -9,8 +9,14 @@
 namespace pipefb::model {
 
 struct ModelOptions {
-  /// vgg16 | alexnet | resnet50 | gpt2 | mlp
+  /// vgg16 | alexnet | resnet50 | gpt2 | mlp | torchscript
   std::string name = "vgg16";
+  /// torchscript only (Note [TorchScript models] in Model.h): the file torch.jit.save
+  /// wrote, one sample's shape (no batch dimension) and its dtype (float32 | int64, or
+  /// float64 for a model exported in double precision, to check against float64).
+  std::string path;
+  std::vector<int64_t> sample_shape;
+  std::string input_dtype = "float32";
   /// Channel / hidden-size multiplier. 1.0 gives torchvision's shapes.
   double width = 1.0;
   /// Image side H = W (images), or sequence length T (gpt2).
@@ -32,7 +38,8 @@ struct ModelOptions {
 
 /// The names the zoo knows, for error messages.
 inline const std::vector<std::string>& modelNames() {
-  static const std::vector<std::string> names = {"vgg16", "alexnet", "resnet50", "gpt2", "mlp"};
+  static const std::vector<std::string> names = {"vgg16", "alexnet", "resnet50",
+                                                 "gpt2",  "mlp",     "torchscript"};
   return names;
 }
 inline const std::vector<std::string>& gpt2Sizes() {
@@ -45,6 +52,19 @@ inline const std::vector<std::string>& gpt2Sizes() {
 /// the value it got and what is allowed. buildModel calls it; the config layer may
 /// call it earlier without linking LibTorch.
 void validate(const ModelOptions& options);
+
+/// Takes token ids (int64 samples, a target per position): gpt2, and a torchscript model
+/// with model.input_dtype int64.
+bool isTokenModel(const ModelOptions& options);
+
+/// One sample's shape, without the batch dimension: {T} for a token model, {C, H, H} for
+/// the zoo's image models, model.sample_shape for a torchscript model.
+std::vector<int64_t> sampleShape(const ModelOptions& options);
+
+/// A key naming the model and every option that changes its shapes (profiles and plans
+/// carry it, to be checked against a config). A torchscript model's names its file and
+/// the CRC-32 of its bytes, so that a re-exported file is another model.
+std::string modelKey(const ModelOptions& options);
 
 /// Smallest model.input_size the model accepts: 32 for vgg16 (five 2x2 max-pools),
 /// 63 for alexnet (stride-4 conv and three 3x3/2 max-pools), 1 otherwise.
