@@ -37,8 +37,17 @@ torch::ScalarType inputType(const ModelOptions& o) {
                                       : torch::kFloat;
 }
 
+// What an exception says, in one short line: the interpreter's own report ends with the
+// failed op's error; a long first sentence keeps only itself.
 std::string firstLine(const std::string& s) {
-  const std::string line = s.substr(0, s.find('\n'));
+  std::string line = s.substr(0, s.find('\n'));
+  if (line.rfind("The following operation failed", 0) == 0) {
+    std::istringstream in(s);
+    for (std::string l; std::getline(in, l);)
+      if (l.find_first_not_of(" \t") != std::string::npos) line = l;
+  }
+  const size_t stop = line.find(". ");
+  if (stop != std::string::npos) line = line.substr(0, stop);
   return line.size() > 300 ? line.substr(0, 300) + "..." : line;
 }
 
