@@ -65,6 +65,11 @@ TEST(TorchScript, LayersAreTheChildrenWithTheModulesKeys) {
 // weights of one device after 3 steps: the masks are the layers' own, whatever the stages.
 TEST(TorchScript, SequentialWithDropoutGivesOneDevicesWeights) {
   checkEquivalence({"seq", sequential(), 8}, {2, 3}, {2, 4}, kAllStashes);
+  // Folded PipeFB, and the split backwards (I and W apart, Note [Split backward in the
+  // runtime]).
+  checkEquivalence({"seq", sequential(), 8}, {2, 3}, {4}, kAllStashes, kFolded);
+  checkEquivalence({"seq", sequential(), 8}, {2, 3}, {4}, kAllStashes,
+                   {"zb-h1", "zb-h2", "pipefb-zb"});
 }
 
 TEST(TorchScript, DropoutIsDrawn) {
@@ -145,6 +150,53 @@ TEST(TorchScript, ModelPtLoadsIntoTorchvisionStrict) {
       file + "'), strict=True); print('strict ok')\"");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("strict ok"), std::string::npos) << r.out;
+}
+
+// Every program on a TorchScript model, as a user runs them: pipefb_profile measures it,
+// pipefb_plan and pipefb_sweep plan on that profile (no analytic one exists), pipefb_train
+// runs the plan with checkpoints, is killed after step 5 and resumes to the weights of an
+// uninterrupted run bit for bit (dropout included: Note [Dropout streams]), and
+// pipefb_report rebuilds the report.
+TEST(TorchScript, EveryProgramRunsOnIt) {
+  const std::string dir = fixtures(), config = dir + "/seq.yaml";
+  std::ofstream(config) << "model: {name: torchscript, path: " << dir
+                        << "/seq.pt, sample_shape: [1, 8, 8], num_classes: 5}\n"
+                           "data: {name: synthetic, synthetic_train: 256, synthetic_test: 64}\n"
+                           "training: {batch: 16, iterations: 8, checkpoint_every: 2, lr: 0.05}\n"
+                           "devices: {count: 4}\n"
+                           "pipeline: {schedule: pipefb-sync, microbatches: 4}\n";
+  auto run = [&](const std::string& args) {
+    auto r = test::runProgram(args);
+    EXPECT_EQ(r.code, 0) << args << ":\n" << r.out;
+    return r;
+  };
+  run("pipefb_profile --config " + config + " -o " + dir + "/profile.yaml");
+  auto noProfile = test::runProgram("pipefb_plan --config " + config);
+  EXPECT_EQ(noProfile.code, 2) << noProfile.out;
+  EXPECT_NE(noProfile.out.find("pipefb_profile --config"), std::string::npos) << noProfile.out;
+  run("pipefb_plan --config " + config + " --profile " + dir + "/profile.yaml --schedules " +
+      "pipefb-sync-checkpoint -o " + dir + "/plan.yaml");
+  run("pipefb_sweep --config " + config + " --profile " + dir + "/profile.yaml --budgets " +
+      "200KiB,1MiB -o " + dir + "/sweep");
+  EXPECT_TRUE(fs::exists(dir + "/sweep/sweep.csv"));
+  const std::string train = "pipefb_train --config " + config + " --plan " + dir + "/plan.yaml";
+  run(train + " --set output.dir=" + dir + "/full");
+  auto killed =
+      test::runCommand("PIPEFB_TEST_FAULT=kill-after-step:5 " + std::string(PIPEFB_BINARY_DIR) +
+                       "/" + train + " --set output.dir=" + dir + "/killed");
+  EXPECT_EQ(killed.code, 128 + 9) << killed.out;
+  auto resumed = run("pipefb_train --resume " + dir + "/killed");
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  const auto a = train::loadStateDict(dir + "/full/model.pt");
+  const auto b = train::loadStateDict(dir + "/killed/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  }
+  fs::remove(dir + "/full/report.html");
+  run("pipefb_report " + dir + "/full");
+  EXPECT_TRUE(fs::exists(dir + "/full/report.html"));
 }
 
 }  // namespace
