@@ -98,6 +98,11 @@ void rewriteRandomOps(torch::jit::Block* block, const std::string& file, const s
   static const auto featureInPlace = c10::Symbol::fromQualString("aten::feature_dropout_");
   static const auto ours = c10::Symbol::fromQualString("pipefb::dropout");
   static const auto oursFeature = c10::Symbol::fromQualString("pipefb::feature_dropout");
+  static const auto sdpa = c10::Symbol::fromQualString("aten::scaled_dot_product_attention");
+  auto zero = [](torch::jit::Value* v) {
+    const auto c = torch::jit::toIValue(v);
+    return c.has_value() && (c->isDouble() || c->isInt()) && c->toScalar().toDouble() == 0.0;
+  };
   for (auto it = block->nodes().begin(); it != block->nodes().end(); ++it) {
     torch::jit::Node* n = *it;
     for (torch::jit::Block* b : n->blocks()) rewriteRandomOps(b, file, owner);
@@ -110,6 +115,12 @@ void rewriteRandomOps(torch::jit::Block* block, const std::string& file, const s
       r->output()->setType(n->output()->type());
       n->output()->replaceAllUsesWith(r->output());
       it.destroyCurrent();
+    } else if (k == sdpa && n->inputs().size() > 4 && !zero(n->input(4))) {
+      // Its dropout_p draws inside the op, from the global generator.
+      throw UserError(file + ": " + owner +
+                      " calls aten::scaled_dot_product_attention with a dropout_p that is not "
+                      "a constant 0, whose random draws a recompute cannot repeat; give "
+                      "dropout_p=0.0 and an nn.Dropout after it");
     } else if (randomOps().count(k.toQualString())) {
       throw UserError(file + ": " + owner + " calls " + k.toQualString() +
                       ", whose random draws a recompute cannot repeat; pipefb replays "

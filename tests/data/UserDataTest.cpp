@@ -117,10 +117,9 @@ TEST(TensorsFromPython, ReadsWhatTorchSaveWrote) {
   EXPECT_EQ(b.target[1].item<std::int64_t>(), 2);
 }
 
-// Issue 34's goal: GPT-2 tiny on a token file made here (a Markov chain over 64 ids: the
-// successor 3 times in 4) trains in a pipeline, and its loss falls from about ln 256.
-TEST(TokenFiles, Gpt2TinyLearnsATokenFileInAPipeline) {
-  const fs::path dir = pipefb::test::freshDir("token_files_train");
+// A token file made here (a Markov chain over 64 ids: the successor 3 times in 4) in dir:
+// train.bin raw (nanoGPT), val.bin its first 2000 tokens with llm.c's header.
+static void markovTokenFiles(const fs::path& dir) {
   std::vector<std::uint16_t> tokens(20000);
   std::uint64_t s = 12345;
   auto next = [&] { return s = s * 6364136223846793005ULL + 1442695040888963407ULL; };
@@ -130,6 +129,26 @@ TEST(TokenFiles, Gpt2TinyLearnsATokenFileInAPipeline) {
   writeTokens(dir / "train.bin", tokens, false);
   writeTokens(dir / "val.bin", std::vector<std::uint16_t>(tokens.begin(), tokens.begin() + 2000),
               true);
+}
+
+// The losses of RUN/metrics.csv, a step each.
+static std::vector<double> lossesOf(const fs::path& run) {
+  std::ifstream csv(run / "metrics.csv");
+  std::string line;
+  std::getline(csv, line);  // header: step,epoch,loss,...
+  std::vector<double> loss;
+  while (std::getline(csv, line)) {
+    const auto a = line.find(','), b = line.find(',', a + 1);
+    loss.push_back(std::stod(line.substr(b + 1, line.find(',', b + 1) - b - 1)));
+  }
+  return loss;
+}
+
+// Issue 34's goal: GPT-2 tiny on a token file made here trains in a pipeline, and its loss
+// falls from about ln 256.
+TEST(TokenFiles, Gpt2TinyLearnsATokenFileInAPipeline) {
+  const fs::path dir = pipefb::test::freshDir("token_files_train");
+  markovTokenFiles(dir);
   auto r = pipefb::test::runCommand(
       "cd " + dir.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_train --config " +
       PIPEFB_SOURCE_DIR +
@@ -143,16 +162,38 @@ TEST(TokenFiles, Gpt2TinyLearnsATokenFileInAPipeline) {
       << r.out;
   // The llm.c file's 2000 tokens after its header: (2000 - 1) / 64 windows.
   EXPECT_NE(r.out.find("on 31 samples"), std::string::npos) << r.out;
-  std::ifstream csv(dir / "run" / "metrics.csv");
-  std::string line;
-  std::getline(csv, line);  // header: step,epoch,loss,...
-  std::vector<double> loss;
-  while (std::getline(csv, line)) {
-    const auto a = line.find(','), b = line.find(',', a + 1);
-    loss.push_back(std::stod(line.substr(b + 1, line.find(',', b + 1) - b - 1)));
-  }
+  const std::vector<double> loss = lossesOf(dir / "run");
   ASSERT_EQ(loss.size(), 60u);
   EXPECT_GT(loss.front(), 5.0);  // ln 256 = 5.55 at the start
+  double last = 0;
+  for (size_t i = loss.size() - 5; i < loss.size(); ++i) last += loss[i] / 5;
+  EXPECT_LT(last, loss.front() - 1.5) << "first " << loss.front() << ", last five " << last;
+}
+
+// And a GPT-like model written in Python (python/examples/tiny_gpt.py, with dropout),
+// exported by the helper, trains on the same file in a pipeline (Note [TorchScript models]).
+TEST(TokenFiles, AScriptedGptLearnsTheSameFile) {
+  const fs::path dir = pipefb::test::freshDir("token_files_script");
+  markovTokenFiles(dir);
+  auto e =
+      pipefb::test::runCommand("cd " + std::string(PIPEFB_SOURCE_DIR) + " && " + PIPEFB_PYTHON +
+                               " python/pipefb_export.py module python.examples.tiny_gpt:make"
+                               " --sample-shape 64 --input-dtype int64 -o " +
+                               (dir / "gpt.pt").string());
+  ASSERT_EQ(e.code, 0) << e.out;
+  auto r = pipefb::test::runCommand(
+      "cd " + dir.string() + " && " + PIPEFB_BINARY_DIR + "/pipefb_train --config " +
+      PIPEFB_SOURCE_DIR +
+      "/configs/gpt2-tiny.yaml --set model.name=torchscript --set model.path=gpt.pt"
+      " --set model.sample_shape=[64] --set model.input_dtype=int64 --set model.num_classes=256"
+      " --set data.name=tokens --set data.path=train.bin --set data.test_path=val.bin"
+      " --set pipeline.schedule=pipefb-sync --set pipeline.stash=checkpoint"
+      " --set devices.count=4 --set pipeline.microbatches=2 --set training.lr=0.001"
+      " --set training.iterations=60 --set output.dir=run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<double> loss = lossesOf(dir / "run");
+  ASSERT_EQ(loss.size(), 60u);
+  EXPECT_GT(loss.front(), 5.0);
   double last = 0;
   for (size_t i = loss.size() - 5; i < loss.size(); ++i) last += loss[i] / 5;
   EXPECT_LT(last, loss.front() - 1.5) << "first " << loss.front() << ", last five " << last;

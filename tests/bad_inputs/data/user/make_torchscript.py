@@ -33,6 +33,17 @@ class Noisy(nn.Module):  # a random op other than dropout
         return x + 0.1 * torch.randn_like(x)
 
 
+class AttentionWithDropout(nn.Module):  # dropout inside scaled_dot_product_attention
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unsqueeze(1).split(4, dim=2)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        return y.squeeze(1)[:, :2]
+
+
 torch.manual_seed(0)
 save(NoChildren(), "ts-no-children.pt")
 save(nn.Sequential(nn.Linear(4, 8), nn.Linear(5, 2)), "ts-chain-break.pt")
@@ -42,3 +53,4 @@ tied = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
 tied[2].weight = tied[0].weight
 save(tied, "ts-tied.pt")
 save(nn.Sequential(nn.Linear(4, 4), Noisy(), nn.Linear(4, 2)), "ts-random.pt")
+save(nn.Sequential(AttentionWithDropout()), "ts-sdpa-dropout.pt")
