@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""Issue 35: pipefb side by side with torch.distributed.pipelining, on the same work.
+
+  build/pipefb-python experiments/peer_pipelining/driver.py [--models gpt2-tiny,vgg16-quarter]
+      [--schedules gpipe,1f1b] [--rounds 5] [--steps 8]
+
+For each model (models.py) and schedule, both sides train the same module from the same
+weights: torch's pipelining runs one process per stage on gloo (localhost); pipefb runs
+the module as TorchScript (its own-model path), in-process on virtual devices
+(pipefb-virtual) and one process per device under pipefb_launch (pipefb-launch). Same
+batch, microbatches, stages, split point, optimizer (SGD) and one intra-op thread per
+stage on every side.
+  * gradients: the model in float64, one step; each side's gradients against one device's
+    float64 autograd (largest difference over the largest gradient, per tensor). pipefb's
+    are (w0 - w1) / lr from its model.pt after one SGD step without momentum.
+  * speed: float32, `steps` steps, samples/s after the first 2; the sides alternated over
+    `rounds` rounds (median, min, max).
+-> experiments/results/peer_pipelining/summary.csv and raw/*.txt
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+sys.path.insert(0, HERE)
+import models  # noqa: E402
+
+# schedule: (torch's class, torch's stages, their placement on the 2 ranks, pipefb's
+# schedule, pipefb's stages). "one": stage r on rank r; "loop": r and r + 2; "v": r and
+# 3 - r. zb-h1 has no one-stage-per-rank peer in torch: its zero-bubble schedule is the
+# interleaved one (two stages per rank), against pipefb's zb-h1 on one stage per device.
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 2, "one", "gpipe", 2),
+    "1f1b": ("Schedule1F1B", 2, "one", "1f1b", 2),
+    "interleaved-1f1b": ("ScheduleInterleaved1F1B", 4, "loop", "interleaved-1f1b", 4),
+    "zb-h1": ("ScheduleInterleavedZeroBubble", 4, "loop", "zb-h1", 2),
+    "zbv": ("ScheduleZBVZeroBubble", 4, "v", "zbv", 4),
+}
+STAGES, MICROBATCHES, BATCH, LR, WARMUP = 2, 4, 16, 0.05, 2  # STAGES: ranks, devices
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cuts(name, stages):
+    """Even cuts of the model's children into `stages` (the same on both sides)."""
+    n = len(list(models.MODELS[name][0]().children()))
+    return [n * i // stages for i in range(1, stages)]
+
+
+def rank_stages(schedule, rank):
+    _, total, placement, _, _ = SCHEDULES[schedule]
+    return {"one": [rank], "loop": [rank, rank + STAGES], "v": [rank, 2 * STAGES - 1 - rank]}[
+        placement]
+
+
+# ---- torch.distributed.pipelining: one process per stage --------------------------------
+def torch_worker(rank, name, schedule, double, steps, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=STAGES)
+    torch.set_num_threads(1)
+    from torch.distributed import pipelining
+
+    full = models.MODELS[name][0]()
+    if double:
+        full = full.double()
+    children = list(full.named_children())
+    cls, total, _, _, _ = SCHEDULES[schedule]
+    bounds = [0] + cuts(name, total) + [len(children)]
+    mine = rank_stages(schedule, rank)
+    stage_mod = nn.Sequential()  # this rank's children, under their own names
+    stages = []
+    for s in mine:
+        sub = nn.Sequential()
+        for n, m in children[bounds[s]:bounds[s + 1]]:
+            sub.add_module(n, m)
+            stage_mod.add_module(n, m)
+        stages.append(pipelining.PipelineStage(sub, s, total, torch.device("cpu")))
+    sched = getattr(pipelining, cls)(stages if len(stages) > 1 else stages[0],
+                                     n_microbatches=MICROBATCHES, loss_fn=models.loss_fn)
+    opt = torch.optim.SGD(stage_mod.parameters(), lr=LR)
+    first, last = 0 in mine, total - 1 in mine
+    times, peak = [], None
+    n = 1 if double else steps
+    for step in range(n):
+        x, y = models.batch(name, BATCH, 100 + step)
+        if double and x.is_floating_point():
+            x = x.double()
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        # The last step's live tensor bytes (torch.profiler's memory events count what
+        # is allocated from the profile's start; the tensors alive before it are added).
+        profiled = not double and step == n - 1
+        if profiled:
+            before = sum(t.nbytes for t in stage_mod.state_dict().values())
+            before += sum(v.nbytes for st in opt.state.values() for v in st.values()
+                          if torch.is_tensor(v))
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                          profile_memory=True)
+            prof.__enter__()
+        args = (x,) if first else ()
+        if last:
+            sched.step(*args, target=y, losses=[])
+        else:
+            sched.step(*args)
+        if not double:
+            opt.step()
+        if profiled:
+            prof.__exit__(None, None, None)
+            trace = os.path.join(out, f"trace-{rank}.json")
+            prof.export_chrome_trace(trace)
+            events = json.load(open(trace))["traceEvents"]
+            peak = before + max([0] + [e["args"].get("Total Allocated", 0) for e in events
+                                       if e.get("name") == "[memory]"])
+            os.remove(trace)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    if double:
+        torch.save({n: p.grad for n, p in stage_mod.named_parameters()},
+                   os.path.join(out, f"grads-{rank}.pt"))
+    else:
+        with open(os.path.join(out, f"speed-{rank}.json"), "w") as f:
+            # the profiled last step is left out of the time
+            json.dump({"samples_per_s": BATCH * len(times[WARMUP:-1]) / sum(times[WARMUP:-1]),
+                       "peak": peak}, f)
+    dist.destroy_process_group()
+
+
+def run_torch(name, schedule, double, steps, out):
+    mp.spawn(torch_worker, args=(name, schedule, double, steps, free_port(), out),
+             nprocs=STAGES, join=True)
+    if double:
+        grads = {}
+        for r in range(STAGES):
+            grads.update(torch.load(os.path.join(out, f"grads-{r}.pt")))
+        return grads
+    r = [json.load(open(os.path.join(out, f"speed-{k}.json"))) for k in range(STAGES)]
+    return r[0]["samples_per_s"], [x["peak"] for x in r]
+
+
+# ---- pipefb: the same module as TorchScript ----------------------------------------------
+def pipefb_files(name, double, steps, work):
+    """The TorchScript file, the tensors file of `steps` batches and the initial weights."""
+    build, shape, dtype, classes = models.MODELS[name]
+    m = build()
+    if double:
+        m = m.double()
+    path = os.path.join(work, f"{name}-{'f64' if double else 'f32'}.pt")
+    torch.jit.save(torch.jit.script(m), path)
+    xs, ys = zip(*(models.batch(name, BATCH, 100 + s) for s in range(1 if double else steps)))
+    data = os.path.join(work, f"{name}-data-{'f64' if double else 'f32'}.pt")
+    x = torch.cat(xs)
+    torch.save({"x": x.double() if double and x.is_floating_point() else x, "y": torch.cat(ys)},
+               data)
+    return path, data, {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def run_pipefb(name, schedule, side, double, steps, work, out):
+    path, data, w0 = pipefb_files(name, double, steps, work)
+    _, shape, dtype, classes = models.MODELS[name]
+    input_dtype = "int64" if dtype == torch.long else ("float64" if double else "float32")
+    run = os.path.join(out, "run")
+    config = os.path.join(out, "config.yaml")
+    _, _, _, pschedule, pstages = SCHEDULES[schedule]
+    virtual = ", virtual_stages: 2" if pschedule == "interleaved-1f1b" else ""
+    with open(config, "w") as f:
+        f.write(f"""model: {{name: torchscript, path: {path}, sample_shape: {shape},
+  input_dtype: {input_dtype}, num_classes: {classes}}}
+data: {{name: tensors, path: {data}}}
+training: {{batch: {BATCH}, iterations: {1 if double else steps}, optimizer: sgd, lr: {LR},
+  momentum: 0, eval: false, checkpoint: {'true' if double else 'false'}, threads: 1}}
+devices: {{count: {STAGES}}}
+pipeline: {{schedule: {pschedule}, stages: {pstages}, microbatches: {MICROBATCHES}, stash: keep,
+  partition: {cuts(name, pstages)}{virtual}}}
+output: {{dir: {run}}}
+""")
+    cmd = [os.path.join(BUILD, "pipefb_train"), "--config", config]
+    if side == "pipefb-launch":
+        cmd = [os.path.join(BUILD, "pipefb_launch"), "-n", str(STAGES), "--"] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    with open(os.path.join(out, "log.txt"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"{side} {name} {schedule} failed: see {out}/log.txt")
+    if double:
+        w1 = torch.load(os.path.join(run, "model.pt"))
+        return {k: (w0[k] - w1[k].double()) / LR for k in w1 if w0[k].is_floating_point()
+                and k in dict(models.MODELS[name][0]().named_parameters())}
+    # Under pipefb_launch every rank writes run/rank<r>: rank 0's steps end when the
+    # pipeline's do (its last B is the iteration's last action).
+    metrics = os.path.join(run, "rank0" if side == "pipefb-launch" else "", "metrics.csv")
+    rows = list(csv.reader(open(metrics)))
+    elapsed = [float(r[5]) for r in rows[1:]]  # cumulative seconds per step
+    speed = BATCH * (len(elapsed) - WARMUP) / (elapsed[-1] - elapsed[WARMUP - 1])
+    # Each device's peak of tracked (live tensor) bytes.
+    if side == "pipefb-launch":
+        peaks = [json.load(open(os.path.join(run, f"rank{r}", "memory.json")))["devices"][r]
+                 ["peak_bytes"] for r in range(STAGES)]
+    else:
+        peaks = [d["peak_bytes"] for d in json.load(open(os.path.join(run, "memory.json")))
+                 ["devices"] if d["name"].startswith("cpu")]
+    return speed, peaks
+
+
+def beyond(name, torch_peak, rounds, steps, work, out_dir):
+    """Goal 3: half of torch 1F1B's largest stage peak as every device's budget on the same
+    2 devices; pipefb's planner (any family, on the measured profile) and the plan run."""
+    budget = torch_peak // 2
+    path, data, _ = pipefb_files(name, False, steps, work)
+    _, shape, dtype, classes = models.MODELS[name]
+    config = os.path.join(work, "beyond.yaml")
+    with open(config, "w") as f:
+        f.write(f"""model: {{name: torchscript, path: {path}, sample_shape: {shape},
+  input_dtype: {'int64' if dtype == torch.long else 'float32'}, num_classes: {classes}}}
+data: {{name: tensors, path: {data}}}
+training: {{batch: {BATCH}, iterations: {steps}, optimizer: sgd, lr: {LR}, momentum: 0,
+  eval: false, checkpoint: false, threads: 1}}
+devices: {{count: {STAGES}}}
+pipeline: {{schedule: pipefb-sync, microbatches: {MICROBATCHES}}}
+""")
+    prof, plan = os.path.join(work, "beyond-profile.yaml"), os.path.join(out_dir, "beyond-plan.yaml")
+    for cmd in (["pipefb_profile", "--config", config, "-o", prof],
+                ["pipefb_plan", "--config", config, "--profile", prof, "--budget", str(budget),
+                 "-o", plan]):
+        r = subprocess.run([os.path.join(BUILD, cmd[0])] + cmd[1:], capture_output=True, text=True)
+        with open(os.path.join(out_dir, "raw", f"beyond-{cmd[0]}.txt"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        if r.returncode != 0:
+            return budget, None, None
+    speeds, peaks = [], None
+    for _ in range(rounds):
+        run = tempfile.mkdtemp(dir=work)
+        r = subprocess.run([os.path.join(BUILD, "pipefb_train"), "--config", config, "--plan", plan,
+                            "--set", f"devices.memory={budget}", "--set", f"output.dir={run}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            with open(os.path.join(out_dir, "raw", "beyond-train.txt"), "w") as f:
+                f.write(r.stdout + r.stderr)
+            return budget, None, None
+        rows = list(csv.reader(open(os.path.join(run, "metrics.csv"))))
+        elapsed = [float(x[5]) for x in rows[1:]]
+        speeds.append(BATCH * (len(elapsed) - WARMUP) / (elapsed[-1] - elapsed[WARMUP - 1]))
+        peaks = [d["peak_bytes"] for d in json.load(open(os.path.join(run, "memory.json")))
+                 ["devices"] if d["name"].startswith("cpu")]
+    return budget, speeds, peaks
+
+
+def reference(name):
+    """One device, float64: the mean loss over the batch, summed over microbatches."""
+    m = models.MODELS[name][0]().double()
+    x, y = models.batch(name, BATCH, 100)
+    if x.is_floating_point():
+        x = x.double()
+    for xm, ym in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)):
+        (models.loss_fn(m(xm), ym) / MICROBATCHES).backward()
+    return {n: p.grad for n, p in m.named_parameters()}
+
+
+def rel_err(got, want):
+    worst, where = 0.0, ""
+    for k, w in want.items():
+        if k not in got:
+            return float("inf"), f"{k} missing"
+        e = ((got[k].double() - w).abs().max() / w.abs().max().clamp_min(1e-300)).item()
+        if e > worst:
+            worst, where = e, k
+    return worst, where
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt2-tiny,vgg16-quarter")
+    ap.add_argument("--schedules", default="gpipe,1f1b")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "peer_pipelining"))
+    a = ap.parse_args()
+    os.makedirs(os.path.join(a.out, "raw"), exist_ok=True)
+    work = tempfile.mkdtemp()
+    sides = ["torch", "pipefb-launch", "pipefb-virtual"]
+    rows = []
+    jobs = [(m, s) for m in a.models.split(",") for s in a.schedules.split(",")]
+    begin = time.time()
+    for j, (name, schedule) in enumerate(jobs):
+        ref = reference(name)
+        errs, speeds, peaks, failed = {}, {s: [] for s in sides}, {}, {}
+        for side in sides:
+            if side == "pipefb-launch":
+                # A rank writes no model.pt (docs/distributed.md): its gradients are
+                # dist_test's (GradientsAcrossTwoProcessesMatchTheReference), not measured here.
+                errs[side] = (float("nan"), "no model.pt under pipefb_launch")
+                continue
+            out = tempfile.mkdtemp(dir=work)
+            try:
+                g = run_torch(name, schedule, True, 1, out) if side == "torch" else \
+                    run_pipefb(name, schedule, side, True, 1, work, out)
+                errs[side] = rel_err(g, ref)
+            except Exception as e:  # recorded, and the side is left out of this pair
+                failed[side] = str(e).strip().splitlines()[-1]
+                errs[side] = (float("nan"), "failed")
+        for r in range(a.rounds):
+            for side in sides:  # alternated: each round runs every side once
+                if side in failed:
+                    continue
+                out = tempfile.mkdtemp(dir=work)
+                speed, peaks[side] = (run_torch(name, schedule, False, a.steps, out)
+                                      if side == "torch" else
+                                      run_pipefb(name, schedule, side, False, a.steps, work, out))
+                speeds[side].append(speed)
+            done = j * a.rounds + r + 1
+            eta = (time.time() - begin) / done * (len(jobs) * a.rounds - done)
+            print(f"{name} {schedule}: round {r + 1} of {a.rounds} "
+                  f"(ETA {eta:.0f} s)", flush=True)
+        for side in sides:
+            v = speeds[side]
+            with open(os.path.join(a.out, "raw", f"{name}-{schedule}-{side}.txt"), "w") as f:
+                if side in failed:
+                    f.write(f"failed: {failed[side]}\n")
+                    rows.append({"model": name, "schedule": schedule, "side": side,
+                                 "samples_per_s_median": "", "samples_per_s_min": "",
+                                 "samples_per_s_max": "", "peak_stage_bytes": "",
+                                 "grad_rel_err": "failed"})
+                    continue
+                f.write(f"samples/s per round: {v}\nlargest relative gradient error: "
+                        f"{errs[side][0]:.3g} ({errs[side][1]})\n"
+                        f"peak live tensor bytes per device (last round): {peaks[side]}\n")
+            rows.append({"model": name, "schedule": schedule, "side": side,
+                         "samples_per_s_median": f"{statistics.median(v):.2f}",
+                         "samples_per_s_min": f"{min(v):.2f}",
+                         "samples_per_s_max": f"{max(v):.2f}",
+                         "peak_stage_bytes": max(peaks[side]),
+                         "grad_rel_err": f"{errs[side][0]:.3g}"})
+        print("\n".join(f"  {r['side']}: {r['samples_per_s_median']} samples/s, grad err "
+                        f"{r['grad_rel_err']}, device peaks {peaks.get(r['side'])}"
+                        for r in rows[-3:]), flush=True)
+        if name == "gpt2-tiny" and schedule == "1f1b" and "torch" in peaks:
+            budget, bs, bp = beyond(name, max(peaks["torch"]), a.rounds, a.steps, work, a.out)
+            tmed = statistics.median(speeds["torch"])
+            with open(os.path.join(a.out, "raw", "beyond.txt"), "w") as f:
+                f.write(f"torch 1F1B largest stage peak {max(peaks['torch'])} bytes; budget "
+                        f"{budget} bytes a device\n")
+                if bs is None:
+                    f.write("pipefb: no plan ran at that budget (raw/beyond-*.txt)\n")
+                else:
+                    f.write(f"pipefb's plan: samples/s per round {bs}, median "
+                            f"{statistics.median(bs):.2f}; device peaks {bp}\n"
+                            f"torch 1F1B unconstrained median {tmed:.2f}: ratio "
+                            f"{statistics.median(bs) / tmed:.3f}\n")
+            print(open(os.path.join(a.out, "raw", "beyond.txt")).read(), flush=True)
+    with open(os.path.join(a.out, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    shutil.rmtree(work)
+    print(f"wrote {a.out}/summary.csv")
+
+
+if __name__ == "__main__":
+    main()
