@@ -19,6 +19,7 @@ stage on every side.
 """
 import argparse
 import csv
+import gc
 import json
 import os
 import shutil
@@ -73,11 +74,15 @@ def rank_stages(schedule, rank):
 
 
 # ---- torch.distributed.pipelining: one process per stage --------------------------------
-def torch_worker(rank, name, schedule, double, steps, port, out):
+def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
+    """double: one float64 step, gradients saved. memory: the steps under torch.profiler's
+    memory events, the peak of live tensor bytes saved (the rank's weights, and what is
+    allocated after them). Otherwise float32 `steps` steps, timed."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=STAGES)
     torch.set_num_threads(1)
     from torch.distributed import pipelining
+
 
     full = models.MODELS[name][0]()
     if double:
@@ -98,6 +103,16 @@ def torch_worker(rank, name, schedule, double, steps, port, out):
                                      n_microbatches=MICROBATCHES, loss_fn=models.loss_fn)
     opt = torch.optim.SGD(stage_mod.parameters(), lr=LR)
     first, last = 0 in mine, total - 1 in mine
+    # Every rank built the whole model: the other ranks' layers go before anything is
+    # counted. The memory run counts from here: this rank's weights, then every allocation
+    # (gradients, receive buffers, activations) as torch.profiler's memory events see it.
+    del full, children
+    gc.collect()
+    base = sum(t.nbytes for t in stage_mod.state_dict().values())
+    if memory:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                      profile_memory=True)
+        prof.__enter__()
     times, peak = [], None
     n = 1 if double else steps
     for step in range(n):
@@ -107,16 +122,6 @@ def torch_worker(rank, name, schedule, double, steps, port, out):
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
-        # The last step's live tensor bytes (torch.profiler's memory events count what
-        # is allocated from the profile's start; the tensors alive before it are added).
-        profiled = not double and step == n - 1
-        if profiled:
-            before = sum(t.nbytes for t in stage_mod.state_dict().values())
-            before += sum(v.nbytes for st in opt.state.values() for v in st.values()
-                          if torch.is_tensor(v))
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                          profile_memory=True)
-            prof.__enter__()
         args = (x,) if first else ()
         if last:
             sched.step(*args, target=y, losses=[])
@@ -124,29 +129,28 @@ def torch_worker(rank, name, schedule, double, steps, port, out):
             sched.step(*args)
         if not double:
             opt.step()
-        if profiled:
-            prof.__exit__(None, None, None)
-            trace = os.path.join(out, f"trace-{rank}.json")
-            prof.export_chrome_trace(trace)
-            events = json.load(open(trace))["traceEvents"]
-            peak = before + max([0] + [e["args"].get("Total Allocated", 0) for e in events
-                                       if e.get("name") == "[memory]"])
-            os.remove(trace)
         dist.barrier()
         times.append(time.perf_counter() - t0)
+    if memory:
+        prof.__exit__(None, None, None)
+        trace = os.path.join(out, f"trace-{rank}.json")
+        prof.export_chrome_trace(trace)
+        events = json.load(open(trace))["traceEvents"]
+        peak = base + max(e["args"].get("Total Allocated", 0) for e in events
+                          if e.get("name") == "[memory]")
+        os.remove(trace)
     if double:
         torch.save({n: p.grad for n, p in stage_mod.named_parameters()},
                    os.path.join(out, f"grads-{rank}.pt"))
     else:
         with open(os.path.join(out, f"speed-{rank}.json"), "w") as f:
-            # the profiled last step is left out of the time
-            json.dump({"samples_per_s": BATCH * len(times[WARMUP:-1]) / sum(times[WARMUP:-1]),
+            json.dump({"samples_per_s": BATCH * len(times[WARMUP:]) / sum(times[WARMUP:]),
                        "peak": peak}, f)
     dist.destroy_process_group()
 
 
-def run_torch(name, schedule, double, steps, out):
-    mp.spawn(torch_worker, args=(name, schedule, double, steps, free_port(), out),
+def run_torch(name, schedule, double, steps, out, memory=False):
+    mp.spawn(torch_worker, args=(name, schedule, double, steps, free_port(), out, memory),
              nprocs=STAGES, join=True)
     if double:
         grads = {}
@@ -330,6 +334,9 @@ def main():
             eta = (time.time() - begin) / done * (len(jobs) * a.rounds - done)
             print(f"{name} {schedule}: round {r + 1} of {a.rounds} "
                   f"(ETA {eta:.0f} s)", flush=True)
+        if "torch" not in failed:  # its peaks from a run of its own, under the profiler
+            _, peaks["torch"] = run_torch(name, schedule, False, WARMUP + 2,
+                                          tempfile.mkdtemp(dir=work), memory=True)
         for side in sides:
             v = speeds[side]
             with open(os.path.join(a.out, "raw", f"{name}-{schedule}-{side}.txt"), "w") as f:
