@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -57,6 +58,8 @@ std::vector<int64_t> sampleShape(const ModelOptions& o) {
 namespace {
 // CRC-32 of a file's bytes (zlib), or 0 when it cannot be read (validate says why).
 uint32_t fileCrc(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return 0;  // /dev/zero would never end
   std::ifstream in(path, std::ios::binary);
   uLong crc = crc32(0L, Z_NULL, 0);
   std::vector<char> buf(1 << 20);
@@ -108,6 +111,9 @@ void validate(const ModelOptions& o) {
            "model.name torchscript loads a file torch.jit.save wrote; set model.path");
     if (!std::ifstream(o.path, std::ios::binary))
       fail("model.path", "'" + o.path + "' cannot be read (does it exist?)");
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(o.path, ec))
+      fail("model.path", "'" + o.path + "' is not a file; give the file torch.jit.save wrote");
     if (o.sample_shape.empty())
       fail("model.sample_shape",
            "model.name torchscript needs one sample's shape without the batch dimension, e.g. "
