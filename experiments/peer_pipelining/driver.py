@@ -293,7 +293,7 @@ def rel_err(got, want):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2-tiny,vgg16-quarter")
-    ap.add_argument("--schedules", default="gpipe,1f1b")
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,zbv")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "peer_pipelining"))
