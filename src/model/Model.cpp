@@ -208,6 +208,16 @@ std::vector<std::pair<std::string, torch::Tensor>> Model::stateDict() const {
   return out;
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> Model::stateDict(size_t first,
+                                                                    size_t last) const {
+  last = std::min(last, layers_.size());
+  PIPEFB_ASSERT(first <= last, "bad layer range [" << first << ", " << last << ")");
+  const std::vector<std::shared_ptr<Layer>> some(layers_.begin() + first, layers_.begin() + last);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  walkState(some, true, [&](std::string k, const torch::Tensor& t) { out.emplace_back(k, t); });
+  return out;
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> Model::namedParameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   walkState(layers_, false, [&](std::string k, const torch::Tensor& t) { out.emplace_back(k, t); });

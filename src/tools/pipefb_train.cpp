@@ -396,12 +396,11 @@ int main(int argc, char** argv) {
                                 " (and --resume) are not supported with one process per device "
                                 "yet; allowed: 0");
       config.output.dir += "/rank" + std::to_string(env->rank);
-      if (config.training.eval || config.training.checkpoint)
+      if (config.training.eval)
         spdlog::info(
             "distributed: a rank holds only its own stages' weights, so no test-set "
-            "evaluation and no model.pt (training.eval and training.checkpoint off)");
+            "evaluation (training.eval off); its model.pt holds its own stages' weights");
       config.training.eval = false;
-      config.training.checkpoint = false;
       group = pipefb::dist::makeGlooGroup(*env, {config.distributed.timeout});
     }
     if (planPath.empty() && config.pipeline.schedule != "none" &&

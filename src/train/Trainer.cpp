@@ -13,6 +13,7 @@
 
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
+#include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/FreedMemory.h"
 #include "pipefb/memory/MemoryEvent.h"
@@ -333,6 +334,21 @@ NamedTensors Trainer::mergedStateDict() const {
   return sd;
 }
 
+// The weights model.pt holds: all of them, or with one process per device the stages whose
+// masters this rank holds (those whose backward runs on its device: PipelineEngine's
+// buildStage), in layer order. The ranks' files together are the model's state_dict.
+NamedTensors Trainer::ownWeights() const {
+  if (!group_ || !engine_) return model_->stateDict();
+  const int device = group_->rank() % engine_->numDevices();
+  NamedTensors out;
+  for (int s = 0; s < engine_->numStages(); ++s) {
+    if (engine_->schedule().placement.backward(s) != device) continue;
+    const runtime::StageRange r = engine_->partition()[s];
+    for (auto& e : model_->stateDict(r.first, r.last)) out.push_back(std::move(e));
+  }
+  return out;
+}
+
 CheckpointState Trainer::checkpointState(double lastLoss) {
   CheckpointState cs;
   cs.step = stepsDone_;
@@ -605,7 +621,7 @@ RunSummary Trainer::run() {
   }
   if (t.checkpoint) {
     summary.checkpoint = config_.output.dir + "/model.pt";
-    saveStateDict(summary.checkpoint, model_->stateDict());
+    saveStateDict(summary.checkpoint, ownWeights());
   }
   summary.wall_seconds = secondsSince(t0);
   summary.devices = deviceSummaries();

@@ -199,4 +199,35 @@ TEST(TorchScript, EveryProgramRunsOnIt) {
   EXPECT_TRUE(fs::exists(dir + "/full/report.html"));
 }
 
+// One process per device (pipefb_launch): each rank's model.pt holds the stages whose
+// masters it holds, and together they are the in-process run's weights, bit for bit, with
+// dropout (the masks are (seed, layer, microbatch)'s on any process).
+TEST(TorchScript, RanksWeightsAreTheInProcessRunsWeights) {
+  const std::string dir = fixtures(), config = dir + "/ranks.yaml";
+  std::ofstream(config) << "model: {name: torchscript, path: " << dir
+                        << "/seq.pt, sample_shape: [1, 8, 8], num_classes: 5}\n"
+                           "data: {name: synthetic, synthetic_train: 128, synthetic_test: 32}\n"
+                           "training: {batch: 16, iterations: 3, eval: false, lr: 0.05}\n"
+                           "devices: {count: 2}\n"
+                           "pipeline: {schedule: 1f1b, microbatches: 4, partition: [3]}\n";
+  auto one = test::runProgram("pipefb_train --config " + config + " --set output.dir=" + dir +
+                              "/in-process");
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two =
+      test::runProgram("pipefb_launch -n 2 -- " + std::string(PIPEFB_BINARY_DIR) +
+                       "/pipefb_train --config " + config + " --set output.dir=" + dir + "/ranks");
+  ASSERT_EQ(two.code, 0) << two.out;
+  const auto whole = train::loadStateDict(dir + "/in-process/model.pt");
+  auto parts = train::loadStateDict(dir + "/ranks/rank0/model.pt");
+  const auto second = train::loadStateDict(dir + "/ranks/rank1/model.pt");
+  EXPECT_FALSE(parts.empty());
+  EXPECT_FALSE(second.empty());
+  parts.insert(parts.end(), second.begin(), second.end());
+  ASSERT_EQ(parts.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(parts[i].first, whole[i].first);
+    EXPECT_TRUE(torch::equal(parts[i].second, whole[i].second)) << whole[i].first;
+  }
+}
+
 }  // namespace

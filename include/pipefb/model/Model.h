@@ -72,6 +72,8 @@ class Model {
 
   /// torchvision-named parameters and buffers, in layer order.
   std::vector<std::pair<std::string, torch::Tensor>> stateDict() const;
+  /// The same for layers [first, last) only.
+  std::vector<std::pair<std::string, torch::Tensor>> stateDict(size_t first, size_t last) const;
   /// torchvision-named parameters only (no buffers).
   std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const;
   std::vector<torch::Tensor> parameters() const;

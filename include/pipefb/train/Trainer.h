@@ -119,6 +119,7 @@ class Trainer {
   TrainerHooks hooks_;
   std::string planYaml_;
   std::shared_ptr<dist::ProcessGroup> group_;
+  NamedTensors ownWeights() const;
   NamedTensors pendingOptimizer_;  // optimizer state for the next engine
   std::string pendingSource_;      // where it came from, for errors
   int64_t engineEnd_ = 0;          // the engine was built for steps up to here
