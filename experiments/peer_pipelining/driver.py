@@ -123,10 +123,12 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
         t0 = time.perf_counter()
         opt.zero_grad()
         args = (x,) if first else ()
+        # return_outputs=False: the last stage does not keep every microbatch's output to
+        # merge them (pipefb keeps none either).
         if last:
-            sched.step(*args, target=y, losses=[])
+            sched.step(*args, target=y, losses=[], return_outputs=False)
         else:
-            sched.step(*args)
+            sched.step(*args, return_outputs=False)
         if not double:
             opt.step()
         dist.barrier()
@@ -319,6 +321,28 @@ def grads_only(a):
     shutil.rmtree(work)
 
 
+def torch_memory_only(a):
+    path = os.path.join(a.out, "summary.csv")
+    rows = list(csv.DictReader(open(path)))
+    work = tempfile.mkdtemp()
+    for r in rows:
+        if r["side"] != "torch" or r["grad_rel_err"] == "failed":
+            continue
+        _, peaks = run_torch(r["model"], r["schedule"], False, WARMUP + 2,
+                             tempfile.mkdtemp(dir=work), memory=True)
+        r["peak_stage_bytes"] = max(peaks)
+        raw = os.path.join(a.out, "raw", f"{r['model']}-{r['schedule']}-torch.txt")
+        lines = [x for x in open(raw).read().splitlines() if not x.startswith("peak")]
+        with open(raw, "w") as f:
+            f.write("\n".join(lines + [f"peak live tensor bytes per device: {peaks}"]) + "\n")
+        print(f"{r['model']} {r['schedule']} torch: device peaks {peaks}", flush=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    shutil.rmtree(work)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2-tiny,vgg16-quarter")
@@ -329,9 +353,14 @@ def main():
     ap.add_argument("--grads-only", action="store_true",
                     help="measure the gradients only, into the grad_rel_err column of an "
                          "existing summary.csv (its speed and memory columns stay)")
+    ap.add_argument("--torch-memory-only", action="store_true",
+                    help="measure torch's device peaks only, into an existing summary.csv's "
+                         "peak column and raw/*-torch.txt")
     a = ap.parse_args()
     if a.grads_only:
         return grads_only(a)
+    if a.torch_memory_only:
+        return torch_memory_only(a)
     os.makedirs(os.path.join(a.out, "raw"), exist_ok=True)
     work = tempfile.mkdtemp()
     sides = ["torch", "pipefb-launch", "pipefb-virtual"]
