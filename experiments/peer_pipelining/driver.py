@@ -346,6 +346,42 @@ def torch_memory_only(a):
     shutil.rmtree(work)
 
 
+def table(a):
+    rows = list(csv.DictReader(open(os.path.join(a.out, "summary.csv"))))
+    by = {(r["model"], r["schedule"], r["side"]): r for r in rows}
+
+    def peaks(model, schedule, side):
+        raw = os.path.join(a.out, "raw", f"{model}-{schedule}-{side}.txt")
+        for line in open(raw):
+            if line.startswith("peak"):
+                return ", ".join(f"{int(x) / 1e6:.2f}" for x in
+                                 line.split("[")[1].split("]")[0].split(","))
+        return "–"
+
+    print("| model | schedule (pipefb / torch) | samples/s torch | pipefb-launch (× torch) | "
+          "pipefb-virtual (× torch) | device peaks, MB: torch / pipefb-virtual | gradient error "
+          "torch / launch / virtual |")
+    print("|---|---|---|---|---|---|---|")
+    for (model, schedule, side), r in by.items():
+        if side != "torch":
+            continue
+        t = r["samples_per_s_median"]
+        cells = []
+        for s in ("pipefb-launch", "pipefb-virtual"):
+            v = by[(model, schedule, s)]["samples_per_s_median"]
+            cells.append(f"{float(v):.1f} ({float(v) / float(t):.2f}×)" if t else f"{float(v):.1f}")
+        cls, _, _, psched, pstages = SCHEDULES[schedule]
+        name = (f"{psched} ({pstages} stages) / {cls} (4 stages)" if psched == "zb-h1" else
+                f"{psched} / {cls}" + (" (4 stages)" if pstages == 4 else ""))
+        errs = " / ".join(by[(model, schedule, s)]["grad_rel_err"] for s in
+                          ("torch", "pipefb-launch", "pipefb-virtual"))
+        print(f"| {model} | {name} | {float(t):.1f} | {cells[0]} | {cells[1]} | "
+              f"{peaks(model, schedule, 'torch')} / {peaks(model, schedule, 'pipefb-virtual')} | "
+              f"{errs} |" if t else
+              f"| {model} | {name} | fails on gloo | {cells[0]} | {cells[1]} | – / "
+              f"{peaks(model, schedule, 'pipefb-virtual')} | {errs} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2-tiny,vgg16-quarter")
@@ -359,7 +395,11 @@ def main():
     ap.add_argument("--torch-memory-only", action="store_true",
                     help="measure torch's device peaks only, into an existing summary.csv's "
                          "peak column and raw/*-torch.txt")
+    ap.add_argument("--table", action="store_true",
+                    help="print experiments/README.md's table from summary.csv and raw/*.txt")
     a = ap.parse_args()
+    if a.table:
+        return table(a)
     if a.grads_only:
         return grads_only(a)
     if a.torch_memory_only:
