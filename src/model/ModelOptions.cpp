@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "pipefb/common/Error.h"
 
@@ -60,6 +63,17 @@ namespace {
 uint32_t fileCrc(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return 0;  // /dev/zero would never end
+  // Read once per (path, size, modification time): the runtime loads the model again for
+  // each stage's weight copies, and a ResNet50 file is 100 MB.
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto when = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, std::uintmax_t, long long>, uint32_t> known;
+  const auto key = std::make_tuple(path, size, static_cast<long long>(when));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
   std::ifstream in(path, std::ios::binary);
   uLong crc = crc32(0L, Z_NULL, 0);
   std::vector<char> buf(1 << 20);
@@ -68,7 +82,8 @@ uint32_t fileCrc(const std::string& path) {
     const std::streamsize n = in.gcount();
     if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
   }
-  return static_cast<uint32_t>(crc);
+  std::lock_guard<std::mutex> lock(mu);
+  return known[key] = static_cast<uint32_t>(crc);
 }
 
 std::string shapeText(const std::vector<int64_t>& shape) {
