@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "../PipelineBatch.h"
 #include "../PipelineConfig.h"
 #include "pipefb/config/Config.h"
 #include "pipefb/data/Dataset.h"
@@ -33,23 +34,6 @@ inline model::ModelOptions distModel(const std::string& name) {
 inline config::Config distConfig(const std::string& model, const std::string& schedule, int S,
                                  int M, const std::string& stash, int64_t batch) {
   return pipelineConfig(distModel(model), schedule, S, M, stash, batch, "<dist test>");
-}
-
-inline std::shared_ptr<model::Model> distBuildSeeded(const model::ModelOptions& o) {
-  torch::manual_seed(7);
-  auto m = model::buildModel(o);
-  m->train(true);
-  return m;
-}
-
-inline data::Batch distBatch(const model::Model& m, int64_t n, int64_t classes, uint64_t seed) {
-  torch::manual_seed(seed);
-  data::Batch b;
-  std::vector<int64_t> shape = {n};
-  for (auto s : m.sampleShape()) shape.push_back(s);
-  b.input = torch::randn(shape);
-  b.target = torch::randint(classes, {n}, torch::kLong);
-  return b;
 }
 
 }  // namespace pipefb::test

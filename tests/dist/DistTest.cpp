@@ -68,8 +68,8 @@ struct DistRun {
 
 // The single-process reference: gradient accumulation over the same microbatches.
 std::map<std::string, torch::Tensor> referenceGrads(const config::Config& c, double* loss) {
-  auto model = test::distBuildSeeded(c.model);
-  auto b = test::distBatch(*model, c.training.batch, c.model.num_classes, 100);
+  auto model = test::buildSeeded(c.model);
+  auto b = test::makeBatch(*model, c.training.batch, c.model.num_classes, 100);
   auto xs = b.input.chunk(c.pipeline.microbatches, 0);
   auto ts = b.target.chunk(c.pipeline.microbatches, 0);
   *loss = 0;

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     cfg.distributed.overlap = overlap;
     config::validate(cfg);
     auto group = dist::makeGlooGroup(*env, {cfg.distributed.timeout});
-    auto model = test::distBuildSeeded(cfg.model);
+    auto model = test::buildSeeded(cfg.model);
     runtime::EngineOptions eo;
     eo.iterations = iterations;
     eo.log = env->rank == 0;
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     torch::serialize::OutputArchive archive;
     std::vector<double> losses;
     for (int k = 0; k < iterations; ++k) {
-      auto b = test::distBatch(*model, batch, cfg.model.num_classes, 100 + k);
+      auto b = test::makeBatch(*model, batch, cfg.model.num_classes, 100 + k);
       losses.push_back(engine.step(b));
       if (k > 0) continue;
       // Parameters of the stages whose master (and .grad) lives on this rank.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../PipelineBatch.h"
 #include "../PipelineConfig.h"
 #include "../TestUtil.h"
 #include "pipefb/runtime/PipelineEngine.h"
@@ -14,6 +15,9 @@
 #include "pipefb/train/Optimizer.h"
 
 namespace pipefb::test::equivalence {
+
+using test::buildSeeded;  // ../PipelineBatch.h
+using test::makeBatch;
 
 struct Case {
   std::string name;
@@ -51,28 +55,6 @@ inline config::Config makeConfig(const model::ModelOptions& m, const std::string
   auto c = test::pipelineConfig(m, schedule, S, M, perStage.front(), batch);
   if (perStage.size() > 1) c.pipeline.stage_stash = perStage;
   return c;
-}
-
-inline data::Batch makeBatch(const model::Model& m, int64_t n, int64_t classes, uint64_t seed) {
-  torch::manual_seed(seed);
-  data::Batch b;
-  std::vector<int64_t> shape = {n};
-  for (auto s : m.sampleShape()) shape.push_back(s);
-  if (m.inputDtype() == torch::kLong) {
-    b.input = torch::randint(classes, shape, torch::kLong);
-    b.target = torch::randint(classes, shape, torch::kLong);
-  } else {
-    b.input = torch::randn(shape);
-    b.target = torch::randint(classes, {n}, torch::kLong);
-  }
-  return b;
-}
-
-inline std::shared_ptr<model::Model> buildSeeded(const model::ModelOptions& o) {
-  torch::manual_seed(7);
-  auto m = model::buildModel(o);
-  m->train(true);
-  return m;
 }
 
 // The reference: Trainer::step's gradient accumulation on one device.
