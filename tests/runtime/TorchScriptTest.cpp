@@ -152,6 +152,15 @@ TEST(TorchScript, ModelPtLoadsIntoTorchvisionStrict) {
   EXPECT_NE(r.out.find("strict ok"), std::string::npos) << r.out;
 }
 
+// The same keys in the same order, and every tensor equal bit for bit.
+void expectSameWeights(const train::NamedTensors& got, const train::NamedTensors& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first);
+    EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << want[i].first;
+  }
+}
+
 // Every program on a TorchScript model, as a user runs them: pipefb_profile measures it,
 // pipefb_plan and pipefb_sweep plan on that profile (no analytic one exists), pipefb_train
 // runs the plan with checkpoints, is killed after step 5 and resumes to the weights of an
@@ -187,13 +196,8 @@ TEST(TorchScript, EveryProgramRunsOnIt) {
   EXPECT_EQ(killed.code, 128 + 9) << killed.out;
   auto resumed = run("pipefb_train --resume " + dir + "/killed");
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
-  const auto a = train::loadStateDict(dir + "/full/model.pt");
-  const auto b = train::loadStateDict(dir + "/killed/model.pt");
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
-  }
+  expectSameWeights(train::loadStateDict(dir + "/killed/model.pt"),
+                    train::loadStateDict(dir + "/full/model.pt"));
   fs::remove(dir + "/full/report.html");
   run("pipefb_report " + dir + "/full");
   EXPECT_TRUE(fs::exists(dir + "/full/report.html"));
@@ -223,11 +227,7 @@ TEST(TorchScript, RanksWeightsAreTheInProcessRunsWeights) {
   EXPECT_FALSE(parts.empty());
   EXPECT_FALSE(second.empty());
   parts.insert(parts.end(), second.begin(), second.end());
-  ASSERT_EQ(parts.size(), whole.size());
-  for (size_t i = 0; i < whole.size(); ++i) {
-    EXPECT_EQ(parts[i].first, whole[i].first);
-    EXPECT_TRUE(torch::equal(parts[i].second, whole[i].second)) << whole[i].first;
-  }
+  expectSameWeights(parts, whole);
 }
 
 }  // namespace
