@@ -322,13 +322,11 @@ class SyntheticImages : public Dataset {
     labels_ = torch::tensor(labels, torch::kLong);
     noiseSeed_ = mixSeed(seed, splitStream(kStreamNoise, split));
     std::ostringstream os;
-    os << "synthetic " << splitName(split) << ": " << n << " images " << channels_ << "×" << side_
-       << "×" << side_;
-    if (!shape_.empty()) {
-      os.str("");
-      os << "synthetic " << splitName(split) << ": " << n << " samples "
-         << torch::IntArrayRef(shape_);
-    }
+    os << "synthetic " << splitName(split) << ": " << n;
+    if (shape_.empty())
+      os << " images " << channels_ << "×" << side_ << "×" << side_;
+    else
+      os << " samples " << torch::IntArrayRef(shape_);
     os << ", " << classes_ << " classes (class template + N(0,1) noise, seed " << seed << ")";
     description_ = os.str();
   }

@@ -30,6 +30,17 @@ void checkProfileModel(const Profile& profile, const std::string& file, const st
                   key + "'" + (layers >= 0 ? " (" + std::to_string(layers) + " layers)" : "") +
                   "; profile it with: pipefb_profile --config " + config);
 }
+
+// A profile with no model work to scale (PipeDream's, a torchscript model's): its times are
+// taken as measured on the cluster's first device, and the others scale by their sustained
+// FLOP rate.
+std::vector<double> flopRateSpeeds(const std::vector<DeviceSpec>& devices) {
+  std::vector<double> out;
+  const DeviceSpec& ref = devices.front();
+  for (const auto& d : devices)
+    out.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
+  return out;
+}
 }  // namespace
 
 namespace fs = std::filesystem;
@@ -98,11 +109,7 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     imp.device = pl.clusterSpec.devices.front().name;
     profile = importPipeDreamProfile(profileText, opt.profile, imp);
     pl.profileText = "pipedream " + opt.profile;
-    // The times are taken as measured on the cluster's first device; others scale by
-    // their sustained FLOP rate.
-    const DeviceSpec& ref = pl.clusterSpec.devices.front();
-    for (const auto& d : pl.clusterSpec.devices)
-      speeds.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
+    speeds = flopRateSpeeds(pl.clusterSpec.devices);
   } else if (cfg.model.name == "torchscript") {
     // Note [TorchScript models] (model/Model.h): no analytic profile, and the planner does
     // not load the file: its layers are the measured profile's.
@@ -114,9 +121,7 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
     profile = parseProfile(profileText, opt.profile);
     pl.profileText = "measured " + opt.profile;
     checkProfileModel(profile, opt.profile, model::modelKey(cfg.model), -1, cfg.source);
-    const DeviceSpec& ref = pl.clusterSpec.devices.front();
-    for (const auto& d : pl.clusterSpec.devices)
-      speeds.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
+    speeds = flopRateSpeeds(pl.clusterSpec.devices);
   } else {
     const ModelWork work = modelWork(cfg.model);
     if (!opt.profile.empty()) {
