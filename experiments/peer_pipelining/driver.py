@@ -299,14 +299,32 @@ def rel_err(got, want):
     return worst, where
 
 
-def grads_only(a):
-    path = os.path.join(a.out, "summary.csv")
-    rows = list(csv.DictReader(open(path)))
+def write_summary(out, rows):
+    with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def update_summary(a, update):
+    """Runs update(row, work folder) on every row of an existing summary.csv, and writes it
+    back (the --*-only passes: the other columns stay)."""
+    rows = list(csv.DictReader(open(os.path.join(a.out, "summary.csv"))))
     work = tempfile.mkdtemp()
+    try:
+        for r in rows:
+            update(r, work)
+    finally:
+        shutil.rmtree(work)
+    write_summary(a.out, rows)
+
+
+def grads_only(a):
     refs = {}
-    for r in rows:
+
+    def update(r, work):
         if r["grad_rel_err"] == "failed":
-            continue
+            return
         name, schedule, side = r["model"], r["schedule"], r["side"]
         if name not in refs:
             refs[name] = reference(name)
@@ -317,20 +335,14 @@ def grads_only(a):
         r["grad_rel_err"] = f"{e:.3g}"
         print(f"{name} {schedule} {side}: largest relative gradient error {e:.3g} ({where})",
               flush=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    shutil.rmtree(work)
+
+    update_summary(a, update)
 
 
 def torch_memory_only(a):
-    path = os.path.join(a.out, "summary.csv")
-    rows = list(csv.DictReader(open(path)))
-    work = tempfile.mkdtemp()
-    for r in rows:
+    def update(r, work):
         if r["side"] != "torch" or r["grad_rel_err"] == "failed":
-            continue
+            return
         _, peaks = run_torch(r["model"], r["schedule"], False, WARMUP + 2,
                              tempfile.mkdtemp(dir=work), memory=True)
         r["peak_stage_bytes"] = max(peaks)
@@ -339,11 +351,8 @@ def torch_memory_only(a):
         with open(raw, "w") as f:
             f.write("\n".join(lines + [f"peak live tensor bytes per device: {peaks}"]) + "\n")
         print(f"{r['model']} {r['schedule']} torch: device peaks {peaks}", flush=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    shutil.rmtree(work)
+
+    update_summary(a, update)
 
 
 def table(a):
@@ -474,10 +483,7 @@ def main():
                             f"torch 1F1B unconstrained median {tmed:.2f}: ratio "
                             f"{statistics.median(bs) / tmed:.3f}\n")
             print(open(os.path.join(a.out, "raw", "beyond.txt")).read(), flush=True)
-    with open(os.path.join(a.out, "summary.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_summary(a.out, rows)
     shutil.rmtree(work)
     print(f"wrote {a.out}/summary.csv")
 
