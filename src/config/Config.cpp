@@ -467,6 +467,9 @@ const std::vector<KeySpec>& schema() {
     // training
     s.push_back(choice("training.optimizer",
                        [](Config & c) -> auto& { return c.training.optimizer; }, {"sgd", "adam"}));
+    s.push_back(choice("training.precision",
+                       [](Config & c) -> auto& { return c.training.precision; },
+                       {"fp32", "bf16", "fp16"}));
     s.push_back(number(
         "training.lr", [](Config & c) -> auto& { return c.training.lr; }, 0, 10, true));
     s.push_back(number(

@@ -46,6 +46,7 @@ LayerWork convRelu(const std::string& name, int64_t cin, int64_t cout, int64_t& 
   w.outputBytes = cout * hout * hout * kF;
   // conv saves its input; ReLU (in place) its output, which max-pool also reads.
   w.savedBytes = static_cast<std::int64_t>(in + pre) * kF + indices;
+  w.savedWideBytes = indices;
   w.workingBytes = static_cast<std::int64_t>(2 * std::max(in, pre)) * kF;
   w.bytesMoved = (in + 2 * pre) * kF + w.params * kF;
   h = hout;
@@ -151,6 +152,7 @@ ModelWork resnet50(const model::ModelOptions& o) {
     convBn(w, o.channels, inplanes, h, 7, 2, 3, true, &ho);
     const int64_t hp = convOut(ho, 3, 2, 1);
     w.savedBytes += inplanes * hp * hp * kL;
+    w.savedWideBytes += inplanes * hp * hp * kL;
     w.outputBytes = inplanes * hp * hp * kF;
     h = hp;
     m.layers.push_back(w);
@@ -198,6 +200,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.flops = double(T) * E;
     w.outputBytes = T * E * kF;
     w.savedBytes = 2 * T * kL;  // token and position ids
+    w.savedWideBytes = w.savedBytes;
     w.workingBytes = 2 * T * E * kF;
     w.bytesMoved = 3.0 * T * E * kF;
     m.layers.push_back(w);
@@ -226,6 +229,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
     // 3 HTT + T^2 at T = 128 (2244608 bytes); input + output + working (10 TE) was 17%
     // below at T = 32, and a checkpointed forward device went over its plan.
     w.noGradForwardBytes = std::max((12 * T * E) * kF, (5 * T * E + 3 * H * T * T) * kF + T * T);
+    w.noGradWideBytes = T * T;
     w.bytesMoved = double(w.params + 16 * T * E + 3 * H * T * T) * kF;
     m.layers.push_back(w);
   }
@@ -241,6 +245,9 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.outputBytes = T * V * kF;
     w.savedBytes = (2 * T * E + T * V) * kF;  // LN input, lm_head input, log-softmax
     w.workingBytes = 2 * T * V * kF;
+    // The loss runs in fp32 at any precision: its log-softmax and the logits' gradient.
+    w.savedWideBytes = T * V * kF;
+    w.workingWideBytes = w.workingBytes;
     w.bytesMoved = double(w.params + 2 * T * V) * kF;
     m.layers.push_back(w);
   }
@@ -290,15 +297,24 @@ OptimizerMemory optimizerMemory(const std::string& optimizer, double momentum, d
 }
 
 namespace {
-double layerTime(double flops, double bytes, const DeviceSpec& d) {
-  return std::max(flops / (d.peakFlops * d.efficiency), bytes / (d.hbmBandwidth * d.efficiency));
+double layerTime(double flops, double flopRate, double bytes, const DeviceSpec& d) {
+  return std::max(flops / (flopRate * d.efficiency), bytes / (d.hbmBandwidth * d.efficiency));
 }
 }  // namespace
 
 Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const DeviceSpec& d,
-                        OptimizerMemory optimizer) {
+                        OptimizerMemory optimizer, Precision precision) {
   const int statesPerParam = optimizer.statesPerParam;
+  // Note [Half-precision training] (common/Precision.h): `a` bytes an activation element;
+  // what is wide keeps its bytes.
+  const std::int64_t a = activationBytes(precision);
+  const bool half = precision != Precision::FP32;
+  auto act = [&](std::int64_t bytes, std::int64_t wide) {
+    return half ? wide + ((bytes - wide) * a + kF - 1) / kF : bytes;
+  };
+  const double flopRate = flopsAt(d, precision);
   Profile p;
+  p.precision = precision;
   p.model = work.model;
   p.device = d.name;
   p.source = "analytic";
@@ -310,29 +326,32 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     LayerCost c;
     c.name = w.name;
     const double paramBytes = double(w.params) * kF;
-    // Activations scale with the microbatch; the weights are read once per pass.
-    const double fwdBytes = (w.bytesMoved - paramBytes) * mb + paramBytes;
-    c.forward = layerTime(w.flops * mb, fwdBytes, d) + d.layerOverhead;
-    c.backward = layerTime(2 * w.flops * mb, 2 * fwdBytes, d) + 2 * d.layerOverhead;
+    // Activations scale with the microbatch; the weights (F and B's copy) are read once per pass.
+    const double fwdBytes = (w.bytesMoved - paramBytes) / kF * a * mb + double(w.params) * a;
+    c.forward = layerTime(w.flops * mb, flopRate, fwdBytes, d) + d.layerOverhead;
+    c.backward = layerTime(2 * w.flops * mb, flopRate, 2 * fwdBytes, d) + 2 * d.layerOverhead;
     c.recompute = c.forward;
     // Note [Microbatch scaling]: the overhead is per pass, whatever the microbatch.
     c.forwardFixed = c.recomputeFixed = d.layerOverhead;
     c.backwardFixed = 2 * d.layerOverhead;
-    c.paramBytes = w.params * kF;
-    c.gradBytes = c.paramBytes;
-    c.optimizerBytes = c.paramBytes * statesPerParam;
+    // The fp32 master and, at half, the copy F and B run on. .grad and the states are fp32.
+    c.paramBytes = w.params * kF + (half ? w.params * a : 0);
+    c.gradBytes = w.params * kF;
+    c.optimizerBytes = w.params * kF * statesPerParam;
     // Note [Analytic step transient]
     c.stepWorkingBytes =
         w.largestParam * kF * optimizer.stepTransients +
         (optimizer.statesPerParam + optimizer.stepTransients > 0 ? kStepScalarBytes : 0);
     // Read weights, grads and states, write weights and states.
-    c.step = double(c.paramBytes) * (3 + 2 * statesPerParam) / (d.hbmBandwidth * d.efficiency);
+    // At half, the step also writes the half copy.
+    c.step = (paramBytes * (3 + 2 * statesPerParam) + (half ? double(w.params) * a : 0)) /
+             (d.hbmBandwidth * d.efficiency);
     // A weight snapshot (Note [Weight snapshots] in CostModel.h) reads and writes the
     // weights once. backwardAfterStep stays 0 (= backward): a GPU caching allocator keeps
     // its blocks, so the first B after a step does not touch fresh pages.
     c.snapshot = 2.0 * double(c.paramBytes) / (d.hbmBandwidth * d.efficiency);
-    c.outputBytes = w.outputBytes * microbatch;
-    c.savedBytes = w.savedBytes * microbatch;
+    c.outputBytes = act(w.outputBytes, 0) * microbatch;
+    c.savedBytes = act(w.savedBytes, w.savedWideBytes) * microbatch;
     // savedOutputBytes stays 0: savedBytes here already counts an output ReLU saves
     // (convRelu, linear), unlike a measured profile's (Note [Measured saved bytes]).
     // savedInputBytes stays 0: a checkpointed B's recomputed graph is charged whole beside
@@ -341,13 +360,16 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     // largest node's fresh gradients beside the activations; gathering, all of the layer's.
     // Note [Convolution weight layout]: a convolution's weight in the library's layout
     // beside them.
-    const std::int64_t layout = w.weightLayout * kF;
-    c.workingFixedBytes = w.freshGradient * kF + layout;
-    c.workingBytes = w.workingBytes * microbatch + c.workingFixedBytes;
-    c.gatheredWorkingFixedBytes = c.paramBytes + layout;
-    c.gatheredWorkingBytes = w.workingBytes * microbatch + c.gatheredWorkingFixedBytes;
-    c.forwardWorkingBytes = w.workingBytes * microbatch;  // F makes no gradient
-    if (w.noGradForwardBytes >= 0) c.noGradForwardBytes = w.noGradForwardBytes * microbatch;
+    // At half, fresh gradients and the layout copy are of the half weights.
+    const std::int64_t layout = w.weightLayout * a;
+    const std::int64_t working = act(w.workingBytes, w.workingWideBytes);
+    c.workingFixedBytes = w.freshGradient * a + layout;
+    c.workingBytes = working * microbatch + c.workingFixedBytes;
+    c.gatheredWorkingFixedBytes = w.params * a + layout;
+    c.gatheredWorkingBytes = working * microbatch + c.gatheredWorkingFixedBytes;
+    c.forwardWorkingBytes = working * microbatch;  // F makes no gradient
+    if (w.noGradForwardBytes >= 0)
+      c.noGradForwardBytes = act(w.noGradForwardBytes, w.noGradWideBytes) * microbatch;
     c.bufferBytes = w.bufferBytes;
     p.layers.push_back(c);
   }
@@ -355,11 +377,11 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
 }
 
 std::vector<double> analyticSpeeds(const ModelWork& work, std::int64_t microbatch,
-                                   const std::vector<DeviceSpec>& devices) {
+                                   const std::vector<DeviceSpec>& devices, Precision precision) {
   std::vector<double> out;
   if (devices.empty()) return out;
   auto total = [&](const DeviceSpec& d) {
-    Profile p = analyticProfile(work, microbatch, d, OptimizerMemory{});
+    Profile p = analyticProfile(work, microbatch, d, OptimizerMemory{}, precision);
     double t = 0;
     for (const auto& l : p.layers) t += l.forward + l.backward;
     return t;

@@ -112,7 +112,8 @@ DeviceSpec parseDeviceSpec(const std::string& yaml, const std::string& source) {
   if (!n.IsMap()) throw UserError(source + ": a device spec is a map of keys");
   const std::vector<std::string> keys = {"name",         "description",   "peak_flops",
                                          "memory",       "hbm_bandwidth", "pcie_bandwidth",
-                                         "host_latency", "efficiency",    "layer_overhead"};
+                                         "host_latency", "efficiency",    "layer_overhead",
+                                         "bf16_flops",   "fp16_flops"};
   checkKeys(n, keys, source, "");
   for (const char* req :
        {"name", "peak_flops", "memory", "hbm_bandwidth", "pcie_bandwidth", "efficiency"})
@@ -121,6 +122,10 @@ DeviceSpec parseDeviceSpec(const std::string& yaml, const std::string& source) {
   d.name = n["name"].as<std::string>();
   if (n["description"]) d.description = n["description"].as<std::string>();
   d.peakFlops = positive(number(n["peak_flops"], "peak_flops", source), "peak_flops", source);
+  if (n["bf16_flops"])
+    d.bf16Flops = positive(number(n["bf16_flops"], "bf16_flops", source), "bf16_flops", source);
+  if (n["fp16_flops"])
+    d.fp16Flops = positive(number(n["fp16_flops"], "fp16_flops", source), "fp16_flops", source);
   auto mem = parseSize(n["memory"].as<std::string>());
   if (!mem || *mem <= 0)
     throw UserError(where(source, n["memory"]) + ": memory must be a size such as 16GiB, got '" +
@@ -139,6 +144,18 @@ DeviceSpec parseDeviceSpec(const std::string& yaml, const std::string& source) {
     d.layerOverhead =
         parseSeconds(n["layer_overhead"].as<std::string>(), source + ": layer_overhead");
   return d;
+}
+
+double flopsAt(const DeviceSpec& d, Precision precision) {
+  const double f = precision == Precision::BF16   ? d.bf16Flops
+                   : precision == Precision::FP16 ? d.fp16Flops
+                                                  : d.peakFlops;
+  if (f <= 0)
+    throw UserError(std::string("training.precision: ") + toString(precision) + ": device " +
+                    d.name + " has no " + toString(precision) + " FLOP rate in its spec (key " +
+                    toString(precision) + "_flops); allowed on it: fp32" +
+                    (d.bf16Flops > 0 ? ", bf16" : "") + (d.fp16Flops > 0 ? ", fp16" : ""));
+  return f;
 }
 
 DeviceSpec loadDeviceSpec(const std::string& path) {
@@ -389,6 +406,8 @@ std::string deviceSpecToYaml(const DeviceSpec& d) {
   out << YAML::Key << "name" << YAML::Value << d.name;
   if (!d.description.empty()) out << YAML::Key << "description" << YAML::Value << d.description;
   out << YAML::Key << "peak_flops" << YAML::Value << exact(d.peakFlops);
+  if (d.bf16Flops > 0) out << YAML::Key << "bf16_flops" << YAML::Value << exact(d.bf16Flops);
+  if (d.fp16Flops > 0) out << YAML::Key << "fp16_flops" << YAML::Value << exact(d.fp16Flops);
   out << YAML::Key << "memory" << YAML::Value << std::to_string(d.memory);
   out << YAML::Key << "hbm_bandwidth" << YAML::Value << exact(d.hbmBandwidth);
   out << YAML::Key << "pcie_bandwidth" << YAML::Value << exact(d.pcieBandwidth);

@@ -58,6 +58,9 @@ std::string planToYaml(const CostModel& modelIn, const Plan& plan, const PlanCon
   o << "host_budget: "
     << (ctx.hostBudget < 0 ? std::string("cluster") : formatBytes(ctx.hostBudget)) << "\n";
   o << "layers: " << model.numLayers() << "\n";
+  // Note [Half-precision training] (common/Precision.h); absent: fp32.
+  if (model.profile().precision != Precision::FP32)
+    o << "precision: " << toString(model.profile().precision) << "\n";
   o << "schedule: " << toString(sh.kind) << "\n";
   o << "family: " << plan.family << "\n";
   o << "microbatches: " << sh.microbatches << "\n";
@@ -240,6 +243,13 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     if (need("version").as<int>() != 1)
       throw UserError(source + ": version: only plan files of version 1 are known");
     if (n["model"]) p.model = n["model"].as<std::string>();
+    if (n["precision"]) {  // Note [Half-precision training]; absent: fp32
+      const auto text = n["precision"].as<std::string>();
+      const auto precision = parsePrecision(text);
+      if (!precision)
+        throw UserError(source + ": precision: '" + text + "'; allowed: fp32, bf16, fp16");
+      p.precision = *precision;
+    }
     p.schedule = need("schedule").as<std::string>();
     const ScheduleKind kind = parseScheduleKind(p.schedule);
     p.microbatches = need("microbatches").as<int>();

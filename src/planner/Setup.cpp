@@ -89,6 +89,16 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   }
   const OptimizerMemory optimizer =
       optimizerMemory(cfg.training.optimizer, cfg.training.momentum, cfg.training.weight_decay);
+  // Note [Half-precision training] (common/Precision.h): every device needs a FLOP rate at
+  // the precision; a measured profile is fp32.
+  const Precision precision = parsePrecision(cfg.training.precision).value_or(Precision::FP32);
+  for (const auto& d : pl.clusterSpec.devices) flopsAt(d, precision);
+  if (precision != Precision::FP32 && !opt.profile.empty())
+    throw UserError("--profile " + opt.profile + ": training.precision is " +
+                    cfg.training.precision +
+                    " but a measured profile is fp32 (pipefb_profile measures fp32 runs only "
+                    "so far); plan at " +
+                    cfg.training.precision + " without --profile");
   const std::int64_t mb = opt.profileMicrobatch > 0 ? opt.profileMicrobatch : 1;
   std::string profileText;
   if (!opt.profile.empty()) {
@@ -132,10 +142,10 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
       checkProfileModel(profile, opt.profile, work.model, static_cast<int>(work.layers.size()),
                         cfg.source);
     } else {
-      profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), optimizer);
+      profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), optimizer, precision);
       pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;
     }
-    speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices);
+    speeds = analyticSpeeds(work, mb, pl.clusterSpec.devices, precision);
   }
   Cluster cluster = pl.clusterSpec.toCluster(speeds);
   cluster.reservePerMille = kPlannedReservePerMille;  // Note [Planned reserve] (CostModel.h)

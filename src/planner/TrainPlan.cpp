@@ -43,6 +43,10 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
                     std::to_string(spec.numLayers) + " layers) but the config's model is '" + key +
                     "'" + (script ? "" : " (" + std::to_string(L) + " layers)") +
                     "; re-plan with pipefb_plan --config " + cfg.source);
+  if (toString(spec.precision) != cfg.training.precision)  // Note [Half-precision training]
+    throw UserError(source + ": precision: the plan is for " + toString(spec.precision) +
+                    " but training.precision is " + cfg.training.precision + "; --set " +
+                    "training.precision=" + toString(spec.precision) + " or re-plan");
   if (spec.batch != cfg.training.batch)
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +

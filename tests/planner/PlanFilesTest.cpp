@@ -27,6 +27,8 @@ void expectSameDevice(const DeviceSpec& a, const DeviceSpec& b, const std::strin
   EXPECT_EQ(a.name, b.name) << what;
   EXPECT_EQ(a.description, b.description) << what;
   EXPECT_EQ(a.peakFlops, b.peakFlops) << what;
+  EXPECT_EQ(a.bf16Flops, b.bf16Flops) << what;
+  EXPECT_EQ(a.fp16Flops, b.fp16Flops) << what;
   EXPECT_EQ(a.memory, b.memory) << what;
   EXPECT_EQ(a.hbmBandwidth, b.hbmBandwidth) << what;
   EXPECT_EQ(a.pcieBandwidth, b.pcieBandwidth) << what;

@@ -20,6 +20,9 @@ namespace pipefb::config {
 
 struct TrainingOptions {
   std::string optimizer = "sgd";  // sgd | adam
+  /// fp32 | bf16 | fp16 (Note [Half-precision training] in common/Precision.h): the planner
+  /// plans at it; the runtime trains in fp32 only so far.
+  std::string precision = "fp32";
   double lr = 0.01;
   double momentum = 0.9;  // sgd
   double weight_decay = 0.0;

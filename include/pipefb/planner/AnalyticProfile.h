@@ -46,6 +46,10 @@ struct LayerWork {
   /// Bytes of the layer's buffers (BatchNorm's running statistics and its batch counter),
   /// resident beside the weights. Not per sample.
   std::int64_t bufferBytes = 0;
+  /// Per sample: the parts of savedBytes, workingBytes and noGradForwardBytes that keep
+  /// their width at bf16 and fp16 (Note [Half-precision training] in common/Precision.h):
+  /// int64 indices and ids, the loss's fp32 log-softmax, the causal mask's bytes.
+  std::int64_t savedWideBytes = 0, workingWideBytes = 0, noGradWideBytes = 0;
 };
 
 struct ModelWork {
@@ -121,12 +125,16 @@ struct OptimizerMemory {
 /// (+1 with weight decay).
 OptimizerMemory optimizerMemory(const std::string& optimizer, double momentum, double weightDecay);
 
+/// At bf16 or fp16 (Note [Half-precision training] in common/Precision.h): activations at
+/// 2 bytes an element but for the wide parts, weights at 6 bytes a parameter (fp32 master
+/// and half copy), .grad and optimizer states fp32, FLOPs at the spec's half rate.
 Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const DeviceSpec& device,
-                        OptimizerMemory optimizer);
+                        OptimizerMemory optimizer, Precision precision = Precision::FP32);
 
 /// Compute speed of each device relative to the first, from the analytic time of the
 /// whole model (forward + backward) on each spec.
 std::vector<double> analyticSpeeds(const ModelWork& work, std::int64_t microbatch,
-                                   const std::vector<DeviceSpec>& devices);
+                                   const std::vector<DeviceSpec>& devices,
+                                   Precision precision = Precision::FP32);
 
 }  // namespace pipefb::planner

@@ -5,14 +5,18 @@
 #include <string>
 #include <vector>
 
+#include "pipefb/common/Precision.h"
 #include "pipefb/planner/Cluster.h"
 
 namespace pipefb::planner {
 
 struct DeviceSpec {
-  std::string name;          // "t4-16g"
-  std::string description;   // free text
-  double peakFlops = 0;      // FP32 FLOP/s the trainer's kernels can use (dense)
+  std::string name;         // "t4-16g"
+  std::string description;  // free text
+  double peakFlops = 0;     // FP32 FLOP/s the trainer's kernels can use (dense)
+  /// Dense bf16 and fp16 FLOP/s (tensor cores; `bf16_flops`, `fp16_flops`); 0: the device
+  /// has none, and cannot plan at that precision (Note [Half-precision training]).
+  double bf16Flops = 0, fp16Flops = 0;
   std::int64_t memory = 0;   // usable bytes
   double hbmBandwidth = 0;   // device memory bytes/s
   double pcieBandwidth = 0;  // host <-> device bytes/s (pinned), each direction
@@ -22,6 +26,10 @@ struct DeviceSpec {
   double efficiency = 0.5;
   double layerOverhead = 20e-6;  // seconds per layer per pass (launches, small kernels)
 };
+
+/// FLOP/s at a training precision: peakFlops, bf16Flops or fp16Flops. A UserError naming the
+/// spec and its key when the device has none at that precision.
+double flopsAt(const DeviceSpec& spec, Precision precision);
 
 /// Parses a device spec; errors name the file and key.
 DeviceSpec parseDeviceSpec(const std::string& yaml, const std::string& source);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "pipefb/common/Precision.h"
+
 namespace pipefb::planner {
 
 /// One layer at the profile's microbatch size, on the profile's reference device.
@@ -175,9 +177,12 @@ struct Profile {
   std::string model;                // cache key part: model name and options
   std::string device;               // the reference device the times were taken (or computed) for
   std::string source = "analytic";  // "analytic" | "measured"
-  std::int64_t microbatch = 1;      // samples per microbatch the numbers are for
-  std::int64_t inputBytes = 0;      // the model input per microbatch (stage 0's checkpoint)
-  std::int64_t targetBytes = 0;     // the loss targets per microbatch (on the last stage)
+  /// What the numbers are for (Note [Half-precision training] in common/Precision.h); a
+  /// measured profile is fp32 (the runtime trains in fp32 only so far).
+  Precision precision = Precision::FP32;
+  std::int64_t microbatch = 1;   // samples per microbatch the numbers are for
+  std::int64_t inputBytes = 0;   // the model input per microbatch (stage 0's checkpoint)
+  std::int64_t targetBytes = 0;  // the loss targets per microbatch (on the last stage)
   /// The loss and the gradient of the model's output from it, as the last stage's B
   /// starts (Note [Backward layer by layer] in CostModel.h): the peak above the output and
   /// the targets, the gradient included. 0 = not measured (the analytic profile).

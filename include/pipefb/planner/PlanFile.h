@@ -38,6 +38,8 @@ struct PlanStage {
 struct PlanSpec {
   std::string model;     // the profile's model key ("vgg16 width=0.25 ... [optimizer=sgd]")
   std::string schedule;  // schedule kind name
+  /// `precision:` (Note [Half-precision training] in common/Precision.h); absent: fp32.
+  Precision precision = Precision::FP32;
   int microbatches = 1;
   std::int64_t microbatchSize = 1;
   std::int64_t batch = 1;  // replicas x microbatches x microbatchSize

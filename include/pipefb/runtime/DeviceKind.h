@@ -28,7 +28,8 @@ enum class DeviceKind { Cpu, Cuda };
 std::string cudaUnavailableReason();
 
 /// config.devices.kind, checked against this process (Note [No silent fallback]).
-/// Throws UserError naming devices.kind when it is cuda and cannot run here.
+/// Throws UserError naming devices.kind when it is cuda and cannot run here, and naming
+/// training.precision when it is not fp32 (the runtime's only precision so far).
 DeviceKind checkDeviceKind(const config::Config& config);
 
 }  // namespace pipefb::runtime

@@ -1,0 +1,50 @@
+#pragma once
+// Training precision (training.precision; issue 36). Torch-free: the planner, the
+// simulator and the runtime share it.
+//
+// Note [Half-precision training]
+// What a device holds at bf16 or fp16, as the planner charges it (the model the runtime
+// is to follow, as Megatron's and DeepSpeed's bf16 do; the runtime still trains in fp32
+// only, and refuses a plan made at another precision):
+//  - weights: the fp32 master copy (4 bytes a parameter) and a half copy that F and B run
+//    on (2 bytes), made from the master after each step;
+//  - .grad: fp32 (4 bytes a parameter), where each microbatch's half gradient is added;
+//    B's fresh gradients are half (2 bytes);
+//  - optimizer states and the step's temporaries: fp32, as at fp32;
+//  - activations, saved tensors, stashes and messages between stages: half (2 bytes an
+//    element), but for what stays at its width: int64 indices and token ids, the model's
+//    input as the data loader gives it (fp32 images), and the loss: the head's
+//    log-softmax and its gradient are fp32 (as torch.autocast runs log_softmax and
+//    cross-entropy).
+// FLOPs run at the device spec's bf16_flops or fp16_flops (tensor cores); a device
+// without one cannot plan at that precision.
+#include <optional>
+#include <string>
+
+namespace pipefb {
+
+enum class Precision { FP32, BF16, FP16 };
+
+inline const char* toString(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+      return "fp32";
+    case Precision::BF16:
+      return "bf16";
+    case Precision::FP16:
+      return "fp16";
+  }
+  return "fp32";
+}
+
+inline std::optional<Precision> parsePrecision(const std::string& s) {
+  if (s == "fp32") return Precision::FP32;
+  if (s == "bf16") return Precision::BF16;
+  if (s == "fp16") return Precision::FP16;
+  return std::nullopt;
+}
+
+/// Bytes of one activation element (Note [Half-precision training]).
+inline int activationBytes(Precision p) { return p == Precision::FP32 ? 4 : 2; }
+
+}  // namespace pipefb
