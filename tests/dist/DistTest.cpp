@@ -4,17 +4,20 @@
 // a test needs each rank's own exit, by a shell.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
 #include "DistCase.h"
 #include "TestUtil.h"
+#include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
@@ -485,4 +488,36 @@ TEST(Dist, AddAllReducePutsOneArBeforeEachStep) {
     }
     EXPECT_GT(steps, 0);
   }
+}
+
+// Note [gloo's event loop at the lowest priority] (ProcessGroup.cpp): the threads gloo
+// starts for its event loops run at nice 19; the caller and the threads that were
+// already there keep theirs.
+TEST(Dist, GlooLoopThreadsRunAtTheLowestPriority) {
+  namespace fs = std::filesystem;
+  auto niceOf = [] {
+    std::map<long, int> out;
+    for (const auto& e : fs::directory_iterator("/proc/self/task")) {
+      const long tid = std::stol(e.path().filename().string());
+      errno = 0;
+      const int n = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+      if (errno == 0) out[tid] = n;
+    }
+    return out;
+  };
+  const auto before = niceOf();
+  dist::DistEnv env;
+  env.masterPort = freePort();
+  auto group = dist::makeGlooGroup(env, {30});
+  const auto after = niceOf();
+  int lowered = 0;
+  for (const auto& [tid, n] : after) {
+    auto it = before.find(tid);
+    if (it != before.end())
+      EXPECT_EQ(n, it->second) << "thread " << tid << " was there before the group";
+    else if (n == 19)
+      ++lowered;
+  }
+  EXPECT_GE(lowered, 1) << "no thread of the new group runs at nice 19";
+  EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())), before.at(::gettid()));
 }
