@@ -1,5 +1,7 @@
 #include "pipefb/model/Model.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 
 #include "Zoo.h"
@@ -40,13 +42,22 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const bool inByOut = ctx->saved_data["in_by_out"].toBool();
     const int64_t in = x.size(-1);
     const torch::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});  // (rows, out)
+    // Note [Autocast]: under bf16 the forward's product ran on bf16 casts of x and the
+    // weight (autocast's linear); the backward's products do too, and autograd casts the
+    // weight's and the bias's gradients to fp32 as it adds them into .grad.
+    const auto dt = g.scalar_type();
+    const bool cast = weight.scalar_type() != dt;
+    const torch::Tensor w = cast ? weight.to(dt) : weight;
     torch::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = (inByOut ? g.mm(weight.t()) : g.mm(weight)).view(x.sizes());
+    if (ctx->needs_input_grad(0)) gx = (inByOut ? g.mm(w.t()) : g.mm(w)).view(x.sizes());
     if (ctx->needs_input_grad(1)) {
-      const torch::Tensor rows = x.reshape({-1, in});
+      const torch::Tensor rows = cast ? x.reshape({-1, in}).to(dt) : x.reshape({-1, in});
       // W (out, in): g^T x; W (in, out): x^T g, as addmm's backward makes them.
       const torch::Tensor param = ctx->saved_data["param"].toTensor();
-      if (tlsWeightGradientsIntoGrad && param.grad().defined()) {
+      if (cast && tlsWeightGradientsIntoGrad && param.grad().defined()) {
+        torch::NoGradGuard noGrad;
+        param.grad().add_(inByOut ? rows.t().mm(g) : g.t().mm(rows));
+      } else if (tlsWeightGradientsIntoGrad && param.grad().defined()) {
         torch::NoGradGuard noGrad;
         torch::Tensor into = param.grad();
         if (inByOut)
@@ -98,6 +109,25 @@ DropoutKey::~DropoutKey() {
   tlsKeyOn = previousOn_;
   tlsKeySeed = previousSeed_;
   tlsKeyMicrobatch = previousMicrobatch_;
+}
+
+// Note [Autocast]
+Autocast::Autocast(const std::string& precision, c10::DeviceType device) : device_(device) {
+  if (precision == "fp32") return;
+  PIPEFB_ASSERT(precision == "bf16", "Autocast at " << precision);
+  on_ = true;
+  previousEnabled_ = at::autocast::is_autocast_enabled(device);
+  previousDtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_enabled(device, true);
+  at::autocast::set_autocast_dtype(device, at::kBFloat16);
+  at::autocast::increment_nesting();
+}
+
+Autocast::~Autocast() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, previousEnabled_);
+  at::autocast::set_autocast_dtype(device_, previousDtype_);
 }
 
 torch::Tensor runLayer(Layer& layer, torch::Tensor x) {

@@ -47,6 +47,12 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
     throw UserError(source + ": precision: the plan is for " + toString(spec.precision) +
                     " but training.precision is " + cfg.training.precision + "; --set " +
                     "training.precision=" + toString(spec.precision) + " or re-plan");
+  if (spec.precision != Precision::FP32)  // Note [Autocast] (model/Model.h)
+    throw UserError(source + ": precision: " + toString(spec.precision) +
+                    ": a plan at half precision charges the half weight copy of Note "
+                    "[Half-precision training], and the runtime runs autocast, whose weight "
+                    "casts it does not charge yet; allowed with --plan: fp32 (run " +
+                    toString(spec.precision) + " without --plan)");
   if (spec.batch != cfg.training.batch)
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +

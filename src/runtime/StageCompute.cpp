@@ -21,6 +21,7 @@ void PipelineEngine::Impl::execForward(DeviceState& dev, const Action& a) {
   model::DropoutKey masks(options.training.seed, options.firstStep * M + a.index);
   auto entry = std::make_shared<StashEntry>();
   const int64_t stashBefore = dev.domain->liveBytes(MemoryCategory::Stash);
+  model::Autocast autocast(options.training.precision, x.device().type());  // Note [Autocast]
   Tensor out;
   if (!st.recompute) {
     // keep: the autograd graph is the stash; everything F leaves alive is charged to it.
@@ -96,6 +97,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
     // I's recompute outlives the action (until W): it is the stash again.
     memory::MemoryScope scope(a.type == ActionType::InputGrad ? MemoryCategory::Stash
                                                               : MemoryCategory::WorkingSet);
+    model::Autocast autocast(options.training.precision, input.device().type());
     output = rep->forward(input);
   }
   e.reset();
@@ -109,6 +111,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
     // Received (or made here), or else recomputed just now (Note [Recomputed last output]).
     auto it = dev.acts.find({S - 1, mb});
     Tensor l;
+    model::Autocast autocast(options.training.precision, target.device().type());
     if (it == dev.acts.end() &&
         schedules::lossInRecomputedGraph(recomputes, a.type == ActionType::InputGrad)) {
       // Note [Loss in the recomputed graph]: B's root is the loss; the output goes now.

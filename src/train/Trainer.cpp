@@ -229,6 +229,7 @@ double Trainer::step(const data::Batch& batch) {
       // Note [Dropout streams]: the masks a pipeline draws for this microbatch.
       model::DropoutKey masks(config_.training.seed, stepsDone_ * M + m);
       memory::MemoryScope scope(MemoryCategory::Stash);
+      model::Autocast autocast(config_.training.precision, inputs[m].device().type());
       torch::Tensor out;
       if (numerics == "all") {  // layer by layer, to name the first bad one
         out = inputs[m];
@@ -277,6 +278,7 @@ std::pair<double, double> Trainer::evaluate(data::Dataset& test) {
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(test.size(), start + bs); ++i) idx.push_back(i);
     data::Batch b = test.get(idx);
+    model::Autocast autocast(config_.training.precision, b.input.device().type());
     torch::Tensor out = model_->forward(b.input);
     lossSum += model_->loss(out, b.target).item<double>() * static_cast<double>(idx.size());
     correct += out.argmax(-1).eq(b.target).sum().item<int64_t>();

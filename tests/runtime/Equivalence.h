@@ -23,6 +23,7 @@ struct Case {
   std::string name;
   model::ModelOptions model;
   int64_t batch = 8;
+  std::string precision = "fp32";  // training.precision (Note [Autocast] in model/Model.h)
 };
 
 inline model::ModelOptions mlpOptions() { return test::mlpOptions(6, {24, 20, 16}); }  // 4 layers
@@ -77,8 +78,12 @@ struct Reference {
     for (size_t m = 0; m < xs.size(); ++m) {
       // Note [Dropout streams]: the masks Trainer::step draws, and a pipeline too.
       model::DropoutKey masks(config.training.seed, steps * M + static_cast<int64_t>(m));
-      auto l = model->loss(model->forward(xs[m]), ts[m]) *
-               (static_cast<double>(xs[m].size(0)) / static_cast<double>(n));
+      torch::Tensor l;
+      {
+        model::Autocast autocast(config.training.precision, xs[m].device().type());
+        l = model->loss(model->forward(xs[m]), ts[m]) *
+            (static_cast<double>(xs[m].size(0)) / static_cast<double>(n));
+      }
       l.backward();
       sum += l.item<double>();
     }
@@ -192,6 +197,7 @@ inline void checkEquivalence(const Case& c, const std::vector<int>& stageCounts,
           SCOPED_TRACE(c.name + " " + layout.name() + " " + stash + " S=" + std::to_string(S) +
                        " M=" + std::to_string(M));
           auto cfg = makeConfig(c.model, layout.schedule, S, M, stash, c.batch);
+          cfg.training.precision = c.precision;
           layout.apply(cfg);
           Reference ref(cfg);
           auto model = buildSeeded(c.model);

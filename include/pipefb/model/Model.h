@@ -135,6 +135,34 @@ class DropoutKey {
   int64_t previousMicrobatch_;
 };
 
+/// Note [Autocast]
+/// training.precision bf16 runs each forward and the loss under LibTorch's autocast on the
+/// tensors' device type, as torch.autocast does: matmuls and convolutions in bf16, the
+/// loss in fp32, the weights fp32 and cast per op, .grad fp32 (the cast's backward). So a
+/// message, stash or offload holds whatever dtype its op gave: bf16 after a linear or a
+/// convolution, fp32 after an op autocast keeps in fp32 or one that promotes (a residual
+/// add of an fp32 stream). Every forward and loss of a step opens one: the trainer's, the
+/// pipeline's F, B's recompute and the last stage's loss, so a pipeline computes what one
+/// device does. fp32 opens nothing. pipefb's linear (model::linear) saves its input and its
+/// fp32 weight as they came and casts both again in B, so it keeps no bf16 copy; aten's
+/// convolutions and matmuls save autocast's bf16 casts, so a microbatch in flight holds a
+/// bf16 copy of its convolutions' weights. The analytic planner's half-copy model (Note
+/// [Half-precision training] in common/Precision.h) charges neither exactly, which is why
+/// pipefb_train refuses a bf16 plan so far; runs without a plan are not refused.
+class Autocast {
+ public:
+  Autocast(const std::string& precision, c10::DeviceType device);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool on_ = false;
+  c10::DeviceType device_;
+  bool previousEnabled_ = false;
+  c10::ScalarType previousDtype_ = c10::ScalarType::BFloat16;
+};
+
 /// layer(x), in its dropout stream when a DropoutKey is open (Note [Dropout streams]).
 torch::Tensor runLayer(Layer& layer, torch::Tensor x);
 
