@@ -118,6 +118,8 @@ Autocast::Autocast(const std::string& precision, c10::DeviceType device) : devic
   on_ = true;
   previousEnabled_ = at::autocast::is_autocast_enabled(device);
   previousDtype_ = at::autocast::get_autocast_dtype(device);
+  previousCache_ = at::autocast::is_autocast_cache_enabled();
+  at::autocast::set_autocast_cache_enabled(false);
   at::autocast::set_autocast_enabled(device, true);
   at::autocast::set_autocast_dtype(device, at::kBFloat16);
   at::autocast::increment_nesting();
@@ -128,6 +130,7 @@ Autocast::~Autocast() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   at::autocast::set_autocast_enabled(device_, previousEnabled_);
   at::autocast::set_autocast_dtype(device_, previousDtype_);
+  at::autocast::set_autocast_cache_enabled(previousCache_);
 }
 
 torch::Tensor runLayer(Layer& layer, torch::Tensor x) {

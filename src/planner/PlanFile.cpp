@@ -243,6 +243,7 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     if (need("version").as<int>() != 1)
       throw UserError(source + ": version: only plan files of version 1 are known");
     if (n["model"]) p.model = n["model"].as<std::string>();
+    if (n["profile"]) p.profile = n["profile"].as<std::string>();
     if (n["precision"]) {  // Note [Half-precision training]; absent: fp32
       const auto text = n["precision"].as<std::string>();
       const auto precision = parsePrecision(text);

@@ -97,6 +97,7 @@ std::string profileToYaml(const Profile& p) {
   o << "model: \"" << p.model << "\"\n";
   o << "device: \"" << p.device << "\"\n";
   o << "source: " << p.source << "\n";
+  if (p.precision != Precision::FP32) o << "precision: " << toString(p.precision) << "\n";
   o << "microbatch: " << p.microbatch << "\n";
   o << "input_bytes: " << p.inputBytes << "\n";
   o << "target_bytes: " << p.targetBytes << "\n";
@@ -145,6 +146,13 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
     p.model = n["model"].as<std::string>();
     p.device = n["device"].as<std::string>();
     p.source = n["source"] ? n["source"].as<std::string>() : "measured";
+    if (n["precision"]) {  // Note [Autocast]; absent: fp32
+      const auto text = n["precision"].as<std::string>();
+      const auto precision = parsePrecision(text);
+      if (!precision)
+        throw UserError(source + ": precision: '" + text + "'; allowed: fp32, bf16, fp16");
+      p.precision = *precision;
+    }
     p.microbatch = n["microbatch"].as<std::int64_t>();
     p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;
     p.targetBytes = n["target_bytes"] ? n["target_bytes"].as<std::int64_t>() : 0;

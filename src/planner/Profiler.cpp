@@ -268,6 +268,9 @@ Profile profileHeader(const config::Config& cfg, const ProfilerOptions& o) {
   std::string opt = t.optimizer;
   if (t.optimizer == "sgd" && t.momentum > 0) opt += "-momentum";
   p.model = model::modelKey(cfg.model) + " optimizer=" + opt;
+  // Note [Autocast]: a profile measured under bf16 is another profile.
+  if (cfg.training.precision != "fp32") p.model += " precision=" + cfg.training.precision;
+  p.precision = parsePrecision(cfg.training.precision).value_or(Precision::FP32);
   p.device = o.device;
   if (o.threads != 1) p.device += " threads=" + std::to_string(o.threads);
   // Note [Keeping freed memory]: times with glibc's defaults are another device.
@@ -296,6 +299,8 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
 
   auto model = model::buildModel(cfg.model);
   model->train(true);
+  // Note [Autocast] (model/Model.h): every forward and loss measured as the runtime runs it.
+  model::Autocast autocast(cfg.training.precision, c10::DeviceType::CPU);
   const std::int64_t b = prof.microbatch;
   memory::MemoryDomain& dom = memory::getOrCreateDomain("profiler");
 

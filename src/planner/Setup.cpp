@@ -20,7 +20,14 @@ namespace {
 // A profile of another model would plan nonsense; pipefb_profile writes "<model key>
 // optimizer=..." as the model (Profiler.h). layers < 0: not known without the profile.
 void checkProfileModel(const Profile& profile, const std::string& file, const std::string& key,
-                       int layers, const std::string& config) {
+                       int layers, const config::Config& cfg) {
+  const std::string& config = cfg.source;
+  // Note [Autocast]: a profile measures one precision's bytes and times.
+  if (toString(profile.precision) != cfg.training.precision)
+    throw UserError("--profile: " + file + " was measured at " + toString(profile.precision) +
+                    " but training.precision is " + cfg.training.precision +
+                    "; profile it with: pipefb_profile --config " + config +
+                    " --set training.precision=" + cfg.training.precision);
   if ((layers < 0 || profile.numLayers() == layers) &&
       profile.model.compare(0, key.size(), key) == 0 &&
       (profile.model.size() == key.size() || profile.model[key.size()] == ' '))
@@ -34,11 +41,12 @@ void checkProfileModel(const Profile& profile, const std::string& file, const st
 // A profile with no model work to scale (PipeDream's, a torchscript model's): its times are
 // taken as measured on the cluster's first device, and the others scale by their sustained
 // FLOP rate.
-std::vector<double> flopRateSpeeds(const std::vector<DeviceSpec>& devices) {
+std::vector<double> flopRateSpeeds(const std::vector<DeviceSpec>& devices, Precision precision) {
   std::vector<double> out;
   const DeviceSpec& ref = devices.front();
   for (const auto& d : devices)
-    out.push_back((d.peakFlops * d.efficiency) / (ref.peakFlops * ref.efficiency));
+    out.push_back((flopsAt(d, precision) * d.efficiency) /
+                  (flopsAt(ref, precision) * ref.efficiency));
   return out;
 }
 }  // namespace
@@ -93,12 +101,6 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   // the precision; a measured profile is fp32.
   const Precision precision = parsePrecision(cfg.training.precision).value_or(Precision::FP32);
   for (const auto& d : pl.clusterSpec.devices) flopsAt(d, precision);
-  if (precision != Precision::FP32 && !opt.profile.empty())
-    throw UserError("--profile " + opt.profile + ": training.precision is " +
-                    cfg.training.precision +
-                    " but a measured profile is fp32 (pipefb_profile measures fp32 runs only "
-                    "so far); plan at " +
-                    cfg.training.precision + " without --profile");
   const std::int64_t mb = opt.profileMicrobatch > 0 ? opt.profileMicrobatch : 1;
   std::string profileText;
   if (!opt.profile.empty()) {
@@ -113,13 +115,18 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
   std::vector<double> speeds;
   if (!opt.profile.empty() && isPipeDreamGraph(profileText)) {
     // Note [PipeDream profiles]: no zoo model; the config gives the batch and the optimizer.
+    if (precision != Precision::FP32)
+      throw UserError("--profile " + opt.profile +
+                      ": a PipeDream profile is fp32 but "
+                      "training.precision is " +
+                      cfg.training.precision + "; allowed with it: fp32");
     PipeDreamImport imp;
     imp.batch = opt.profileBatch;
     imp.optimizer = optimizer;
     imp.device = pl.clusterSpec.devices.front().name;
     profile = importPipeDreamProfile(profileText, opt.profile, imp);
     pl.profileText = "pipedream " + opt.profile;
-    speeds = flopRateSpeeds(pl.clusterSpec.devices);
+    speeds = flopRateSpeeds(pl.clusterSpec.devices, precision);
   } else if (cfg.model.name == "torchscript") {
     // Note [TorchScript models] (model/Model.h): no analytic profile, and the planner does
     // not load the file: its layers are the measured profile's.
@@ -130,8 +137,8 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
           cfg.source + " and pass it with --profile");
     profile = parseProfile(profileText, opt.profile);
     pl.profileText = "measured " + opt.profile;
-    checkProfileModel(profile, opt.profile, model::modelKey(cfg.model), -1, cfg.source);
-    speeds = flopRateSpeeds(pl.clusterSpec.devices);
+    checkProfileModel(profile, opt.profile, model::modelKey(cfg.model), -1, cfg);
+    speeds = flopRateSpeeds(pl.clusterSpec.devices, precision);
   } else {
     const ModelWork work = modelWork(cfg.model);
     if (!opt.profile.empty()) {
@@ -140,7 +147,7 @@ Planning setupPlanning(const config::Config& cfg, const SetupOptions& opt) {
       // A profile of another model would plan nonsense; pipefb_profile writes
       // "<modelWork key> optimizer=..." as the model (Profiler.h).
       checkProfileModel(profile, opt.profile, work.model, static_cast<int>(work.layers.size()),
-                        cfg.source);
+                        cfg);
     } else {
       profile = analyticProfile(work, mb, pl.clusterSpec.devices.front(), optimizer, precision);
       pl.profileText = "analytic " + pl.clusterSpec.devices.front().name;

@@ -47,12 +47,15 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
     throw UserError(source + ": precision: the plan is for " + toString(spec.precision) +
                     " but training.precision is " + cfg.training.precision + "; --set " +
                     "training.precision=" + toString(spec.precision) + " or re-plan");
-  if (spec.precision != Precision::FP32)  // Note [Autocast] (model/Model.h)
-    throw UserError(source + ": precision: " + toString(spec.precision) +
-                    ": a plan at half precision charges the half weight copy of Note "
-                    "[Half-precision training], and the runtime runs autocast, whose weight "
-                    "casts it does not charge yet; allowed with --plan: fp32 (run " +
-                    toString(spec.precision) + " without --plan)");
+  // Note [Autocast] (model/Model.h): a measured bf16 profile has autocast's bytes; the
+  // analytic one charges Note [Half-precision training]'s half copy, which autocast is not.
+  if (spec.precision != Precision::FP32 && spec.profile.rfind("measured", 0) != 0)
+    throw UserError(source + ": precision: " + toString(spec.precision) + ": the plan is on " +
+                    (spec.profile.empty() ? std::string("no measured profile") : spec.profile) +
+                    ", whose half-precision bytes are the half weight copy of Note [Half-precision "
+                    "training], not autocast's; plan on a profile measured at " +
+                    toString(spec.precision) + " (pipefb_profile --set training.precision=" +
+                    toString(spec.precision) + ", then pipefb_plan --profile)");
   if (spec.batch != cfg.training.batch)
     throw UserError(source + ": batch: the plan is for a batch of " + std::to_string(spec.batch) +
                     " but training.batch is " + std::to_string(cfg.training.batch) +

@@ -143,12 +143,14 @@ class DropoutKey {
 /// convolution, fp32 after an op autocast keeps in fp32 or one that promotes (a residual
 /// add of an fp32 stream). Every forward and loss of a step opens one: the trainer's, the
 /// pipeline's F, B's recompute and the last stage's loss, so a pipeline computes what one
-/// device does. fp32 opens nothing. pipefb's linear (model::linear) saves its input and its
-/// fp32 weight as they came and casts both again in B, so it keeps no bf16 copy; aten's
-/// convolutions and matmuls save autocast's bf16 casts, so a microbatch in flight holds a
-/// bf16 copy of its convolutions' weights. The analytic planner's half-copy model (Note
-/// [Half-precision training] in common/Precision.h) charges neither exactly, which is why
-/// pipefb_train refuses a bf16 plan so far; runs without a plan are not refused.
+/// device does. fp32 opens nothing. Autocast's cache of weight casts is off: each op casts
+/// what it uses and frees the cast unless autograd saves it, so a forward's bytes do not
+/// depend on what ran before it in the scope (pipefb_profile measures each layer so). pipefb's
+/// linear (model::linear) saves its input and its fp32 weight as they came and casts both again in
+/// B, so it keeps no bf16 copy; aten's convolutions and matmuls save autocast's bf16 casts, so a
+/// microbatch in flight holds a bf16 copy of its convolutions' weights. The analytic planner's
+/// half-copy model (Note [Half-precision training] in common/Precision.h) charges neither exactly,
+/// which is why pipefb_train refuses a bf16 plan so far; runs without a plan are not refused.
 class Autocast {
  public:
   Autocast(const std::string& precision, c10::DeviceType device);
@@ -159,7 +161,7 @@ class Autocast {
  private:
   bool on_ = false;
   c10::DeviceType device_;
-  bool previousEnabled_ = false;
+  bool previousEnabled_ = false, previousCache_ = true;
   c10::ScalarType previousDtype_ = c10::ScalarType::BFloat16;
 };
 

@@ -40,6 +40,7 @@ struct PlanSpec {
   std::string schedule;  // schedule kind name
   /// `precision:` (Note [Half-precision training] in common/Precision.h); absent: fp32.
   Precision precision = Precision::FP32;
+  std::string profile;  // `profile:` "analytic <device>" | "measured <file>" | ...; may be empty
   int microbatches = 1;
   std::int64_t microbatchSize = 1;
   std::int64_t batch = 1;  // replicas x microbatches x microbatchSize

@@ -77,11 +77,6 @@ int main(int argc, char** argv) {
   return runProgram("pipefb_profile", app, argc, argv, [&] {
     opt.validate();
     config::Config cfg = config::loadConfig(configPath, overrides, config::ConfigUse::Plan);
-    if (cfg.training.precision != "fp32")  // Note [Half-precision training]
-      throw UserError("training.precision: " + cfg.training.precision +
-                      ": pipefb_profile measures fp32 runs only so far; allowed: fp32 (plan "
-                      "at " +
-                      cfg.training.precision + " on the analytic profile)");
     ProfileResult r = loadOrMeasureProfile(cfg, opt, out, force);
     std::cout << (r.fromCache ? "cached profile " : "measured profile ") << r.path << " ("
               << profileKey(r.profile) << ")"
