@@ -51,6 +51,8 @@ SCHEDULES = {
     "interleaved-1f1b": ("ScheduleInterleaved1F1B", 4, "loop", "interleaved-1f1b", 4),
     "zb-h1": ("ScheduleInterleavedZeroBubble", 4, "loop", "zb-h1", 2),
     "zbv": ("ScheduleZBVZeroBubble", 4, "v", "zbv", 4),
+    # Not a default pair: pipefb has no DualPipeV; its nearest is zbv (the same V placement).
+    "dualpipev": ("ScheduleDualPipeV", 4, "v", "zbv", 4),
 }
 STAGES, MICROBATCHES, BATCH, LR, WARMUP = 2, 4, 16, 0.05, 2  # STAGES: ranks, devices
 
