@@ -156,6 +156,12 @@ void killAndResume(const std::string& name, const std::string& extra) {
 
 TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalSingleDevice) { killAndResume("single", ""); }
 TEST(Checkpoint, KillAndResumeIsBitwiseIdentical1F1B) { killAndResume("1f1b", kOneF1B); }
+// Note [Autocast]: at bf16 the checkpoint holds the fp32 masters and Adam's fp32 state, and
+// a resumed run is the uninterrupted one bit for bit.
+TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalAtBf16) {
+  killAndResume("bf16", std::string(kOneF1B) +
+                            " --set training.precision=bf16 --set training.optimizer=adam");
+}
 TEST(Checkpoint, KillAndResumeIsBitwiseIdenticalPipeDream) {
   killAndResume("pipedream",
                 "--set pipeline.schedule=pipedream --set devices.count=2 "
