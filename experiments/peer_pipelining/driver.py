@@ -146,6 +146,14 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
         peak = base + max(e["args"].get("Total Allocated", 0) for e in events
                           if e.get("name") == "[memory]")
         os.remove(trace)
+        # What the stages hold for receiving: a buffer per microbatch for every activation
+        # and gradient a stage receives (stage.py allocates them at its first step and keeps
+        # them), counted tensor by tensor.
+        recv = sum(i.buffer.nbytes for st in stages
+                   for infos in list(st.args_recv_info.values()) + list(st.grad_recv_info.values())
+                   for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor))
+        with open(os.path.join(out, f"recv-{rank}.json"), "w") as f:
+            json.dump({"recv_buffer_bytes": recv}, f)
     if double:
         torch.save({n: p.grad for n, p in stage_mod.named_parameters()},
                    os.path.join(out, f"grads-{rank}.pt"))
@@ -345,14 +353,19 @@ def torch_memory_only(a):
     def update(r, work):
         if r["side"] != "torch" or r["grad_rel_err"] == "failed":
             return
-        _, peaks = run_torch(r["model"], r["schedule"], False, WARMUP + 2,
-                             tempfile.mkdtemp(dir=work), memory=True)
+        out = tempfile.mkdtemp(dir=work)
+        _, peaks = run_torch(r["model"], r["schedule"], False, WARMUP + 2, out, memory=True)
+        recv = [json.load(open(os.path.join(out, f"recv-{k}.json")))["recv_buffer_bytes"]
+                for k in range(STAGES)]
         r["peak_stage_bytes"] = max(peaks)
         raw = os.path.join(a.out, "raw", f"{r['model']}-{r['schedule']}-torch.txt")
-        lines = [x for x in open(raw).read().splitlines() if not x.startswith("peak")]
+        lines = [x for x in open(raw).read().splitlines()
+                 if not x.startswith("peak") and not x.startswith("receive buffers")]
         with open(raw, "w") as f:
-            f.write("\n".join(lines + [f"peak live tensor bytes per device: {peaks}"]) + "\n")
-        print(f"{r['model']} {r['schedule']} torch: device peaks {peaks}", flush=True)
+            f.write("\n".join(lines + [f"peak live tensor bytes per device: {peaks}",
+                                       f"receive buffers held per device: {recv}"]) + "\n")
+        print(f"{r['model']} {r['schedule']} torch: device peaks {peaks}, receive buffers {recv}",
+              flush=True)
 
     update_summary(a, update)
 
