@@ -640,6 +640,7 @@ RunSummary Trainer::run() {
   j["wall_seconds"] = summary.wall_seconds;
   j["model"] = config_.model.name;
   j["schedule"] = config_.pipeline.schedule;
+  j["precision"] = config_.training.precision;  // Note [Autocast]
   j["checkpoint"] = summary.checkpoint;
   j["devices"] = nlohmann::json::array();
   for (const auto& d : summary.devices) {
