@@ -54,13 +54,12 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       const torch::Tensor rows = cast ? x.reshape({-1, in}).to(dt) : x.reshape({-1, in});
       // W (out, in): g^T x; W (in, out): x^T g, as addmm's backward makes them.
       const torch::Tensor param = ctx->saved_data["param"].toTensor();
-      if (cast && tlsWeightGradientsIntoGrad && param.grad().defined()) {
-        torch::NoGradGuard noGrad;
-        param.grad().add_(inByOut ? rows.t().mm(g) : g.t().mm(rows));
-      } else if (tlsWeightGradientsIntoGrad && param.grad().defined()) {
+      if (tlsWeightGradientsIntoGrad && param.grad().defined()) {
         torch::NoGradGuard noGrad;
         torch::Tensor into = param.grad();
-        if (inByOut)
+        if (cast)  // a bf16 product into the fp32 .grad: no mixed-dtype addmm_
+          into.add_(inByOut ? rows.t().mm(g) : g.t().mm(rows));
+        else if (inByOut)
           into.addmm_(rows.t(), g);
         else
           into.t().addmm_(rows.t(), g);  // the same (in, out) product autograd makes

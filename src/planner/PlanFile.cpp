@@ -245,11 +245,7 @@ PlanSpec parsePlan(const std::string& yaml, const std::string& source) {
     if (n["model"]) p.model = n["model"].as<std::string>();
     if (n["profile"]) p.profile = n["profile"].as<std::string>();
     if (n["precision"]) {  // Note [Half-precision training]; absent: fp32
-      const auto text = n["precision"].as<std::string>();
-      const auto precision = parsePrecision(text);
-      if (!precision)
-        throw UserError(source + ": precision: '" + text + "'; allowed: fp32, bf16, fp16");
-      p.precision = *precision;
+      p.precision = precisionIn(n["precision"].as<std::string>(), source);
     }
     p.schedule = need("schedule").as<std::string>();
     const ScheduleKind kind = parseScheduleKind(p.schedule);

@@ -147,11 +147,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
     p.device = n["device"].as<std::string>();
     p.source = n["source"] ? n["source"].as<std::string>() : "measured";
     if (n["precision"]) {  // Note [Autocast]; absent: fp32
-      const auto text = n["precision"].as<std::string>();
-      const auto precision = parsePrecision(text);
-      if (!precision)
-        throw UserError(source + ": precision: '" + text + "'; allowed: fp32, bf16, fp16");
-      p.precision = *precision;
+      p.precision = precisionIn(n["precision"].as<std::string>(), source);
     }
     p.microbatch = n["microbatch"].as<std::int64_t>();
     p.inputBytes = n["input_bytes"] ? n["input_bytes"].as<std::int64_t>() : 0;

@@ -3,9 +3,10 @@
 // simulator and the runtime share it.
 //
 // Note [Half-precision training]
-// What a device holds at bf16 or fp16, as the planner charges it (the model the runtime
-// is to follow, as Megatron's and DeepSpeed's bf16 do; the runtime still trains in fp32
-// only, and refuses a plan made at another precision):
+// What a device holds at bf16 or fp16, as the analytic planner charges it (the half-copy
+// model of Megatron's and DeepSpeed's bf16). The runtime runs autocast instead (Note
+// [Autocast] in model/Model.h), so pipefb_train refuses a plan made on this model; a plan
+// on a profile measured at bf16 runs:
 //  - weights: the fp32 master copy (4 bytes a parameter) and a half copy that F and B run
 //    on (2 bytes), made from the master after each step;
 //  - .grad: fp32 (4 bytes a parameter), where each microbatch's half gradient is added;
@@ -20,6 +21,8 @@
 // without one cannot plan at that precision.
 #include <optional>
 #include <string>
+
+#include "pipefb/common/Error.h"
 
 namespace pipefb {
 
@@ -42,6 +45,13 @@ inline std::optional<Precision> parsePrecision(const std::string& s) {
   if (s == "bf16") return Precision::BF16;
   if (s == "fp16") return Precision::FP16;
   return std::nullopt;
+}
+
+/// A file's `precision:` value; a UserError naming `source` and the allowed values otherwise.
+inline Precision precisionIn(const std::string& text, const std::string& source) {
+  const auto p = parsePrecision(text);
+  if (!p) throw UserError(source + ": precision: '" + text + "'; allowed: fp32, bf16, fp16");
+  return *p;
 }
 
 /// Bytes of one activation element (Note [Half-precision training]).

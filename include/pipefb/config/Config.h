@@ -20,8 +20,8 @@ namespace pipefb::config {
 
 struct TrainingOptions {
   std::string optimizer = "sgd";  // sgd | adam
-  /// fp32 | bf16 | fp16 (Note [Half-precision training] in common/Precision.h): the planner
-  /// plans at it; the runtime trains in fp32 only so far.
+  /// fp32 | bf16 | fp16: bf16 trains under autocast (Note [Autocast] in model/Model.h); fp16
+  /// is planned only (Note [Half-precision training] in common/Precision.h).
   std::string precision = "fp32";
   double lr = 0.01;
   double momentum = 0.9;  // sgd

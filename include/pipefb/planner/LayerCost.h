@@ -177,8 +177,8 @@ struct Profile {
   std::string model;                // cache key part: model name and options
   std::string device;               // the reference device the times were taken (or computed) for
   std::string source = "analytic";  // "analytic" | "measured"
-  /// What the numbers are for (Note [Half-precision training] in common/Precision.h); a
-  /// measured profile is fp32 (the runtime trains in fp32 only so far).
+  /// What the numbers are for: an analytic profile's Note [Half-precision training]
+  /// (common/Precision.h), a measured one's Note [Autocast] (model/Model.h).
   Precision precision = Precision::FP32;
   std::int64_t microbatch = 1;   // samples per microbatch the numbers are for
   std::int64_t inputBytes = 0;   // the model input per microbatch (stage 0's checkpoint)

@@ -29,7 +29,7 @@ std::string cudaUnavailableReason();
 
 /// config.devices.kind, checked against this process (Note [No silent fallback]).
 /// Throws UserError naming devices.kind when it is cuda and cannot run here, and naming
-/// training.precision when it is not fp32 (the runtime's only precision so far).
+/// training.precision when it is fp16 (no loss scaling yet).
 DeviceKind checkDeviceKind(const config::Config& config);
 
 }  // namespace pipefb::runtime
