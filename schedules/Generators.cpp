@@ -156,6 +156,17 @@ namespace {
 // stage that is not split (folded, odd S: the middle one) runs the same merge on one
 // device; its STEP makes the version its next forwards use, so it needs no SW/RW and
 // keeps one version.
+//
+// Note [Steps after the device's backwards]
+// pipefb-sync steps a device's stages once the device has run its last backward of the
+// iteration, in the order their last backwards ran: a device whose backward range has
+// several stages no longer steps stage s+1 between B(s+1, M-1) and B(s, M-1). Under fp16 a
+// stage may step only when every stage's gradients are known to be finite (Note [Loss
+// scaling] in train/LossScaler.h), so a STEP waits for the verdict of the whole pipeline;
+// placed before a backward of its own device it would wait for itself. The STEPs move
+// nothing else: a sync forward of the next iteration waits for RW, which waits for SW, which
+// follows its STEP either way. pipefb-async keeps each STEP after its stage's last backward
+// (it has no fp16: Note [Loss scaling]).
 SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, int K, int lag) {
   checkShape(kind, S, M, K, p);
   checkSplit(kind, p);
@@ -194,11 +205,16 @@ SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, i
     auto receiveWeights = [&](int k) {
       for (int s : splitForwards) out.push_back(recvWeights(s, k - 1, p.backward(s)));
     };
-    size_t lastForward = 0;
+    size_t lastForward = 0, lastBackward = 0;
     for (size_t i = 0; i < order.size(); ++i)
-      if (!std::get<1>(order[i])) lastForward = i;
+      (std::get<1>(order[i]) ? lastBackward : lastForward) = i;
     for (int k = 0; k < K; ++k) {
       bool received = k == 0 || splitForwards.empty();
+      std::vector<int> toStep;  // sync: Note [Steps after the device's backwards]
+      auto stepStage = [&](int s) {
+        out.push_back(step(s, k));
+        if (p.split(s)) out.push_back(syncWeights(s, k, p.forward(s)));
+      };
       for (size_t i = 0; i < order.size(); ++i) {
         const auto& [key, backward, s, j] = order[i];
         if (!backward) {
@@ -214,9 +230,13 @@ SchedulePlan pipefb(const std::string& kind, int S, int M, const Placement& p, i
         } else {
           out.push_back(B(s, k * M + j));
           if (j + 1 == M) {
-            out.push_back(step(s, k));
-            if (p.split(s)) out.push_back(syncWeights(s, k, p.forward(s)));
+            if (lag > 0)
+              stepStage(s);
+            else
+              toStep.push_back(s);
           }
+          if (i == lastBackward)
+            for (int t : toStep) stepStage(t);
         }
       }
     }

@@ -471,6 +471,12 @@ const std::vector<KeySpec>& schema() {
                        [](Config & c) -> auto& { return c.training.precision; },
                        {"fp32", "bf16", "fp16"}));
     s.push_back(number(
+        "training.loss_scale", [](Config & c) -> auto& { return c.training.loss_scale; }, 1,
+        1e30));
+    s.push_back(integer(
+        "training.loss_scale_window",
+        [](Config & c) -> auto& { return c.training.loss_scale_window; }, 1));
+    s.push_back(number(
         "training.lr", [](Config & c) -> auto& { return c.training.lr; }, 0, 10, true));
     s.push_back(number(
         "training.momentum", [](Config & c) -> auto& { return c.training.momentum; }, 0, 0.9999));
@@ -762,6 +768,11 @@ void validate(const Config& c, ConfigUse use) {
     throw UserError(src + ": pipeline.microbatches: " + std::to_string(c.pipeline.microbatches) +
                     " does not divide training.batch " + std::to_string(c.training.batch) +
                     "; please choose a divisor of the batch");
+  const config::TrainingOptions defaults;
+  if (c.training.precision != "fp16" && (c.training.loss_scale != defaults.loss_scale ||
+                                         c.training.loss_scale_window != defaults.loss_scale_window))
+    throw UserError(src + ": training.loss_scale: loss scaling is for training.precision fp16, got " +
+                    c.training.precision + "; set training.precision: fp16, or leave it out");
   const bool tokens = model::isTokenModel(c.model);
   if (tokens && c.data.name != "synthetic" && c.data.name != "tokens" && c.data.name != "tensors")
     throw UserError(src + ": data.name: model " + c.model.name +

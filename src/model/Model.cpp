@@ -113,14 +113,14 @@ DropoutKey::~DropoutKey() {
 // Note [Autocast]
 Autocast::Autocast(const std::string& precision, c10::DeviceType device) : device_(device) {
   if (precision == "fp32") return;
-  PIPEFB_ASSERT(precision == "bf16", "Autocast at " << precision);
+  PIPEFB_ASSERT(precision == "bf16" || precision == "fp16", "Autocast at " << precision);
   on_ = true;
   previousEnabled_ = at::autocast::is_autocast_enabled(device);
   previousDtype_ = at::autocast::get_autocast_dtype(device);
   previousCache_ = at::autocast::is_autocast_cache_enabled();
   at::autocast::set_autocast_cache_enabled(false);
   at::autocast::set_autocast_enabled(device, true);
-  at::autocast::set_autocast_dtype(device, at::kBFloat16);
+  at::autocast::set_autocast_dtype(device, precision == "bf16" ? at::kBFloat16 : at::kHalf);
   at::autocast::increment_nesting();
 }
 

@@ -25,12 +25,6 @@ std::string cudaUnavailableReason() {
 }
 
 DeviceKind checkDeviceKind(const config::Config& config) {
-  // Note [Autocast] (model/Model.h): bf16 runs; fp16 needs loss scaling, not built yet.
-  if (config.training.precision == "fp16")
-    throw UserError(
-        "training.precision: fp16: the runtime has no loss scaling yet, which fp16 "
-        "training needs (pipefb_plan and pipefb_sweep plan at it); allowed here: "
-        "fp32, bf16");
   if (config.devices.kind == "cpu") return DeviceKind::Cpu;
   PIPEFB_ASSERT(config.devices.kind == "cuda", "devices.kind " << config.devices.kind);
   const std::string why = cudaUnavailableReason();

@@ -35,6 +35,7 @@
 #include "pipefb/runtime/PipelineEngine.h"
 #include "pipefb/schedules/PipelinePlan.h"
 #include "pipefb/schedules/ScheduleKind.h"
+#include "pipefb/train/LossScaler.h"
 
 namespace pipefb::runtime {
 
@@ -234,6 +235,7 @@ struct PipelineEngine::Impl {
   // ---------------------------------------------------------------- set-up
   void build();
   void joinProcesses();
+  void buildLossScale();  // Note [Loss scaling]
   void buildDevices();
   void buildStage(int s);
   void planProgress();
@@ -303,9 +305,27 @@ struct PipelineEngine::Impl {
   void stepOnHost(DeviceState& dev, StageState& st, int index);  // Note [Optimizer offload]
   void waitCopy(DeviceState& dev, const std::shared_future<void>& copy);
 
+  // Note [Loss scaling] (train/LossScaler.h): training.precision fp16. Guarded by mu.
+  bool scaled = false;
+  train::LossScale lossScale;  // after the last verdict
+  struct Verdict {
+    int checked = 0;      // stages checked
+    int firstBad = -1;    // the first stage found with a non-finite gradient
+    double scale = 1.0;   // the scale iteration k's backwards seeded with
+  };
+  std::map<int, Verdict> verdicts;  // per iteration of this engine
+  std::vector<int> checkedIteration;  // per device: the last iteration its stages were checked
+  // The scale the backwards of iteration k seed with (1 without fp16).
+  double seedScale(int k);
+  // At a STEP of iteration k: checks the device's stages once, waits until every stage was
+  // checked; true when every stage may step.
+  bool agreeOnStep(DeviceState& dev, int k);
+
   // Note [Numerics check] (pipefb/common/NumericalError.h): checkAll for activations
   // and gradients, checkLoss for the loss; mb is the run-wide microbatch index.
   bool checkAll() const { return options.training.check_numerics == "all"; }
+  // Under fp16 a non-finite gradient skips the step instead (Note [Loss scaling]).
+  bool checkGrads() const { return checkAll() && !scaled; }
   bool checkLoss() const { return options.training.check_numerics != "off"; }
   void check(const Tensor& t, const std::string& what, int stage, int mb) const {
     std::string v = nonFinite(t);

@@ -44,7 +44,12 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   train::setLearningRate(
       *st.optimizer,
       train::learningRate(options.training, options.firstStep + iteration, options.totalSteps));
-  if (st.optimizerOnHost) {
+  // Note [Loss scaling]: every stage steps, or none does.
+  const bool steps = !scaled || agreeOnStep(dev, static_cast<int>(iteration));
+  if (steps && scaled) train::unscaleGrads(st.master->params, seedScale(static_cast<int>(iteration)));
+  if (!steps) {
+    // skipped: the version still advances, as the same weights
+  } else if (st.optimizerOnHost) {
     stepOnHost(dev, st, a.index);
   } else {
     memory::MemoryScope scope(MemoryCategory::OptimizerState);
@@ -53,6 +58,49 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
   predictAfterStep(st);  // Note [Weight prediction]
   st.masterVersion = a.index + 1;
   st.gradsStale = true;
+}
+
+// Note [Loss scaling] (train/LossScaler.h).
+double PipelineEngine::Impl::seedScale(int k) {
+  if (!scaled) return 1.0;
+  std::unique_lock<std::mutex> lock(mu);
+  // The verdict of k-1 came before any forward of k (module comment): this waits only on a
+  // schedule that breaks that.
+  while (!verdicts.count(k)) {
+    if (aborted) throw Cancelled{};
+    cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return verdicts[k].scale;
+}
+
+bool PipelineEngine::Impl::agreeOnStep(DeviceState& dev, int k) {
+  if (checkedIteration[dev.id] != k) {
+    checkedIteration[dev.id] = k;
+    int checked = 0, bad = -1;
+    for (const StageState& st : stages) {
+      if (st.bDev != dev.id) continue;
+      ++checked;
+      if (bad < 0 && !train::gradsFinite(st.master->params)) bad = st.index;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    Verdict& v = verdicts[k];
+    v.checked += checked;
+    if (bad >= 0 && (v.firstBad < 0 || bad < v.firstBad)) v.firstBad = bad;
+    if (v.checked == S) {  // the last device to report: the scale of iteration k+1
+      lossScale = train::afterVerdict(lossScale, v.firstBad, options.training.loss_scale_window,
+                                      options.firstStep + k + 1);
+      verdicts[k + 1].scale = lossScale.scale;
+    }
+  }
+  cv.notify_all();
+  const int64_t start = memory::nowNs();
+  std::unique_lock<std::mutex> lock(mu);
+  while (verdicts[k].checked < S) {
+    if (aborted) throw Cancelled{};
+    cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  dev.waitedNs += memory::nowNs() - start;  // not compute: Note [Busy seconds]
+  return verdicts[k].firstBad < 0;
 }
 
 // Note [Optimizer offload]: the step, pipelined tensor by tensor on the copy engine.

@@ -88,6 +88,7 @@ void PipelineEngine::Impl::build() {
   D = plan.schedule.numDevices();
   R = pipeline.replicas;
   joinProcesses();
+  buildLossScale();
   if (options.log)
     spdlog::info(
         "pipeline: {} with {} stages x {} microbatches on {} devices ({}), stash {}, "
@@ -106,6 +107,24 @@ void PipelineEngine::Impl::build() {
   t0 = memory::nowNs();
   for (int d = 0; d < D; ++d)
     if (isLocal(d)) workers.emplace_back([this, d] { workerMain(d); });
+}
+
+// Note [Loss scaling] (train/LossScaler.h): fp16, and the pipelines it cannot run.
+void PipelineEngine::Impl::buildLossScale() {
+  scaled = options.training.precision == "fp16";
+  if (!scaled) return;
+  const std::string why =
+      async ? "pipeline.schedule: " + kind + " steps each stage once per microbatch"
+      : R > 1 ? "pipeline.replicas: " + std::to_string(R) + " replicas"
+      : options.group ? "pipefb_launch: " + std::to_string(options.group->size()) + " processes"
+                      : "";
+  if (!why.empty())
+    throw UserError(options.source + ": training.precision: fp16 needs every stage to agree " +
+                    "on each step before any steps (Note [Loss scaling]), which " + why +
+                    " cannot do yet; allowed here: fp32, bf16");
+  lossScale = options.lossScale.value_or(train::LossScale{options.training.loss_scale, 0, 0});
+  verdicts[0].scale = lossScale.scale;
+  checkedIteration.assign(D, -1);
 }
 
 // Note [Channels across processes]: this process's device and replica, and the plans
@@ -439,6 +458,10 @@ void PipelineEngine::finish() {
 
 int64_t PipelineEngine::iterationsDone() const { return impl_->fed; }
 int PipelineEngine::numStages() const { return impl_->S; }
+train::LossScale PipelineEngine::lossScale() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->lossScale;
+}
 std::vector<std::pair<std::string, torch::Tensor>> PipelineEngine::optimizerParameters(
     int stage, const std::vector<std::pair<std::string, torch::Tensor>>& names) const {
   const auto& st = impl_->stages.at(stage);

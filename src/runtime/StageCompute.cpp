@@ -121,7 +121,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
       // Note [Loss in the recomputed graph]: B's root is the loss; the output goes now.
       l = model.loss(output, target) * scale;
       output = l;
-      gradOut = torch::ones_like(l);
+      gradOut = torch::full_like(l, seedScale(mb / M));  // Note [Loss scaling]
     } else {
       Tensor o;
       if (it != dev.acts.end()) {
@@ -132,7 +132,7 @@ PipelineEngine::Impl::BackwardStart PipelineEngine::Impl::startBackward(DeviceSt
       }
       o.requires_grad_(true);
       l = model.loss(o, target) * scale;
-      gradOut = torch::autograd::grad({l}, {o})[0];
+      gradOut = torch::autograd::grad({l}, {o}, {torch::full_like(l, seedScale(mb / M))})[0];
     }
     double v = l.item<double>();
     if (checkLoss() && !std::isfinite(v)) check(l, "loss", a.stage, mb);
@@ -188,7 +188,7 @@ void PipelineEngine::Impl::execBackward(DeviceState& dev, const Action& a) {
     gb->inAutograd = false;
     gb->backwardDoneNs = memory::nowNs();
   }
-  if (checkAll()) {
+  if (checkGrads()) {
     size_t gi = 0;
     for (size_t i = 0; i < rep->params.size(); ++i)
       if (rep->params[i].requires_grad()) check(g[gi++], "weight gradient", a.stage, mb);
@@ -254,13 +254,13 @@ void PipelineEngine::Impl::backwardInPlace(DeviceState& dev, StageState& st, con
   torch::NoGradGuard noGrad;
   // The recompute must not count twice in BatchNorm statistics (as execBackward).
   for (size_t i = 0; i < savedBuffers.size(); ++i) st.master->buffers[i].copy_(savedBuffers[i]);
-  if (checkAll())  // the sum so far: it turns non-finite at the microbatch that made it so
+  if (checkGrads())  // the sum so far: it turns non-finite at the microbatch that made it so
     for (const auto& p : st.master->params)
       if (p.requires_grad()) check(p.grad(), "weight gradient", a.stage, mb);
   if (wantInput) {
     Tensor g = input.grad();
     input.mutable_grad() = Tensor();
-    if (checkAll()) check(g, "input gradient", a.stage, mb);
+    if (checkGrads()) check(g, "input gradient", a.stage, mb);
     dev.grads[{a.stage, mb}] = std::move(g);
   }
   releaseVersion(st, mb);
@@ -276,7 +276,7 @@ void PipelineEngine::Impl::execInputGrad(DeviceState& dev, const Action& a) {
   DeferredWeightGrad w{std::move(start.output), std::move(start.gradOut)};
   Tensor gin = inputGradient(w, start.input);
   if (gin.defined()) {
-    if (checkAll()) check(gin, "input gradient", a.stage, mb);
+    if (checkGrads()) check(gin, "input gradient", a.stage, mb);
     dev.grads[{a.stage, mb}] = std::move(gin);
   }
   dev.deferred[{a.stage, mb}] = {std::move(w), std::move(start.rep)};
@@ -287,7 +287,7 @@ void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
   const int mb = a.index;
   auto w = takeFrom(dev.deferred, {a.stage, mb}, "the I");
   const auto g = weightGradients(w.grad, w.rep->params);
-  if (checkAll())
+  if (checkGrads())
     for (const auto& t : g)
       if (t.defined()) check(t, "weight gradient", a.stage, mb);
   torch::NoGradGuard noGrad;

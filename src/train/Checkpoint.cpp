@@ -171,6 +171,10 @@ std::string writeCheckpoint(const std::string& runDir, const CheckpointState& s,
       {"plan", {{"schedule", s.schedule}, {"microbatches", s.microbatches}, {"stages", stages}}},
       {"config", s.configYaml},
       {"files", files}};
+  if (s.lossScale)
+    m["loss_scale"] = {{"scale", s.lossScale->scale},
+                       {"good_steps", s.lossScale->goodSteps},
+                       {"skipped", s.lossScale->skipped}};
   if (beforeManifest) beforeManifest();
   // Last: the checkpoint exists once this rename is durable (Note [Checkpoint layout]).
   writeFileAtomically((dir / kManifest).string(), m.dump(1) + "\n");
@@ -224,6 +228,11 @@ CheckpointState readCheckpoint(const std::string& dirText) {
     s.loaderEpoch = m.at("loader").at("epoch").get<int64_t>();
     s.loaderPosition = m.at("loader").at("position").get<int64_t>();
     s.loaderSeed = m.at("loader").at("seed").get<uint64_t>();
+    if (m.contains("loss_scale")) {
+      const json& l = m.at("loss_scale");
+      s.lossScale = LossScale{l.at("scale").get<double>(), l.at("good_steps").get<int64_t>(),
+                              l.at("skipped").get<int64_t>()};
+    }
     s.configYaml = m.at("config").get<std::string>();
     s.schedule = m.at("plan").at("schedule").get<std::string>();
     s.microbatches = m.at("plan").at("microbatches").get<int64_t>();

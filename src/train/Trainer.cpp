@@ -99,6 +99,8 @@ Trainer::Trainer(config::Config config, TrainerHooks hooks)
   if (t.eval) test_ = data::makeDataset(config_.data, config_.model, data::Split::Test, t.seed);
   loader_ = std::make_unique<data::Loader>(train_, t.batch, /*shuffle=*/true, t.seed);
   totalSteps_ = plannedSteps(config_, train_->size());
+  if (config_.training.precision == "fp16")  // Note [Loss scaling]
+    lossScale_ = LossScale{config_.training.loss_scale, 0, 0};
   if (config_.pipeline.schedule != "none") {
     // Note [Pipeline in the trainer]: the model is built outside every device (it would
     // not fit one); the engine moves each stage's layers to its backward device and owns
@@ -154,6 +156,7 @@ void Trainer::ensureEngine() {
       for (auto& e : optimizerState(engine_->optimizer(s), engine_->optimizerParameters(s, names)))
         pendingOptimizer_.push_back(e);
     pendingSource_ = "the previous segment";
+    if (lossScale_) lossScale_ = engine_->lossScale();
     engine_.reset();
   }
   int64_t end = totalSteps_;
@@ -171,6 +174,7 @@ void Trainer::ensureEngine() {
   eo.traceFirstIteration = traceFrom >= 0 ? traceFrom : eo.iterations;
   eo.traceIterations = std::min(kTraceEventSteps, config_.output.trace_steps);
   eo.group = group_;
+  eo.lossScale = lossScale_;
   engine_ = std::make_unique<runtime::PipelineEngine>(*model_, config_, eo);
   engineEnd_ = end;
   if (!pendingOptimizer_.empty()) {
@@ -247,15 +251,27 @@ double Trainer::step(const data::Batch& batch) {
       // Linear layers add their weight gradients straight into the resident .grad, as
       // the pipeline runtime's B does (Note on model::WeightGradientsIntoGrad).
       model::WeightGradientsIntoGrad into;
-      loss.backward();
+      if (lossScale_)  // Note [Loss scaling]
+        loss.backward(torch::full_like(loss, lossScale_->scale));
+      else
+        loss.backward();
     }
-    if (numerics == "all")
+    if (numerics == "all" && !lossScale_)  // under fp16 a non-finite gradient skips the step
       for (const auto& [name, p] : model_->namedParameters())
         check(p.grad(), "gradient of " + name, m);
     total += loss.item<double>();
   }
   setLearningRate(*optimizer_, learningRate(config_.training, stepsDone_, totalSteps_));
-  {
+  bool steps = true;
+  if (lossScale_) {  // Note [Loss scaling]: one device is stage 0
+    std::vector<torch::Tensor> params;
+    for (const auto& [name, p] : model_->namedParameters()) params.push_back(p);
+    steps = gradsFinite(params);
+    if (steps) unscaleGrads(params, lossScale_->scale);
+    lossScale_ = afterVerdict(*lossScale_, steps ? -1 : 0, config_.training.loss_scale_window,
+                              stepsDone_ + 1);
+  }
+  if (steps) {
     memory::MemoryScope scope(MemoryCategory::OptimizerState);
     optimizer_->step();
   }
@@ -370,6 +386,7 @@ CheckpointState Trainer::checkpointState(double lastLoss) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     cs.torchRng = gen.get_state();
   }
+  if (lossScale_) cs.lossScale = engine_ ? engine_->lossScale() : *lossScale_;
   cs.loaderEpoch = loader_->epoch();
   cs.loaderPosition = loader_->position();
   cs.loaderSeed = config_.training.seed;
@@ -473,6 +490,8 @@ void Trainer::resume(const std::string& dir) {
       throw UserError(dir + "/rng.pt: not a CPU generator state; the checkpoint is corrupt");
     }
   }
+  // Note [Loss scaling]: a checkpoint of another precision has none; the config's then.
+  if (lossScale_ && cs.lossScale) lossScale_ = cs.lossScale;
   loader_->seek(cs.loaderEpoch, cs.loaderPosition);
   stepsDone_ = cs.step;
   lastCheckpoint_ = dir;
@@ -641,6 +660,10 @@ RunSummary Trainer::run() {
   j["model"] = config_.model.name;
   j["schedule"] = config_.pipeline.schedule;
   j["precision"] = config_.training.precision;  // Note [Autocast]
+  if (lossScale_) {  // Note [Loss scaling]
+    const LossScale l = engine_ ? engine_->lossScale() : *lossScale_;
+    j["loss_scale"] = {{"scale", l.scale}, {"skipped_steps", l.skipped}};
+  }
   j["checkpoint"] = summary.checkpoint;
   j["devices"] = nlohmann::json::array();
   for (const auto& d : summary.devices) {

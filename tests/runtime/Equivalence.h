@@ -64,7 +64,9 @@ struct Reference {
   std::unique_ptr<torch::optim::Optimizer> opt;
   config::Config config;
   int64_t steps = 0;
-  explicit Reference(const config::Config& c) : config(c) {
+  // fp16: the scaler as train::Trainer::step runs it (Note [Loss scaling]).
+  train::LossScale scale;
+  explicit Reference(const config::Config& c) : config(c), scale{c.training.loss_scale, 0, 0} {
     model = buildSeeded(c.model);
     for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
     opt = train::makeOptimizer(c.training, model->parameters());
@@ -84,11 +86,18 @@ struct Reference {
         l = model->loss(model->forward(xs[m]), ts[m]) *
             (static_cast<double>(xs[m].size(0)) / static_cast<double>(n));
       }
-      l.backward();
+      const bool fp16 = config.training.precision == "fp16";
+      l.backward(torch::full_like(l, fp16 ? scale.scale : 1.0));
       sum += l.item<double>();
     }
     train::setLearningRate(*opt, train::learningRate(config.training, steps++, total));
-    opt->step();
+    bool take = true;
+    if (config.training.precision == "fp16") {
+      take = train::gradsFinite(model->parameters());
+      if (take) train::unscaleGrads(model->parameters(), scale.scale);
+      scale = train::afterStep(scale, !take, config.training.loss_scale_window);
+    }
+    if (take) opt->step();
     return sum;
   }
 };

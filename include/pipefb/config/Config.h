@@ -20,9 +20,13 @@ namespace pipefb::config {
 
 struct TrainingOptions {
   std::string optimizer = "sgd";  // sgd | adam
-  /// fp32 | bf16 | fp16: bf16 trains under autocast (Note [Autocast] in model/Model.h); fp16
-  /// is planned only (Note [Half-precision training] in common/Precision.h).
+  /// fp32 | bf16 | fp16: both train under autocast (Note [Autocast] in model/Model.h), fp16
+  /// with dynamic loss scaling (Note [Loss scaling] in train/LossScaler.h).
   std::string precision = "fp32";
+  /// fp16 only: the initial loss scale, and the steps without an overflow after which it
+  /// doubles (torch.amp.GradScaler's init_scale and growth_interval).
+  double loss_scale = 65536.0;
+  int64_t loss_scale_window = 2000;
   double lr = 0.01;
   double momentum = 0.9;  // sgd
   double weight_decay = 0.0;

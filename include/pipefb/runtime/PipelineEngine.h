@@ -19,6 +19,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -35,6 +36,7 @@
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/PipelinePlan.h"
 #include "pipefb/schedules/Schedule.h"
+#include "pipefb/train/LossScaler.h"
 
 namespace pipefb::dist {
 class ProcessGroup;
@@ -95,6 +97,9 @@ struct EngineOptions {
   /// With pipeline.replicas = R the group has devices x R ranks, rank = replica x
   /// devices + device.
   std::shared_ptr<dist::ProcessGroup> group;
+  /// training.precision fp16: the loss scaler's state to start from (Note [Loss scaling]
+  /// in train/LossScaler.h); unset: training.loss_scale, as a new run.
+  std::optional<train::LossScale> lossScale;
 };
 
 /// Measured memory of one device (or the host pool) since the engine was built.
@@ -221,6 +226,8 @@ class PipelineEngine {
   std::vector<torch::Tensor> stageBuffers(int stage) const;
   /// Optimizer steps applied to a stage's master weights (its weight version).
   int64_t weightVersion(int stage) const;
+  /// fp16: the loss scaler's state after the iterations run so far (Note [Loss scaling]).
+  train::LossScale lossScale() const;
   /// The device a stage's master weights, grads and optimizer state live on (the
   /// optimizer state and a master copy are in the host pool under optimizer offload).
   int backwardDevice(int stage) const;

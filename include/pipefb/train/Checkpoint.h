@@ -29,11 +29,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pipefb/common/AtomicFile.h"
+#include "pipefb/train/LossScaler.h"
 
 namespace pipefb::train {
 
@@ -66,6 +68,7 @@ struct CheckpointState {
   NamedTensors model;
   NamedTensors optimizer;
   torch::Tensor torchRng;  // at::Generator::get_state() of the default CPU generator
+  std::optional<LossScale> lossScale;  // fp16: Note [Loss scaling] (LossScaler.h)
   int64_t loaderEpoch = 0, loaderPosition = 0;
   uint64_t loaderSeed = 0;  // the loader's order is a function of (seed, epoch)
   std::string configYaml;

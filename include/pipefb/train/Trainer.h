@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -135,6 +136,9 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t totalSteps_ = 0;
   int64_t stepsDone_ = 0;
+  /// fp16 (Note [Loss scaling]): the one-device run's scaler, or the state the next engine
+  /// starts from (a resumed checkpoint's, the previous segment's).
+  std::optional<LossScale> lossScale_;
   memory::MemoryDomain* device_ = nullptr;           // cpu:0
   std::unique_ptr<runtime::PipelineEngine> engine_;  // pipeline.schedule != none
 };

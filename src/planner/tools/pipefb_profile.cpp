@@ -77,10 +77,6 @@ int main(int argc, char** argv) {
   return runProgram("pipefb_profile", app, argc, argv, [&] {
     opt.validate();
     config::Config cfg = config::loadConfig(configPath, overrides, config::ConfigUse::Plan);
-    if (cfg.training.precision == "fp16")  // Note [Autocast]: what the runtime runs
-      throw UserError(
-          "training.precision: fp16: pipefb_profile measures what the runtime runs, which has "
-          "no loss scaling for fp16 yet; allowed: fp32, bf16");
     ProfileResult r = loadOrMeasureProfile(cfg, opt, out, force);
     std::cout << (r.fromCache ? "cached profile " : "measured profile ") << r.path << " ("
               << profileKey(r.profile) << ")"
