@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/common/Precision.h"
 #include "pipefb/common/Size.h"
 #include "pipefb/common/Suggest.h"
 #include "pipefb/schedules/Placement.h"
@@ -471,8 +472,7 @@ const std::vector<KeySpec>& schema() {
                        [](Config & c) -> auto& { return c.training.precision; },
                        {"fp32", "bf16", "fp16"}));
     s.push_back(number(
-        "training.loss_scale", [](Config & c) -> auto& { return c.training.loss_scale; }, 1,
-        1e30));
+        "training.loss_scale", [](Config & c) -> auto& { return c.training.loss_scale; }, 1, 1e30));
     s.push_back(integer(
         "training.loss_scale_window",
         [](Config & c) -> auto& { return c.training.loss_scale_window; }, 1));
@@ -769,9 +769,11 @@ void validate(const Config& c, ConfigUse use) {
                     " does not divide training.batch " + std::to_string(c.training.batch) +
                     "; please choose a divisor of the batch");
   const config::TrainingOptions defaults;
-  if (c.training.precision != "fp16" && (c.training.loss_scale != defaults.loss_scale ||
-                                         c.training.loss_scale_window != defaults.loss_scale_window))
-    throw UserError(src + ": training.loss_scale: loss scaling is for training.precision fp16, got " +
+  if (c.training.precision != "fp16" &&
+      (c.training.loss_scale != defaults.loss_scale ||
+       c.training.loss_scale_window != defaults.loss_scale_window))
+    throw UserError(src +
+                    ": training.loss_scale: loss scaling is for training.precision fp16, got " +
                     c.training.precision + "; set training.precision: fp16, or leave it out");
   const bool tokens = model::isTokenModel(c.model);
   if (tokens && c.data.name != "synthetic" && c.data.name != "tokens" && c.data.name != "tensors")
@@ -803,6 +805,14 @@ void validate(const Config& c, ConfigUse use) {
                     " needs a pipeline schedule (the host pool belongs to the pipeline "
                     "runtime); set pipeline.optimizer_offload: none, or choose a schedule");
   if (train && c.pipeline.schedule != "none") {
+    // Note [Loss scaling] (train/LossScaler.h); the engine checks it again for plans.
+    const std::string fp16 =
+        c.training.precision != "fp16"
+            ? ""
+            : fp16Refusal(src,
+                          schedules::isAsync(schedules::parseScheduleKind(c.pipeline.schedule)),
+                          c.pipeline.schedule, static_cast<long>(c.pipeline.replicas), 0);
+    if (!fp16.empty()) throw UserError(fp16);
     const int64_t stages = pipelineStages(c);
     if (c.pipeline.async_lag > c.pipeline.microbatches)
       throw UserError(

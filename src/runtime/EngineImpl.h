@@ -309,11 +309,11 @@ struct PipelineEngine::Impl {
   bool scaled = false;
   train::LossScale lossScale;  // after the last verdict
   struct Verdict {
-    int checked = 0;      // stages checked
-    int firstBad = -1;    // the first stage found with a non-finite gradient
-    double scale = 1.0;   // the scale iteration k's backwards seeded with
+    int checked = 0;     // stages checked
+    int firstBad = -1;   // the first stage found with a non-finite gradient
+    double scale = 1.0;  // the scale iteration k's backwards seeded with
   };
-  std::map<int, Verdict> verdicts;  // per iteration of this engine
+  std::map<int, Verdict> verdicts;    // per iteration of this engine
   std::vector<int> checkedIteration;  // per device: the last iteration its stages were checked
   // The scale the backwards of iteration k seed with (1 without fp16).
   double seedScale(int k);

@@ -46,7 +46,8 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
       train::learningRate(options.training, options.firstStep + iteration, options.totalSteps));
   // Note [Loss scaling]: every stage steps, or none does.
   const bool steps = !scaled || agreeOnStep(dev, static_cast<int>(iteration));
-  if (steps && scaled) train::unscaleGrads(st.master->params, seedScale(static_cast<int>(iteration)));
+  if (steps && scaled)
+    train::unscaleGrads(st.master->params, seedScale(static_cast<int>(iteration)));
   if (!steps) {
     // skipped: the version still advances, as the same weights
   } else if (st.optimizerOnHost) {

@@ -22,6 +22,7 @@
 #include "SplitBackward.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
+#include "pipefb/common/Precision.h"
 #include "pipefb/common/Suggest.h"
 #include "pipefb/dist/ProcessGroup.h"
 #include "pipefb/memory/DomainRegistry.h"
@@ -113,15 +114,9 @@ void PipelineEngine::Impl::build() {
 void PipelineEngine::Impl::buildLossScale() {
   scaled = options.training.precision == "fp16";
   if (!scaled) return;
-  const std::string why =
-      async ? "pipeline.schedule: " + kind + " steps each stage once per microbatch"
-      : R > 1 ? "pipeline.replicas: " + std::to_string(R) + " replicas"
-      : options.group ? "pipefb_launch: " + std::to_string(options.group->size()) + " processes"
-                      : "";
-  if (!why.empty())
-    throw UserError(options.source + ": training.precision: fp16 needs every stage to agree " +
-                    "on each step before any steps (Note [Loss scaling]), which " + why +
-                    " cannot do yet; allowed here: fp32, bf16");
+  const std::string refusal =
+      fp16Refusal(options.source, async, kind, R, options.group ? options.group->size() : 0);
+  if (!refusal.empty()) throw UserError(refusal);
   lossScale = options.lossScale.value_or(train::LossScale{options.training.loss_scale, 0, 0});
   verdicts[0].scale = lossScale.scale;
   checkedIteration.assign(D, -1);

@@ -660,7 +660,7 @@ RunSummary Trainer::run() {
   j["model"] = config_.model.name;
   j["schedule"] = config_.pipeline.schedule;
   j["precision"] = config_.training.precision;  // Note [Autocast]
-  if (lossScale_) {  // Note [Loss scaling]
+  if (lossScale_) {                             // Note [Loss scaling]
     const LossScale l = engine_ ? engine_->lossScale() : *lossScale_;
     j["loss_scale"] = {{"scale", l.scale}, {"skipped_steps", l.skipped}};
   }

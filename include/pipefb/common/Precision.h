@@ -54,6 +54,26 @@ inline Precision precisionIn(const std::string& text, const std::string& source)
   return *p;
 }
 
+/// Note [Loss scaling] (train/LossScaler.h): the UserError text for fp16 on a pipeline whose
+/// stages cannot agree on each step before any takes it, or "" when they can. `processes`:
+/// pipefb_launch's ranks (0 in one process).
+inline std::string fp16Refusal(const std::string& source, bool async, const std::string& schedule,
+                               long replicas, long processes) {
+  std::string why;
+  if (async)
+    why = "pipeline.schedule " + schedule + " steps each stage once per microbatch, on its own";
+  else if (replicas > 1)
+    why = "pipeline.replicas " + std::to_string(replicas) + " would agree across processes";
+  else if (processes > 0)
+    why =
+        "pipefb_launch's " + std::to_string(processes) + " processes would agree across processes";
+  if (why.empty()) return "";
+  return source +
+         ": training.precision: fp16 needs every stage to agree on a step before any "
+         "stage takes it (Note [Loss scaling]), and " +
+         why + ", which is not built yet; allowed with it: fp32, bf16";
+}
+
 /// Bytes of one activation element (Note [Half-precision training]).
 inline int activationBytes(Precision p) { return p == Precision::FP32 ? 4 : 2; }
 

@@ -67,7 +67,7 @@ struct CheckpointState {
   double loss = 0;  // of the last step
   NamedTensors model;
   NamedTensors optimizer;
-  torch::Tensor torchRng;  // at::Generator::get_state() of the default CPU generator
+  torch::Tensor torchRng;              // at::Generator::get_state() of the default CPU generator
   std::optional<LossScale> lossScale;  // fp16: Note [Loss scaling] (LossScaler.h)
   int64_t loaderEpoch = 0, loaderPosition = 0;
   uint64_t loaderSeed = 0;  // the loader's order is a function of (seed, epoch)
