@@ -337,6 +337,7 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     // The fp32 master and, at half, the copy F and B run on. .grad and the states are fp32.
     c.paramBytes = w.params * kF + (half ? w.params * a : 0);
     c.gradBytes = w.params * kF;
+    c.halfCopyBytes = half ? w.params * a : 0;  // Note [Half-precision weights on a device]
     c.optimizerBytes = w.params * kF * statesPerParam;
     // Note [Analytic step transient]
     c.stepWorkingBytes =

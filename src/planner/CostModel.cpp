@@ -88,6 +88,7 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   B_ = R_ = Ffixed_ = Bfixed_ = Rfixed_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
   param_ = buffer_ = grad_ = opt_ = states_ = kept_ = saved_;
+  fwdParam_ = hostedGrad_ = hostOpt_ = saved_;
   // Note [Outputs kept between layers]: 0 means not measured unless some layer's is not.
   const bool inputsMeasured = std::any_of(profile_.layers.begin(), profile_.layers.end(),
                                           [](const LayerCost& c) { return c.savedInputBytes > 0; });
@@ -114,6 +115,10 @@ CostModel::CostModel(Profile profile, Cluster cluster)
             : 0;
     kept_[l + 1] = kept_[l] + kept;
     param_[l + 1] = param_[l] + c.paramBytes;
+    // Note [Half-precision weights on a device]
+    fwdParam_[l + 1] = fwdParam_[l] + forwardParamBytes(c);
+    hostedGrad_[l + 1] = hostedGrad_[l] + hostedGradBytes(c);
+    hostOpt_[l + 1] = hostOpt_[l] + hostOptimizerBytes(c);
     buffer_[l + 1] = buffer_[l] + c.bufferBytes;
     grad_[l + 1] = grad_[l] + c.gradBytes;
     opt_[l + 1] = opt_[l] + c.optimizerBytes;
@@ -293,8 +298,10 @@ std::int64_t CostModel::memoryLowerBound(const PipelineShape& shape, int k, int 
                                          std::int64_t maxWorking) const {
   // Weights, grads and optimizer state on the backward device, and the working set: all
   // grow with the stage; the stash (which may shrink under a checkpoint) is left out.
-  return range(param_, first, last) + range(grad_, first, last) +
-         (shape.optimizerOnHost ? 0 : range(opt_, first, last)) + maxWorking;
+  if (shape.optimizerOnHost)  // Note [Half-precision weights on a device]
+    return range(fwdParam_, first, last) + range(hostedGrad_, first, last) + maxWorking;
+  return range(param_, first, last) + range(grad_, first, last) + range(opt_, first, last) +
+         maxWorking;
 }
 
 CostModel::WaitingBytes CostModel::waitingBytes(const PipelineShape& shape, int k, int first,

@@ -108,7 +108,7 @@ double CostModel::fill(const PipelineShape& shape) const {
       const int fd = shape.forwardDevice(0), bd = shape.backwardDevice(0);
       const double sp = cluster_.devices[fd].speed;
       copy = cluster_.devices[fd].host.time(scaled(saved_[L], f) / S) * sp;
-      sync = cluster_.link(bd, fd).time(param_[L] / S) * sp;
+      sync = cluster_.link(bd, fd).time(fwdParam_[L] / S) * sp;  // the copy F runs on
     }
     return simulatedFill(k, S, shape.microbatches, F, B, copy, sync, lagged ? shape.lag() : -1);
   }

@@ -121,7 +121,9 @@ std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& sh
   // Memory lower bound of stage k = [i, j) with the scaled working set `ws`: the larger of
   // its two devices' (one device unless split).
   auto memLb = [&](int k, int i, int j, std::int64_t ws) {
-    const std::int64_t W = model.paramSum(i, j);
+    // The copies are of the weights B runs on: the half copy at most (Note [Half-precision
+    // weights on a device]).
+    const std::int64_t W = model.forwardParamSum(i, j);
     // The backward device's: states, weight versions, and the larger of the working set
     // and one graph (keep and offload keep >= 1 resident stash of it, the checkpoint kinds
     // recompute it in B; a B charged layer by layer may free the graph's later layers
@@ -140,7 +142,7 @@ std::optional<Plan> solveShape(const CostModel& modelIn, const PipelineShape& sh
     if (limB[k] >= 0 && mb > limB[k]) return false;
     if (memCap >= 0 && mb > memCap) return false;
     if (split) {  // the forward device holds the weights at least (Note [Forward device memory])
-      const std::int64_t mf = model.paramSum(i, j);
+      const std::int64_t mf = model.forwardParamSum(i, j);
       if (limF[k] >= 0 && mf > limF[k]) return false;
     }
     return true;

@@ -118,8 +118,9 @@ std::string profileToYaml(const Profile& p) {
       << ", optimizer_bytes: " << l.optimizerBytes << ", step_working_bytes: " << l.stepWorkingBytes
       << ", backward_after_step: " << l.backwardAfterStep << ", snapshot: " << l.snapshot
       << ", forward_working_bytes: " << l.forwardWorkingBytes
-      << ", no_grad_forward_bytes: " << l.noGradForwardBytes << ", buffer_bytes: " << l.bufferBytes
-      << "}\n";
+      << ", no_grad_forward_bytes: " << l.noGradForwardBytes << ", buffer_bytes: " << l.bufferBytes;
+    if (l.halfCopyBytes > 0) o << ", half_copy_bytes: " << l.halfCopyBytes;
+    o << "}\n";
   }
   // Note [Bytes at every microbatch] in LayerCost.h.
   if (!p.bytesAt.empty()) o << "bytes_at:\n";
@@ -174,6 +175,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
       c.paramBytes = l["param_bytes"].as<std::int64_t>();
       c.gradBytes = l["grad_bytes"] ? l["grad_bytes"].as<std::int64_t>() : c.paramBytes;
       c.optimizerBytes = l["optimizer_bytes"] ? l["optimizer_bytes"].as<std::int64_t>() : 0;
+      c.halfCopyBytes = l["half_copy_bytes"] ? l["half_copy_bytes"].as<std::int64_t>() : 0;
       c.stepWorkingBytes = l["step_working_bytes"] ? l["step_working_bytes"].as<std::int64_t>() : 0;
       c.backwardAfterStep = l["backward_after_step"] ? l["backward_after_step"].as<double>() : 0;
       c.snapshot = l["snapshot"] ? l["snapshot"].as<double>() : 0;

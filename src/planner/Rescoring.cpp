@@ -102,19 +102,22 @@ void simulatePlan(const CostModel& modelIn, Plan& plan, const std::vector<std::i
     c.step = e.stepTime + e.afterStepTime + e.allReduceTime;  // Note [Replicated pipelines]
     c.activationBytes = scaledBytes(model.profile().layers[st.last - 1].outputBytes, f);
     c.gradientBytes = scaledBytes(model.inputBytes(st.first), f);
-    std::int64_t saved = 0, W = 0, G = 0, O = 0;
+    std::int64_t saved = 0, W = 0, G = 0, O = 0, Wf = 0;
     for (int l = st.first; l < st.last; ++l) {
       const auto& lc = model.profile().layers[l];
       saved += lc.savedBytes;
-      W += lc.paramBytes;
-      G += lc.gradBytes;
+      // Note [Half-precision weights on a device], as StageEstimate charges them.
+      W += st.optimizerOnHost ? forwardParamBytes(lc) : lc.paramBytes;
+      G += st.optimizerOnHost ? hostedGradBytes(lc) : lc.gradBytes;
       O += lc.optimizerBytes;
+      Wf += forwardParamBytes(lc);
     }
     c.stashBytes = scaledBytes(saved, f);
     c.checkpointBytes = c.gradientBytes;
     c.deferredBytes = e.deferredStashBytes;  // Note [What waits for W] (CostModel.h)
     c.weightVersionBytes = W;
     c.weightsBytes = W;
+    c.forwardWeightsBytes = Wf;
     c.gradsBytes = G;
     c.optimizerStateBytes = st.optimizerOnHost ? 0 : O;  // Note [Optimizer placement search]
     // Note [One memory model]: what F, B and STEP hold beyond the stashes, as the cost model

@@ -97,10 +97,13 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
   double sumStep = 0;
   std::int64_t sumStatic = 0, sumW = 0;
   for (const auto& l : prof.layers) {
-    sumW += l.paramBytes;
+    sumW += forwardParamBytes(l);  // what forward devices hold at least
     sumStep += l.step;
-    sumStatic += l.paramBytes + l.gradBytes +
-                 (options.optimizerOffload == OptimizerOffload::None ? l.optimizerBytes : 0);
+    // (Note [Half-precision weights on a device]: with the optimizer on the host, the copy
+    // B runs on and its gradients.)
+    sumStatic += options.optimizerOffload == OptimizerOffload::None
+                     ? l.paramBytes + l.gradBytes + l.optimizerBytes
+                     : forwardParamBytes(l) + hostedGradBytes(l);
   }
   for (const ScheduleFamily& fam : families) {
     if (!foldsAndDecouples(fam.kind)) continue;
@@ -159,8 +162,11 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   for (const auto& l : prof.layers) {
     sumStep += l.step;
     // (The optimizer state may live in the host pool: then it bounds nothing.)
-    sumStatic += l.paramBytes + l.gradBytes +
-                 (options.optimizerOffload == OptimizerOffload::None ? l.optimizerBytes : 0);
+    // (Note [Half-precision weights on a device]: with the optimizer on the host, the copy
+    // B runs on and its gradients.)
+    sumStatic += options.optimizerOffload == OptimizerOffload::None
+                     ? l.paramBytes + l.gradBytes + l.optimizerBytes
+                     : forwardParamBytes(l) + hostedGradBytes(l);
   }
   std::map<int, std::vector<std::vector<int>>> chainCache;
   auto chains = [&](int len) -> const std::vector<std::vector<int>>& {

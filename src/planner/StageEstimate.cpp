@@ -50,6 +50,8 @@ struct StageTerms {
   std::int64_t hostOptimizer = 0;
   // Weights on a device: the parameters and the buffers (BatchNorm statistics) of its copy.
   std::int64_t Wres = 0;
+  // A split stage's forward device: its copy (Note [Half-precision weights on a device]).
+  std::int64_t WresForward = 0;
   std::int64_t oneInput = 0, targetsFed = 0;
   bool outputTravels = false;
   CostModel::WaitingBytes waiting;
@@ -283,8 +285,8 @@ void chargeForwardDevice(const CostModel& model, const StageTerms& t, StageEstim
   // Note [Forward peak]: the stash F is building is part of F's own peak.
   const std::int64_t fpeak = t.forwardPeak;
   const std::int64_t fws = ckpt ? fpeak : std::max<std::int64_t>(0, fpeak - e.stashBytes);
-  charge(e.forwardMemory, MemoryCategory::Weights, t.Wres);
-  charge(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? t.Wres : 0);
+  charge(e.forwardMemory, MemoryCategory::Weights, t.WresForward);
+  charge(e.forwardMemory, MemoryCategory::WeightVersions, oldCopyOnForward ? t.WresForward : 0);
   charge(e.forwardMemory, MemoryCategory::Stash, fstash);
   charge(e.forwardMemory, MemoryCategory::WorkingSet, fws);
   // F(0,0) runs beside all M inputs, a later F beside fewer and the earlier stashes;
@@ -578,13 +580,16 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const bool ckpt = t.ckpt = schedules::isCheckpoint(e.effective);
   const bool off = t.off = schedules::isOffloaded(e.effective);
 
-  t.W = range(param_, first, last);
-  t.G = range(grad_, first, last);
-  // Note [Optimizer offload in the cost model]
+  // Note [Optimizer offload in the cost model]; Note [Half-precision weights on a device]:
+  // with the optimizer on the host, an analytic half profile's device holds the half copy
+  // and half gradients, the host the fp32 master, gradients and states.
+  t.W = shape.optimizerOnHost ? range(fwdParam_, first, last) : range(param_, first, last);
+  t.G = shape.optimizerOnHost ? range(hostedGrad_, first, last) : range(grad_, first, last);
   t.O = shape.optimizerOnHost ? 0 : range(opt_, first, last);
-  t.hostOptimizer = shape.optimizerOnHost ? t.W + t.G + range(opt_, first, last) : 0;
+  t.hostOptimizer = shape.optimizerOnHost ? range(hostOpt_, first, last) : 0;
   t.buffers = range(buffer_, first, last);
   t.Wres = t.W + t.buffers;
+  t.WresForward = range(fwdParam_, first, last) + t.buffers;
   t.graph = scaled(savedSum(first, last), f);  // Note [Outputs kept between layers]
   t.input = scaled(inputBytes(first), f);
   t.output = scaled(profile_.layers[last - 1].outputBytes, f);

@@ -119,6 +119,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
                                                 "checkpoint_bytes",
                                                 "weight_version_bytes",
                                                 "weights_bytes",
+                                                "forward_weights_bytes",
                                                 "grads_bytes",
                                                 "optimizer_state_bytes",
                                                 "working_set_bytes",
@@ -146,6 +147,7 @@ void readStage(const json& obj, StageCosts& sc, const std::string& where) {
   bytes("checkpoint_bytes", sc.checkpointBytes);
   bytes("weight_version_bytes", sc.weightVersionBytes);
   bytes("weights_bytes", sc.weightsBytes);
+  bytes("forward_weights_bytes", sc.forwardWeightsBytes);
   bytes("grads_bytes", sc.gradsBytes);
   bytes("optimizer_state_bytes", sc.optimizerStateBytes);
   bytes("working_set_bytes", sc.workingSetBytes);

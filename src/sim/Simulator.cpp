@@ -209,8 +209,13 @@ class Simulation {
     for (int st = 0; st < S_; ++st) {
       const StageCosts& sc = c.stages[st];
       int fd = s.placement.forward(st), bd = s.placement.backward(st);
-      mem(0, fd, MemoryCategory::Weights, sc.weightsBytes);
-      if (bd != fd) mem(0, bd, MemoryCategory::Weights, sc.weightsBytes);
+      if (bd == fd) {
+        mem(0, fd, MemoryCategory::Weights, sc.weightsBytes);
+      } else {
+        mem(0, fd, MemoryCategory::Weights,
+            sc.forwardWeightsBytes >= 0 ? sc.forwardWeightsBytes : sc.weightsBytes);
+        mem(0, bd, MemoryCategory::Weights, sc.weightsBytes);
+      }
       mem(0, bd, MemoryCategory::Grads, sc.gradsBytes);
       mem(0, bd, MemoryCategory::OptimizerState, sc.optimizerStateBytes);
     }

@@ -8,7 +8,10 @@
 // [Autocast] in model/Model.h), so pipefb_train refuses a plan made on this model; a plan
 // on a profile measured at bf16 runs:
 //  - weights: the fp32 master copy (4 bytes a parameter) and a half copy that F and B run
-//    on (2 bytes), made from the master after each step;
+//    on (2 bytes), made from the master after each step. A split stage's forward device
+//    holds the half copy only; with the optimizer in the host pool a backward device holds
+//    the half copy and half gradients, the host the rest (Note [Half-precision weights on
+//    a device] in planner/CostModel.h);
 //  - .grad: fp32 (4 bytes a parameter), where each microbatch's half gradient is added;
 //    B's fresh gradients are half (2 bytes);
 //  - optimizer states and the step's temporaries: fp32, as at fp32;
@@ -71,7 +74,7 @@ inline std::string fp16Refusal(const std::string& source, bool async, const std:
   return source +
          ": training.precision: fp16 needs every stage to agree on a step before any "
          "stage takes it (Note [Loss scaling]), and " +
-         why + ", which is not built yet; allowed with it: fp32, bf16";
+         why + "; agreeing there is not built yet; allowed with it: fp32, bf16";
 }
 
 /// Bytes of one activation element (Note [Half-precision training]).

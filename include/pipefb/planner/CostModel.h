@@ -282,6 +282,23 @@
 // tensor by tensor). The flag is per stage: the solver costs each stage with its own
 // placement and may choose it (Note [Optimizer placement search] in Solver.h).
 //
+// Note [Half-precision weights on a device]
+// An analytic profile at bf16 or fp16 (Note [Half-precision training] in common/Precision.h)
+// charges 6 bytes a parameter of weights on a backward device that steps: the fp32 master
+// and the half copy F and B run on (LayerCost::halfCopyBytes). Two devices need less:
+//  - a split stage's forward device runs F only, on the half copy: 2 bytes a parameter
+//    (SyncWeights sends that copy). Charged as the fp32 master before, it held 3x the
+//    weights it needs, and PipeFB, whose forward devices hold whole forward ranges, gained
+//    least from half precision (experiments/README.md, "half_precision");
+//  - with the optimizer in the host pool (Note [Optimizer offload in the cost model]), the
+//    backward device holds the half copy and its half gradients, and the host pool the
+//    fp32 master, the fp32 gradient buffer the step adds them into, and the states:
+//    ZeRO-Offload's layout for mixed precision. STEP copies the half gradients down and
+//    the new half copy up.
+// Measured profiles and fp32 keep halfCopyBytes 0, and with it every charge as before: the
+// runtime trains under autocast (Note [Autocast] in model/Model.h), whose weights are fp32
+// on every device, so pipefb_train refuses plans made on this model (TrainPlan.cpp).
+//
 // Note [Backward after a step]
 // The first B after an optimizer step costs more than the others: the runtime zeroes the
 // stale gradients, and the fresh gradient tensors land on memory the allocator returned
@@ -1030,6 +1047,9 @@ class CostModel {
   /// Unscaled sums over layers [first, last) at the profile's microbatch and device.
   double stepSum(int first, int last) const { return range(step_, first, last); }
   std::int64_t paramSum(int first, int last) const { return range(param_, first, last); }
+  /// What a split stage's forward device holds of [first, last)'s weights (Note
+  /// [Half-precision weights on a device]); paramSum but for analytic half profiles.
+  std::int64_t forwardParamSum(int first, int last) const { return range(fwdParam_, first, last); }
   /// The graph F of [first, last) keeps (its stash less what it holds of the output):
   /// the layers' saved bytes and the outputs kept inside it (Note [Outputs kept between
   /// layers]).
@@ -1084,6 +1104,9 @@ class CostModel {
   Cluster cluster_;
   std::vector<double> F_, B_, R_, Ffixed_, Bfixed_, Rfixed_, step_, afterStep_, snapshot_;
   std::vector<std::int64_t> saved_, param_, buffer_, grad_, opt_, states_;
+  // Note [Half-precision weights on a device]: forwardParamBytes, hostedGradBytes and
+  // hostOptimizerBytes (LayerCost.h), summed.
+  std::vector<std::int64_t> fwdParam_, hostedGrad_, hostOpt_;
   // Note [Outputs kept between layers]: kept_[l] sums, over the layers j in 1 .. l-1, what
   // layer j-1's graph keeps of its output that layer j's does not save.
   std::vector<std::int64_t> kept_;

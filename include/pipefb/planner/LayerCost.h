@@ -71,7 +71,24 @@ struct LayerCost {
   std::int64_t bufferBytes = 0;
   std::int64_t gradBytes = 0;
   std::int64_t optimizerBytes = 0;
+  /// Note [Half-precision weights on a device] (CostModel.h): of paramBytes, the half copy
+  /// F and B run on, in an analytic profile at bf16 or fp16; 0 otherwise (fp32, and
+  /// measured profiles, whose autocast keeps no such copy).
+  std::int64_t halfCopyBytes = 0;
 };
+
+/// Note [Half-precision weights on a device]: the weights a split stage's forward device
+/// holds, and the weights and gradients a backward device holds when the optimizer is in
+/// the host pool; the host pool's share then (master copy, gradient buffer, states).
+inline std::int64_t forwardParamBytes(const LayerCost& c) {
+  return c.halfCopyBytes > 0 ? c.halfCopyBytes : c.paramBytes;
+}
+inline std::int64_t hostedGradBytes(const LayerCost& c) {
+  return c.halfCopyBytes > 0 ? c.halfCopyBytes : c.gradBytes;
+}
+inline std::int64_t hostOptimizerBytes(const LayerCost& c) {
+  return c.paramBytes - c.halfCopyBytes + c.gradBytes + c.optimizerBytes;
+}
 
 /// Note [Microbatch scaling]
 /// A profile is taken at one microbatch size; the solver scales it to others. Activation

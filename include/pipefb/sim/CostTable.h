@@ -26,9 +26,12 @@ struct StageCosts {
   /// What the stash keeps between I and W (the inputs of the weight layers and their
   /// output gradients); < 0: unset, the whole stash (key deferred_bytes).
   std::int64_t deferredBytes = -1;
-  std::int64_t checkpointBytes = 1 << 20;       // checkpoint stash (checkpoint kinds)
-  std::int64_t weightVersionBytes = 8 << 20;    // one weight version: SW/RW, OFFW/PREW, stashes
-  std::int64_t weightsBytes = 8 << 20;          // resident weights on F(s) and B(s)
+  std::int64_t checkpointBytes = 1 << 20;     // checkpoint stash (checkpoint kinds)
+  std::int64_t weightVersionBytes = 8 << 20;  // one weight version: SW/RW, OFFW/PREW, stashes
+  std::int64_t weightsBytes = 8 << 20;        // resident weights on F(s) and B(s)
+  /// A split stage's forward device's weights (the half copy of an analytic half profile,
+  /// Note [Half-precision weights on a device] in planner/CostModel.h); -1 = weightsBytes.
+  std::int64_t forwardWeightsBytes = -1;
   std::int64_t gradsBytes = 8 << 20;            // resident grads on B(s)
   std::int64_t optimizerStateBytes = 16 << 20;  // resident optimizer state on B(s)
   std::int64_t workingSetBytes = 2 << 20;       // transient, while F/B runs

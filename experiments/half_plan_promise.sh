@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 36: the plan promise at bf16 on virtual CPU devices (Note [Autocast] in
-# include/pipefb/model/Model.h). For each model and family, at fp32 and at bf16:
-#   pipefb_profile (under autocast at bf16) -> the family's smallest budget (pipefb_plan exits 2
+# Issue 36: the plan promise at half precision on virtual CPU devices (Note [Autocast] in
+# include/pipefb/model/Model.h; fp16 with Note [Loss scaling] in train/LossScaler.h). For
+# each model and family, at fp32 and at HALF (bf16 or fp16):
+#   pipefb_profile (under autocast at HALF) -> the family's smallest budget (pipefb_plan exits 2
 #   naming it) -> a plan at 1.25x that budget -> pipefb_train --plan, 4 iterations, with
 #   devices.memory at the budget -> each device's measured peak against its planned peak.
-# Writes experiments/results/precision/plan_promise.csv and prints it.
-#   experiments/bf16_plan_promise.sh [BUILD_DIR]
+# Writes experiments/results/precision/plan_promise-HALF.csv and prints it. MODELS picks the
+# models (default: vgg16 resnet50 gpt2-tiny).
+#   experiments/half_plan_promise.sh [BUILD_DIR] [HALF]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
+HALF=${2:-bf16}
 OUT=$ROOT/experiments/results/precision
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -17,10 +20,10 @@ PY=$BUILD/pipefb-python
 COMMON="--set data.name=synthetic --set data.synthetic_train=256 --set data.synthetic_test=64
   --set devices.count=4 --set pipeline.microbatches=4 --set training.eval=false
   --set training.checkpoint=false --set output.progress=false"
-models=(vgg16 resnet50 gpt2-tiny)
+read -r -a models <<<"${MODELS:-vgg16 resnet50 gpt2-tiny}"
 families=(1f1b pipefb-sync)
 total=$(( ${#models[@]} * ${#families[@]} * 2 )); done_=0; start=$(date +%s)
-echo "model,family,precision,smallest_budget,device,planned_bytes,peak_bytes,below_plan" >"$OUT/plan_promise.csv"
+echo "model,family,precision,smallest_budget,device,planned_bytes,peak_bytes,below_plan" >"$OUT/plan_promise-$HALF.csv"
 for m in "${models[@]}"; do
   case $m in
     vgg16) c="$ROOT/configs/vgg16.yaml"; extra="--set training.batch=32 --set devices.memory=1GiB" ;;
@@ -28,7 +31,7 @@ for m in "${models[@]}"; do
     gpt2-tiny) c="$ROOT/configs/gpt2-tiny.yaml"; extra="--set training.batch=16" ;;
   esac
   for f in "${families[@]}"; do
-    for p in fp32 bf16; do
+    for p in fp32 $HALF; do
       sets="$COMMON $extra --set pipeline.schedule=$f --set training.precision=$p"
       prof="$WORK/profile-$m-$p.yaml"
       [ -f "$prof" ] || "$BUILD/pipefb_profile" --config "$c" $sets -o "$prof" >"$WORK/log" 2>&1
@@ -40,7 +43,7 @@ for m in "${models[@]}"; do
       "$BUILD/pipefb_train" --config "$c" $sets --plan "$WORK/plan.yaml" \
         --set devices.memory="$budget" --set training.iterations=4 \
         --set output.dir="$WORK/run" >"$WORK/log" 2>&1 || { cat "$WORK/log"; exit 1; }
-      "$PY" - "$WORK/run/memory.json" "$m,$f,$p,$smallest" >>"$OUT/plan_promise.csv" <<'PY'
+      "$PY" - "$WORK/run/memory.json" "$m,$f,$p,$smallest" >>"$OUT/plan_promise-$HALF.csv" <<'PY'
 import json, sys
 for d in json.load(open(sys.argv[1]))["devices"]:
     if d.get("predicted_peak_bytes"):
@@ -52,4 +55,4 @@ PY
     done
   done
 done
-cat "$OUT/plan_promise.csv"
+cat "$OUT/plan_promise-$HALF.csv"
