@@ -52,3 +52,22 @@ for m in ["resnet50", "gpt2-small"]:
                   f"{ta:.1f} / {tb:.1f} | {tb / ta:.2f}x |" if ta and tb else
                   f"| {f} | {a / 2**30:.3f} / {b / 2**30:.3f} | {b / a:.2f}x | - | - |")
 PY
+
+# Note [Half-precision weights on a device]: PipeFB's smallest budget with the optimizer
+# kept on the backward devices (none) and with the planner choosing host or device per
+# stage (per-stage), at fp32 and at half, from pipefb_plan's "smallest feasible budget".
+smallest() { { "$BUILD/pipefb_plan" "$@" --budget 1KiB 2>&1 || true; } | grep -o -- '--budget [0-9]*' | awk '{print $2}'; }
+{
+  echo "model,cluster,optimizer_offload,fp32_bytes,half,half_bytes,half_over_fp32"
+  for ch in 4x-t4-pcie:fp16 4x-a100-nvlink:bf16; do
+    cl=${ch%%:*}; half=${ch##*:}
+    for m in resnet50 gpt2-small; do
+      if [ $m = resnet50 ]; then c=configs/resnet50.yaml; s=$R; else c=configs/gpt2-small.yaml; s=$G; fi
+      for oo in none per-stage; do
+        a=$(cd "$ROOT" && smallest --config $c $s --set training.precision=fp32 --cluster $cl --schedules pipefb-sync --microbatches 8 --optimizer-offload $oo)
+        b=$(cd "$ROOT" && smallest --config $c $s --set training.precision=$half --cluster $cl --schedules pipefb-sync --microbatches 8 --optimizer-offload $oo)
+        echo "$m,$cl,$oo,$a,$half,$b,$(awk -v a=$a -v b=$b 'BEGIN{printf "%.2f", b/a}')"
+      done
+    done
+  done
+} | tee "$OUT/pipefb_optimizer_placement.csv"
