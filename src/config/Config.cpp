@@ -811,7 +811,7 @@ void validate(const Config& c, ConfigUse use) {
             ? ""
             : fp16Refusal(src,
                           schedules::isAsync(schedules::parseScheduleKind(c.pipeline.schedule)),
-                          c.pipeline.schedule, static_cast<long>(c.pipeline.replicas), 0);
+                          c.pipeline.schedule, static_cast<long>(c.pipeline.replicas));
     if (!fp16.empty()) throw UserError(fp16);
     const int64_t stages = pipelineStages(c);
     if (c.pipeline.async_lag > c.pipeline.microbatches)

@@ -315,6 +315,7 @@ struct PipelineEngine::Impl {
   };
   std::map<int, Verdict> verdicts;    // per iteration of this engine
   std::vector<int> checkedIteration;  // per device: the last iteration its stages were checked
+  std::shared_ptr<dist::ProcessGroup> stepGroup;  // across processes: the ranks that step
   // The scale the backwards of iteration k seed with (1 without fp16).
   double seedScale(int k);
   // At a STEP of iteration k: checks the device's stages once, waits until every stage was

@@ -22,6 +22,7 @@
 #include <chrono>
 
 #include "EngineImpl.h"
+#include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/train/Optimizer.h"
 
@@ -82,6 +83,17 @@ bool PipelineEngine::Impl::agreeOnStep(DeviceState& dev, int k) {
       if (st.bDev != dev.id) continue;
       ++checked;
       if (bad < 0 && !train::gradsFinite(st.master->params)) bad = st.index;
+    }
+    if (stepGroup) {  // the other processes' stages: flags[s] > 0 when stage s is bad
+      // S floats, charged to no device: a plan has no line for them.
+      memory::MemoryScope scope(memory::unscopedDomain(), MemoryCategory::CommBuffers);
+      std::vector<Tensor> flags{torch::zeros({S}, torch::kFloat32)};
+      if (bad >= 0) flags[0][bad] = 1;
+      stepGroup->allreduce(flags);
+      checked = S;
+      bad = -1;
+      for (int s = S - 1; s >= 0; --s)
+        if (flags[0][s].item<float>() > 0) bad = s;
     }
     std::lock_guard<std::mutex> lock(mu);
     Verdict& v = verdicts[k];

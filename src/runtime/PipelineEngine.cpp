@@ -114,12 +114,19 @@ void PipelineEngine::Impl::build() {
 void PipelineEngine::Impl::buildLossScale() {
   scaled = options.training.precision == "fp16";
   if (!scaled) return;
-  const std::string refusal =
-      fp16Refusal(options.source, async, kind, R, options.group ? options.group->size() : 0);
+  const std::string refusal = fp16Refusal(options.source, async, kind, R);
   if (!refusal.empty()) throw UserError(refusal);
   lossScale = options.lossScale.value_or(train::LossScale{options.training.loss_scale, 0, 0});
   verdicts[0].scale = lossScale.scale;
   checkedIteration.assign(D, -1);
+  if (!options.group) return;
+  // Across processes (R = 1: rank = device) the ranks that step a stage agree through an
+  // all-reduce of their verdicts; a rank that only runs forwards never steps.
+  std::set<int> stepping;
+  for (const auto& st : pipeline.stages) stepping.insert(st.backwardDevice);
+  if (stepping.count(myDevice))
+    stepGroup = options.group->subgroup("fp16-verdicts",
+                                        std::vector<int>(stepping.begin(), stepping.end()));
 }
 
 // Note [Channels across processes]: this process's device and replica, and the plans

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
@@ -364,6 +365,57 @@ TEST(Dist, PipefbTrainUnderTheLauncherMatchesTheThreadedRun) {
     ASSERT_EQ(got.size(), want.size()) << "rank " << k;
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+          << "rank " << k << " step " << i + 1;
+  }
+  fs::remove_all(dir);
+}
+
+// Note [Loss scaling]: fp16 under the launcher. From a scale at which mlp-tiny's gradients
+// overflow, doubling after every good step, both ranks (each steps its stage of 1f1b) skip
+// the steps the threaded run skips, together: the same losses step by step, and the same
+// scale and skipped count in every rank's summary.
+TEST(Dist, Fp16RanksSkipTheStepsTheThreadedRunSkips) {
+  const fs::path dir = workDir("fp16");
+  const std::string args = std::string(" --config ") + PIPEFB_SOURCE_DIR +
+                           "/configs/mlp-tiny.yaml --set pipeline.schedule=1f1b "
+                           "--set devices.count=2 --set pipeline.microbatches=2 "
+                           "--set training.iterations=8 --set training.precision=fp16 "
+                           "--set training.loss_scale=2097152 --set training.loss_scale_window=1 "
+                           "--set training.eval=false --set output.progress=false "
+                           "--set output.dir=";
+  auto one = test::runCommand(std::string(PIPEFB_BINARY_DIR) + "/pipefb_train" + args +
+                              (dir / "threads").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two =
+      test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n 2 -- " +
+                       PIPEFB_BINARY_DIR + "/pipefb_train" + args + (dir / "procs").string());
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto summary = [](const fs::path& run) {
+    std::ifstream in(run / "summary.json");
+    return nlohmann::json::parse(in).at("loss_scale");
+  };
+  auto losses = [](const fs::path& run) {  // metrics.csv: step,epoch,loss,...
+    std::ifstream in(run / "metrics.csv");
+    std::string line, cell;
+    std::getline(in, line);
+    std::vector<double> out;
+    while (std::getline(in, line)) {
+      std::stringstream row(line);
+      for (int c = 0; c < 3; ++c) std::getline(row, cell, ',');
+      out.push_back(std::stod(cell));
+    }
+    return out;
+  };
+  const auto want = summary(dir / "threads");
+  EXPECT_GE(want.at("skipped_steps").get<int>(), 3);
+  for (int k = 0; k < 2; ++k) {
+    const fs::path rank = dir / "procs" / ("rank" + std::to_string(k));
+    EXPECT_EQ(summary(rank), want) << "rank " << k;
+    const auto got = losses(rank), ref = losses(dir / "threads");
+    ASSERT_EQ(got.size(), 8u) << "rank " << k;
+    ASSERT_EQ(ref.size(), 8u);
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 1e-5 * std::max(1.0, std::abs(ref[i])))
           << "rank " << k << " step " << i + 1;
   }
   fs::remove_all(dir);

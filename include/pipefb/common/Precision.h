@@ -58,18 +58,15 @@ inline Precision precisionIn(const std::string& text, const std::string& source)
 }
 
 /// Note [Loss scaling] (train/LossScaler.h): the UserError text for fp16 on a pipeline whose
-/// stages cannot agree on each step before any takes it, or "" when they can. `processes`:
-/// pipefb_launch's ranks (0 in one process).
+/// stages cannot agree on each step before any takes it, or "" when they can.
 inline std::string fp16Refusal(const std::string& source, bool async, const std::string& schedule,
-                               long replicas, long processes) {
+                               long replicas) {
   std::string why;
   if (async)
     why = "pipeline.schedule " + schedule + " steps each stage once per microbatch, on its own";
   else if (replicas > 1)
-    why = "pipeline.replicas " + std::to_string(replicas) + " would agree across processes";
-  else if (processes > 0)
-    why =
-        "pipefb_launch's " + std::to_string(processes) + " processes would agree across processes";
+    why = "pipeline.replicas " + std::to_string(replicas) +
+          " would agree after all-reduces that are still in flight at the first STEP";
   if (why.empty()) return "";
   return source +
          ": training.precision: fp16 needs every stage to agree on a step before any "

@@ -19,10 +19,12 @@
 // every STEP then waits until all stages were checked (PipelineEngine's execStep). The
 // verdict of iteration k sets the scale iteration k+1's last stage seeds with; no backward
 // of k+1 can start before it, since its forwards ran on weights stepped after it.
-// Asynchronous schedules (pipedream, pipefb-async) are refused: each stage steps once
-// per microbatch on a weight version of its own, so a verdict of every stage on one step
-// would serialize the pipeline it exists to overlap. So are replicas and pipefb_launch,
-// whose verdict would cross processes.
+// Under pipefb_launch each rank that steps a stage checks its own and all-reduces a flag per
+// stage with the others (PipelineEngine's stepGroup); a rank that only runs forwards takes
+// no part. Asynchronous schedules (pipedream, pipefb-async) are refused: each stage steps
+// once per microbatch on a weight version of its own, so a verdict of every stage on one
+// step would serialize the pipeline it exists to overlap. So are replicas: a device's first
+// STEP comes before the all-reduces of its other stages' gradients have finished.
 // The state is in the checkpoint (manifest.json, "loss_scale"), so a resumed run scales as
 // an uninterrupted one.
 #include <torch/torch.h>
