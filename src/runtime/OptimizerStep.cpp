@@ -66,7 +66,7 @@ void PipelineEngine::Impl::execStep(DeviceState& dev, const Action& a) {
 double PipelineEngine::Impl::seedScale(int k) {
   if (!scaled) return 1.0;
   std::unique_lock<std::mutex> lock(mu);
-  // The verdict of k-1 came before any forward of k (module comment): this waits only on a
+  // The verdict of k-1 came before any forward of k (Note [Loss scaling]): this waits only on a
   // schedule that breaks that.
   while (!verdicts.count(k)) {
     if (aborted) throw Cancelled{};
