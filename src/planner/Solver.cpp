@@ -74,6 +74,14 @@ void evaluatePlan(const CostModel& modelIn, Plan& plan) {
 
 namespace {
 
+// The least a layer leaves on the backward devices: weights, gradients and optimizer state,
+// or with the optimizer allowed on the host the copy B runs on and its gradients (Note
+// [Half-precision weights on a device]). A lower bound of the decoupled searches.
+std::int64_t leastStaticBytes(const LayerCost& l, OptimizerOffload offload) {
+  return offload == OptimizerOffload::None ? l.paramBytes + l.gradBytes + l.optimizerBytes
+                                           : forwardParamBytes(l) + hostedGradBytes(l);
+}
+
 struct Job {
   const ScheduleFamily* family;
   PipelineShape shape;
@@ -99,11 +107,7 @@ void addDecoupledJobs(const CostModel& model, const SolverOptions& options,
   for (const auto& l : prof.layers) {
     sumW += forwardParamBytes(l);  // what forward devices hold at least
     sumStep += l.step;
-    // (Note [Half-precision weights on a device]: with the optimizer on the host, the copy
-    // B runs on and its gradients.)
-    sumStatic += options.optimizerOffload == OptimizerOffload::None
-                     ? l.paramBytes + l.gradBytes + l.optimizerBytes
-                     : forwardParamBytes(l) + hostedGradBytes(l);
+    sumStatic += leastStaticBytes(l, options.optimizerOffload);
   }
   for (const ScheduleFamily& fam : families) {
     if (!foldsAndDecouples(fam.kind)) continue;
@@ -162,11 +166,7 @@ SolveResult search(const CostModel& model, const SolverOptions& options,
   for (const auto& l : prof.layers) {
     sumStep += l.step;
     // (The optimizer state may live in the host pool: then it bounds nothing.)
-    // (Note [Half-precision weights on a device]: with the optimizer on the host, the copy
-    // B runs on and its gradients.)
-    sumStatic += options.optimizerOffload == OptimizerOffload::None
-                     ? l.paramBytes + l.gradBytes + l.optimizerBytes
-                     : forwardParamBytes(l) + hostedGradBytes(l);
+    sumStatic += leastStaticBytes(l, options.optimizerOffload);
   }
   std::map<int, std::vector<std::vector<int>>> chainCache;
   auto chains = [&](int len) -> const std::vector<std::vector<int>>& {

@@ -323,6 +323,54 @@ TEST(Dist, SilentRankTimesOutAndTheLauncherLeavesNoProcess) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// pipefb_train on threads (DIR/threads) and under pipefb_launch -n 2 (each rank writes
+// DIR/procs/rank<r>); `args` ends in --set output.dir=.
+void trainOnThreadsAndUnderTheLauncher(const fs::path& dir, const std::string& args) {
+  auto one = test::runCommand(std::string(PIPEFB_BINARY_DIR) + "/pipefb_train" + args +
+                              (dir / "threads").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two =
+      test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n 2 -- " +
+                       PIPEFB_BINARY_DIR + "/pipefb_train" + args + (dir / "procs").string());
+  ASSERT_EQ(two.code, 0) << two.out;
+}
+
+std::vector<double> lossColumn(const fs::path& csv) {  // metrics.csv's loss column, per step
+  std::ifstream in(csv);
+  std::string header, line;
+  std::getline(in, header);
+  std::vector<std::string> names;
+  std::stringstream hs(header);
+  for (std::string c; std::getline(hs, c, ',');) names.push_back(c);
+  const size_t at = std::find(names.begin(), names.end(), "loss") - names.begin();
+  std::vector<double> out;
+  while (std::getline(in, line)) {
+    std::stringstream ls(line);
+    std::string c;
+    for (size_t i = 0; i <= at && std::getline(ls, c, ','); ++i) {
+    }
+    out.push_back(std::stod(c));
+  }
+  return out;
+}
+
+// Both ranks' losses are the threaded run's, step by step, over `steps` steps.
+void expectRanksLossesMatchTheThreads(const fs::path& dir, size_t steps) {
+  const auto want = lossColumn(dir / "threads" / "metrics.csv");
+  ASSERT_EQ(want.size(), steps);
+  for (int k = 0; k < 2; ++k) {
+    const auto got = lossColumn(dir / "procs" / ("rank" + std::to_string(k)) / "metrics.csv");
+    ASSERT_EQ(got.size(), want.size()) << "rank " << k;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+          << "rank " << k << " step " << i + 1;
+  }
+}
+
+}  // namespace
+
 // pipefb_train under pipefb_launch: each rank writes OUT/rank<r>, and the run's losses are
 // those of the same pipeline on threads (synchronous schedules are exact).
 TEST(Dist, PipefbTrainUnderTheLauncherMatchesTheThreadedRun) {
@@ -333,40 +381,9 @@ TEST(Dist, PipefbTrainUnderTheLauncherMatchesTheThreadedRun) {
                            "pipeline.microbatches=4 --set training.iterations=6 --set "
                            "pipeline.stash=checkpoint-offload --set training.eval=false "
                            "--set output.progress=false --set output.dir=";
-  auto one = test::runCommand(std::string(PIPEFB_BINARY_DIR) + "/pipefb_train" + args +
-                              (dir / "threads").string());
-  ASSERT_EQ(one.code, 0) << one.out;
-  auto two =
-      test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n 2 -- " +
-                       PIPEFB_BINARY_DIR + "/pipefb_train" + args + (dir / "procs").string());
-  ASSERT_EQ(two.code, 0) << two.out;
-  auto column = [](const fs::path& csv) {  // metrics.csv's loss column, per step
-    std::ifstream in(csv);
-    std::string header, line;
-    std::getline(in, header);
-    std::vector<std::string> names;
-    std::stringstream hs(header);
-    for (std::string c; std::getline(hs, c, ',');) names.push_back(c);
-    const size_t at = std::find(names.begin(), names.end(), "loss") - names.begin();
-    std::vector<double> out;
-    while (std::getline(in, line)) {
-      std::stringstream ls(line);
-      std::string c;
-      for (size_t i = 0; i <= at && std::getline(ls, c, ','); ++i) {
-      }
-      out.push_back(std::stod(c));
-    }
-    return out;
-  };
-  auto want = column(dir / "threads" / "metrics.csv");
-  ASSERT_EQ(want.size(), 6u);
-  for (int k = 0; k < 2; ++k) {
-    auto got = column(dir / "procs" / ("rank" + std::to_string(k)) / "metrics.csv");
-    ASSERT_EQ(got.size(), want.size()) << "rank " << k;
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
-          << "rank " << k << " step " << i + 1;
-  }
+  trainOnThreadsAndUnderTheLauncher(dir, args);
+  if (HasFatalFailure()) return;
+  expectRanksLossesMatchTheThreads(dir, 6);
   fs::remove_all(dir);
 }
 
@@ -383,41 +400,17 @@ TEST(Dist, Fp16RanksSkipTheStepsTheThreadedRunSkips) {
                            "--set training.loss_scale=2097152 --set training.loss_scale_window=1 "
                            "--set training.eval=false --set output.progress=false "
                            "--set output.dir=";
-  auto one = test::runCommand(std::string(PIPEFB_BINARY_DIR) + "/pipefb_train" + args +
-                              (dir / "threads").string());
-  ASSERT_EQ(one.code, 0) << one.out;
-  auto two =
-      test::runCommand(std::string("timeout 120 ") + PIPEFB_LAUNCH + " -n 2 -- " +
-                       PIPEFB_BINARY_DIR + "/pipefb_train" + args + (dir / "procs").string());
-  ASSERT_EQ(two.code, 0) << two.out;
+  trainOnThreadsAndUnderTheLauncher(dir, args);
+  if (HasFatalFailure()) return;
   auto summary = [](const fs::path& run) {
     std::ifstream in(run / "summary.json");
     return nlohmann::json::parse(in).at("loss_scale");
   };
-  auto losses = [](const fs::path& run) {  // metrics.csv: step,epoch,loss,...
-    std::ifstream in(run / "metrics.csv");
-    std::string line, cell;
-    std::getline(in, line);
-    std::vector<double> out;
-    while (std::getline(in, line)) {
-      std::stringstream row(line);
-      for (int c = 0; c < 3; ++c) std::getline(row, cell, ',');
-      out.push_back(std::stod(cell));
-    }
-    return out;
-  };
   const auto want = summary(dir / "threads");
   EXPECT_GE(want.at("skipped_steps").get<int>(), 3);
-  for (int k = 0; k < 2; ++k) {
-    const fs::path rank = dir / "procs" / ("rank" + std::to_string(k));
-    EXPECT_EQ(summary(rank), want) << "rank " << k;
-    const auto got = losses(rank), ref = losses(dir / "threads");
-    ASSERT_EQ(got.size(), 8u) << "rank " << k;
-    ASSERT_EQ(ref.size(), 8u);
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_NEAR(got[i], ref[i], 1e-5 * std::max(1.0, std::abs(ref[i])))
-          << "rank " << k << " step " << i + 1;
-  }
+  for (int k = 0; k < 2; ++k)
+    EXPECT_EQ(summary(dir / "procs" / ("rank" + std::to_string(k))), want) << "rank " << k;
+  expectRanksLossesMatchTheThreads(dir, 8);
   fs::remove_all(dir);
 }
 

@@ -9,19 +9,27 @@ using namespace pipefb::test::equivalence;
 
 namespace {
 
-Case bf16(Case c) {
-  c.precision = "bf16";
-  c.name += " bf16";
+// The case at a precision.
+Case at(const std::string& precision, Case c) {
+  c.precision = precision;
+  c.name += " " + precision;
   return c;
+}
+Case bf16(Case c) { return at("bf16", std::move(c)); }
+Case fp16(Case c) { return at("fp16", std::move(c)); }
+
+// Every sync layout: one stage per device, folded, interleaved.
+std::vector<Layout> syncLayouts() {
+  std::vector<Layout> layouts = kOneStagePerDevice;
+  layouts.insert(layouts.end(), kFolded.begin(), kFolded.end());
+  layouts.insert(layouts.end(), kInterleaved.begin(), kInterleaved.end());
+  return layouts;
 }
 
 }  // namespace
 
 TEST(PrecisionBf16, PipelinesGiveOneDevicesWeightsForEveryStashPolicy) {
-  std::vector<Layout> layouts = kOneStagePerDevice;
-  layouts.insert(layouts.end(), kFolded.begin(), kFolded.end());
-  layouts.insert(layouts.end(), kInterleaved.begin(), kInterleaved.end());
-  checkEquivalence(bf16({"mlp", mlpOptions(), 8}), {2, 4}, {2, 4}, kAllStashes, layouts);
+  checkEquivalence(bf16({"mlp", mlpOptions(), 8}), {2, 4}, {2, 4}, kAllStashes, syncLayouts());
 }
 
 TEST(PrecisionBf16, VisionAndGpt2PipelinesGiveOneDevicesWeights) {
@@ -61,12 +69,6 @@ TEST(PrecisionBf16, ChangesTheNumbersAndSendsBf16Activations) {
 // Note [Loss scaling] (train/LossScaler.h): fp16 under autocast with dynamic loss scaling.
 namespace {
 
-Case fp16(Case c) {
-  c.precision = "fp16";
-  c.name += " fp16";
-  return c;
-}
-
 // Every stage's weights, in order, as copies.
 std::vector<torch::Tensor> weightsOf(model::Model& m) {
   std::vector<torch::Tensor> out;
@@ -88,10 +90,7 @@ int changed(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor
 // for the verdict of stages it has yet to run without Note [Steps after the device's
 // backwards].
 TEST(PrecisionFp16, PipelinesGiveOneDevicesWeightsForEveryStashPolicy) {
-  std::vector<Layout> layouts = kOneStagePerDevice;
-  layouts.insert(layouts.end(), kFolded.begin(), kFolded.end());
-  layouts.insert(layouts.end(), kInterleaved.begin(), kInterleaved.end());
-  checkEquivalence(fp16({"mlp", mlpOptions(), 8}), {2, 4}, {2, 4}, kAllStashes, layouts);
+  checkEquivalence(fp16({"mlp", mlpOptions(), 8}), {2, 4}, {2, 4}, kAllStashes, syncLayouts());
   checkEquivalence(fp16({"mlp", mlpOptions(), 8}), {3, 4}, {2, 4}, kAllStashes, kDecoupled);
   checkEquivalence(fp16({"gpt2", gpt2Options(), 4}), {2, 3}, {2}, {"keep", "offload"},
                    {"1f1b", {"pipefb-sync", true}, "zb-h1"});

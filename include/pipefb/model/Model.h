@@ -136,7 +136,8 @@ class DropoutKey {
 };
 
 /// Note [Autocast]
-/// training.precision bf16 runs each forward and the loss under LibTorch's autocast on the
+/// training.precision bf16 (and fp16, the same way with Note [Loss scaling] in
+/// train/LossScaler.h) runs each forward and the loss under LibTorch's autocast on the
 /// tensors' device type, as torch.autocast does: matmuls and convolutions in bf16, the
 /// loss in fp32, the weights fp32 and cast per op, .grad fp32 (the cast's backward). So a
 /// message, stash or offload holds whatever dtype its op gave: bf16 after a linear or a

@@ -28,8 +28,7 @@ enum class DeviceKind { Cpu, Cuda };
 std::string cudaUnavailableReason();
 
 /// config.devices.kind, checked against this process (Note [No silent fallback]).
-/// Throws UserError naming devices.kind when it is cuda and cannot run here, and naming
-/// training.precision when it is fp16 (no loss scaling yet).
+/// Throws UserError naming devices.kind when it is cuda and cannot run here.
 DeviceKind checkDeviceKind(const config::Config& config);
 
 }  // namespace pipefb::runtime
