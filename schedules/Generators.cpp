@@ -305,6 +305,8 @@ SchedulePlan makeSchedule(ScheduleKind kind, int S, int M, const Placement& p, i
       return interleaved1F1B(S, M, p, K);
     case ScheduleKind::PipeFbZb:
       return pipefbZb(S, M, p, K);
+    case ScheduleKind::InterleavedZb:
+      return interleavedZb(S, M, p, K);
   }
   PIPEFB_ASSERT(false, "a schedule kind without a generator");
   return {};

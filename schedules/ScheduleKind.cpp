@@ -22,6 +22,7 @@ const ScheduleKindInfo kScheduleKindRows[] = {
     {ScheduleKind::Interleaved1F1B, "interleaved-1f1b", DefaultPlacement::Looped, false, false,
      false},
     {ScheduleKind::PipeFbZb, "pipefb-zb", DefaultPlacement::PipeFb, false, false, true},
+    {ScheduleKind::InterleavedZb, "interleaved-zb", DefaultPlacement::Looped, false, false, true},
 };
 }  // namespace detail
 

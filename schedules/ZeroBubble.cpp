@@ -180,7 +180,7 @@ void checkOneStagePerDevice(const std::string& kind, const Placement& p) {
 bool takesShape(const std::string& kind, int S, int M) {
   if (S < 1 || M < 1) return false;
   if (kind == "zbv") return S % 2 == 0;
-  if (kind == "interleaved-1f1b") return S % 2 == 0 && M % (S / 2) == 0;
+  if (kind == "interleaved-1f1b" || kind == "interleaved-zb") return S % 2 == 0 && M % (S / 2) == 0;
   return true;
 }
 
@@ -292,18 +292,34 @@ SchedulePlan pipefbZb(int S, int M, const Placement& p, int K) {
   return plan("pipefb-zb", S, M, K, p, greedyOrder(S, M, p, 0, 1));
 }
 
-SchedulePlan interleaved1F1B(int S, int M, const Placement& p, int K) {
-  checkShape("interleaved-1f1b", S, M, K, p);
+namespace {
+
+// Megatron-LM's interleaved order over v = S / D chunks, for interleaved-1f1b and (with B
+// split into I and W) interleaved-zb. `kind` names the schedule in errors.
+//
+// Note [Interleaved zero bubble]: interleaved-zb is the zero-bubble paper's ZB1P over v
+// chunks, in the order torch.distributed.pipelining's ScheduleInterleavedZeroBubble gives
+// its ranks, so that the two can be compared like for like (experiments/README.md,
+// peer_pipelining). From interleaved-1f1b's order it differs in three ways:
+//  * each B is an I (input gradient) and a W (weight gradient);
+//  * device d warms up with (D-d-1) + (v-1)D forwards, one per hop to the last device
+//    rather than two: an I is shorter than a B, so the gradient comes back sooner;
+//  * after its k-th I (k >= d) the device runs the W of its (k-d)-th, as zb-h1's Note
+//    [Lagged W]; the last d W's close the iteration, where 1F1B's cool-down bubble was.
+// With v = 1 the order is zb-h1's. tests/schedules/torch_zb_order.py checks it against
+// torch's generator action by action.
+std::vector<std::vector<Action>> interleavedOrder(const std::string& kind, int S, int M,
+                                                  const Placement& p, bool zeroBubble) {
   const int D = p.numDevices();
   if (D < 1 || S % D != 0 || S / D < 2)
-    throw UserError("interleaved-1f1b: " + std::to_string(S) + " stages on " + std::to_string(D) +
+    throw UserError(kind + ": " + std::to_string(S) + " stages on " + std::to_string(D) +
                     " devices; pipeline.virtual_stages must be >= 2 and divide the stages " +
-                    "(use 1f1b for one stage per device)");
+                    "(use " + (zeroBubble ? "zb-h1" : "1f1b") + " for one stage per device)");
   const int v = S / D;
-  checkPlacement("interleaved-1f1b", p, Placement::looped(S, v),
+  checkPlacement(kind, p, Placement::looped(S, v),
                  "stage s on device s mod " + std::to_string(D));
   if (M % D != 0)
-    throw UserError("interleaved-1f1b: microbatches (" + std::to_string(M) +
+    throw UserError(kind + ": microbatches (" + std::to_string(M) +
                     ") must be a multiple of the devices (" + std::to_string(D) +
                     "), as Megatron's interleaving walks the chunks in groups of " +
                     std::to_string(D));
@@ -316,16 +332,45 @@ SchedulePlan interleaved1F1B(int S, int M, const Placement& p, int K) {
   auto mbOf = [&](int k) { return (k / (D * v)) * D + k % D; };
   std::vector<std::vector<Action>> order(D);
   for (int d = 0; d < D; ++d) {
-    const int warmup = M == D ? N : std::min(N, 2 * (D - d - 1) + (v - 1) * D);
+    // Note [Interleaved zero bubble]
+    const int warmup = zeroBubble   ? std::min(N, (D - d - 1) + (v - 1) * D)
+                       : M == D     ? N
+                                    : std::min(N, 2 * (D - d - 1) + (v - 1) * D);
     auto& out = order[d];
+    int nextW = 0;
+    auto backward = [&](int k) {
+      if (!zeroBubble) {
+        out.push_back(B(stageOf(d, k, false), mbOf(k)));
+        return;
+      }
+      out.push_back(I(stageOf(d, k, false), mbOf(k)));
+      if (k >= d) {
+        out.push_back(W(stageOf(d, nextW, false), mbOf(nextW)));
+        ++nextW;
+      }
+    };
     for (int k = 0; k < warmup; ++k) out.push_back(F(stageOf(d, k, true), mbOf(k)));
     for (int k = 0; k < N - warmup; ++k) {
       out.push_back(F(stageOf(d, warmup + k, true), mbOf(warmup + k)));
-      out.push_back(B(stageOf(d, k, false), mbOf(k)));
+      backward(k);
     }
-    for (int k = N - warmup; k < N; ++k) out.push_back(B(stageOf(d, k, false), mbOf(k)));
+    for (int k = N - warmup; k < N; ++k) backward(k);
+    for (; zeroBubble && nextW < N; ++nextW)
+      out.push_back(W(stageOf(d, nextW, false), mbOf(nextW)));
   }
-  return plan("interleaved-1f1b", S, M, K, p, order);
+  return order;
+}
+
+}  // namespace
+
+SchedulePlan interleaved1F1B(int S, int M, const Placement& p, int K) {
+  checkShape("interleaved-1f1b", S, M, K, p);
+  return plan("interleaved-1f1b", S, M, K, p, interleavedOrder("interleaved-1f1b", S, M, p, false));
+}
+
+SchedulePlan interleavedZb(int S, int M, const Placement& p, int K) {
+  checkShape("interleaved-zb", S, M, K, p);
+  return plan("interleaved-zb", S, M, K, p, interleavedOrder("interleaved-zb", S, M, p, true));
 }
 
 }  // namespace pipefb::schedules

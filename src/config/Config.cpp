@@ -693,11 +693,12 @@ int virtualStages(const Config& c) {
   if (p.virtual_stages == 0) return schedules::Placement::kDefaultVirtualStages;
   if (!looped)
     throw UserError(c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
-                    " applies to interleaved-1f1b only (several stages per device), not " +
+                    " applies to interleaved-1f1b and interleaved-zb only (several stages per device), not " +
                     p.schedule + "; allowed here: 0 (or remove the key)");
   if (p.virtual_stages < 2)
     throw UserError(c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
-                    " stage per device; interleaved-1f1b needs >= 2 (use 1f1b for one)");
+                    " stage per device; " + p.schedule + " needs >= 2 (use " +
+                        (p.schedule == "interleaved-zb" ? "zb-h1" : "1f1b") + " for one)");
   return static_cast<int>(p.virtual_stages);
 }
 

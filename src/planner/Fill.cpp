@@ -98,7 +98,7 @@ double CostModel::fill(const PipelineShape& shape) const {
   const bool lagged = k == ScheduleKind::PipeFbAsync && shape.lag() < shape.microbatches &&
                       !shape.folded && !shape.decoupled();
   if (lagged || k == ScheduleKind::Zbv || k == ScheduleKind::Interleaved1F1B ||
-      k == ScheduleKind::PipeFbZb) {
+      k == ScheduleKind::InterleavedZb || k == ScheduleKind::PipeFbZb) {
     // Note [Simulated fill]: a split kind hands every stash over through the host pool and
     // syncs the weights back to the forward devices; both at the model's totals / S, on
     // stage 0's devices (compute at the forward device's speed).

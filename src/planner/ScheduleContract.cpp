@@ -29,6 +29,7 @@ bool plannerModels(ScheduleKind k) {
       return true;
     case ScheduleKind::Zbv:  // Note [Shared devices], Note [Simulated fill]
     case ScheduleKind::Interleaved1F1B:
+    case ScheduleKind::InterleavedZb:
     case ScheduleKind::PipeFbZb:
       return true;
   }
@@ -230,6 +231,7 @@ int inFlightStashes(ScheduleKind k, int S, int s, int M, int asyncLag) {
     case ScheduleKind::ZbH2:
     case ScheduleKind::Zbv:
     case ScheduleKind::Interleaved1F1B:
+    case ScheduleKind::InterleavedZb:
       return generatedContract(k, S, M).inFlight.at(s);
     case ScheduleKind::PipeFbZb:
       return M;  // a split stage, as pipefb-sync (contractFromOrder)
@@ -250,6 +252,7 @@ int weightVersions(ScheduleKind k, int S, int s, int M, int asyncLag) {
     case ScheduleKind::ZbH2:
     case ScheduleKind::Zbv:
     case ScheduleKind::Interleaved1F1B:
+    case ScheduleKind::InterleavedZb:
     case ScheduleKind::PipeFbZb:
       return 1;
   }

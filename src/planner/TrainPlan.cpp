@@ -98,8 +98,9 @@ void applyPlan(config::Config& cfg, const PlanSpec& spec, const std::string& sou
 bool plannerPartitions(const config::Config& cfg, int stages) {
   const ScheduleKind kind = parseScheduleKind(cfg.pipeline.schedule);
   if (!plannerModels(kind)) return false;
-  // Note [Shared devices]: the planner plans interleaved-1f1b with v = 2 only.
-  if (kind == ScheduleKind::Interleaved1F1B && cfg.pipeline.virtual_stages != 0 &&
+  // Note [Shared devices]: the planner plans the interleaved kinds with v = 2 only.
+  if (schedules::info(kind).placement == schedules::DefaultPlacement::Looped &&
+      cfg.pipeline.virtual_stages != 0 &&
       cfg.pipeline.virtual_stages != schedules::Placement::kDefaultVirtualStages)
     return false;
   if (cfg.pipeline.placement.empty()) return true;

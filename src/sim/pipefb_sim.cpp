@@ -39,7 +39,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stages", stages, "number of stages S")->capture_default_str();
   app.add_option("--virtual-stages", virtualStages,
-                 "interleaved-1f1b: stages per device v (devices = stages / v)")
+                 "interleaved-1f1b, interleaved-zb: stages per device v (devices = stages / v)")
       ->capture_default_str();
   app.add_option("--microbatches", microbatches, "microbatches per iteration M")
       ->capture_default_str();
@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
     if (!loadPath.empty()) {
       plan.schedule = ps::loadSchedule(loadPath);
     } else {
-      ps::Placement placement = kind == "interleaved-1f1b"
+      ps::Placement placement = kind == "interleaved-1f1b" || kind == "interleaved-zb"
                                     ? ps::Placement::looped(std::max(stages, 1), virtualStages)
                                     : ps::Placement::defaultFor(kind, std::max(stages, 1));
       if (!placementArg.empty()) {

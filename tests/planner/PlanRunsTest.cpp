@@ -129,7 +129,7 @@ const std::vector<std::string> kPolicies = {"keep", "offload", "checkpoint", "ch
 bool isSplit(const std::string& schedule) { return schedule.rfind("pipefb", 0) == 0; }
 // Note [Shared devices] (planner/CostModel.h): two stages on every device.
 bool isShared(const std::string& schedule) {
-  return schedule == "zbv" || schedule == "interleaved-1f1b";
+  return schedule == "zbv" || schedule == "interleaved-1f1b" || schedule == "interleaved-zb";
 }
 
 // Note [A plan is an upper bound] (issue 33)
@@ -432,7 +432,7 @@ TEST_F(PlanRuns, SplitBackwardPlansPeakWherePlanned) {
 // left (Note [Step working set]).
 TEST_F(PlanRuns, SharedDeviceAndPipefbZbPlansPeakWherePlanned) {
   int id = 200;
-  for (const std::string schedule : {"interleaved-1f1b", "zbv", "pipefb-zb"})
+  for (const std::string schedule : {"interleaved-1f1b", "interleaved-zb", "zbv", "pipefb-zb"})
     for (const int model : {0, 3})  // vgg16/8, gpt2-tiny
       for (const std::string policy : {"keep", "checkpoint"}) {
         Instance x;

@@ -177,7 +177,8 @@ const std::vector<Layout> kOneStagePerDevice = {"gpipe", "1f1b", "pipefb-sync"};
 // Devices that host several stages: a forward and another stage's backward (folded), or
 // several stages (interleaved).
 const std::vector<Layout> kFolded = {{"pipefb-sync", true}};
-const std::vector<Layout> kInterleaved = {{"interleaved-1f1b", false, 2}};
+const std::vector<Layout> kInterleaved = {{"interleaved-1f1b", false, 2},
+                                          {"interleaved-zb", false, 2}};
 // Note [Decoupled partitions]: one forward device feeding three backward devices (a
 // forward range whose layers go to three backward devices); two forward ranges whose
 // layers one backward range spans ([0,3) on device 2); a device running a forward range

@@ -266,7 +266,7 @@ TEST(PipelineEquivalenceInterleaved, Mlp) {
   checkEquivalence({"mlp", mlpOptions(), 12}, {2, 4}, {2, 4}, kAllStashes, kInterleaved);
   // Four stages on one device.
   checkEquivalence({"mlp", mlpOptions(), 12}, {4}, {3}, {"keep", "checkpoint"},
-                   {{"interleaved-1f1b", false, 4}});
+                   {{"interleaved-1f1b", false, 4}, {"interleaved-zb", false, 4}});
 }
 TEST(PipelineEquivalenceInterleaved, Vgg16) {
   checkEquivalence({"vgg16", visionOptions("vgg16"), 12}, {4, 6}, {6}, kAllStashes, kInterleaved);

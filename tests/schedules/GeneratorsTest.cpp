@@ -226,9 +226,11 @@ TEST(GeneratorsTest, SeveralStagesPerDeviceValidateOverOddShapes) {
                    " M=" + std::to_string(M));
       SchedulePlan plan = lower(interleaved1F1B(S, M, Placement::looped(S, v), 3), {policy}, 2);
       EXPECT_NO_THROW(validate(plan.schedule, &plan.contract));
-      ++checked;
+      SchedulePlan zb = lower(interleavedZb(S, M, Placement::looped(S, v), 3), {policy}, 2);
+      EXPECT_NO_THROW(validate(zb.schedule, &zb.contract));
+      checked += 2;
     }
-  EXPECT_EQ(checked, 4 * 5 * 4 + 5 * 4);
+  EXPECT_EQ(checked, 4 * 5 * 4 + 2 * 5 * 4);
 }
 
 TEST(GeneratorsTest, ShapesTheSplitKindsRefuseAreUserErrors) {
@@ -254,6 +256,12 @@ TEST(GeneratorsTest, ShapesTheSplitKindsRefuseAreUserErrors) {
   EXPECT_TRUE(takesShape("zbv", 4, 3));
   EXPECT_FALSE(takesShape("interleaved-1f1b", 6, 4));
   EXPECT_TRUE(takesShape("interleaved-1f1b", 6, 6));
+  EXPECT_NE(message([] { makeSchedule("interleaved-zb", 6, 4); }).find("multiple of the devices"),
+            std::string::npos);
+  EXPECT_NE(message([] { interleavedZb(4, 4, Placement::sameDevice(4)); }).find("use zb-h1"),
+            std::string::npos);
+  EXPECT_FALSE(takesShape("interleaved-zb", 6, 4));
+  EXPECT_TRUE(takesShape("interleaved-zb", 6, 6));
 }
 
 // Note [Lagged W]: ZB-H1 holds 1F1B's device-0 stash count on every device; ZB-H2 up to

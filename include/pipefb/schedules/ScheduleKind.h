@@ -26,6 +26,7 @@ enum class ScheduleKind {
   Zbv,
   Interleaved1F1B,
   PipeFbZb,
+  InterleavedZb,
 };
 
 /// A kind's default placement (Placement::defaultFor).

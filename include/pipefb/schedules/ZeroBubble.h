@@ -62,9 +62,15 @@ SchedulePlan pipefbZb(int S, int M, const Placement& placement, int iterations =
 /// then alternates F and B, forwards and backwards walking the chunks in groups of D
 /// microbatches (backwards from the last chunk). Needs M a multiple of D, v >= 2.
 SchedulePlan interleaved1F1B(int S, int M, const Placement& placement, int iterations = 1);
+/// ZB1P of the zero-bubble paper over v chunks, in the order of torch.distributed.pipelining's
+/// ScheduleInterleavedZeroBubble (Note [Interleaved zero bubble]): interleaved-1f1b's order
+/// with each B split into I and W, min(vM, (D-d-1) + (v-1)D) warm-up forwards on device d, and
+/// after its k-th I (k >= d) the W of its (k-d)-th. Same placement and shapes as
+/// interleaved-1f1b.
+SchedulePlan interleavedZb(int S, int M, const Placement& placement, int iterations = 1);
 
 /// Whether makeSchedule(kind, S, M, K) (the kind's default placement) accepts S stages and
-/// M microbatches: zbv needs S even; interleaved-1f1b (v = 2) S even and M a multiple of
+/// M microbatches: zbv needs S even; interleaved-1f1b and interleaved-zb (v = 2) S even and M a multiple of
 /// S / 2; every other kind takes any S, M >= 1. The generators refuse the rest with a
 /// UserError; tables of shapes in the tests skip them.
 bool takesShape(const std::string& kind, int S, int M);
