@@ -316,8 +316,7 @@ std::vector<std::vector<Action>> interleavedOrder(const std::string& kind, int S
                     " devices; pipeline.virtual_stages must be >= 2 and divide the stages " +
                     "(use " + (zeroBubble ? "zb-h1" : "1f1b") + " for one stage per device)");
   const int v = S / D;
-  checkPlacement(kind, p, Placement::looped(S, v),
-                 "stage s on device s mod " + std::to_string(D));
+  checkPlacement(kind, p, Placement::looped(S, v), "stage s on device s mod " + std::to_string(D));
   if (M % D != 0)
     throw UserError(kind + ": microbatches (" + std::to_string(M) +
                     ") must be a multiple of the devices (" + std::to_string(D) +
@@ -333,9 +332,9 @@ std::vector<std::vector<Action>> interleavedOrder(const std::string& kind, int S
   std::vector<std::vector<Action>> order(D);
   for (int d = 0; d < D; ++d) {
     // Note [Interleaved zero bubble]
-    const int warmup = zeroBubble   ? std::min(N, (D - d - 1) + (v - 1) * D)
-                       : M == D     ? N
-                                    : std::min(N, 2 * (D - d - 1) + (v - 1) * D);
+    const int warmup = zeroBubble ? std::min(N, (D - d - 1) + (v - 1) * D)
+                       : M == D   ? N
+                                  : std::min(N, 2 * (D - d - 1) + (v - 1) * D);
     auto& out = order[d];
     int nextW = 0;
     auto backward = [&](int k) {

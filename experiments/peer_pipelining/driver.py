@@ -43,13 +43,15 @@ import models  # noqa: E402
 
 # schedule: (torch's class, torch's stages, their placement on the 2 ranks, pipefb's
 # schedule, pipefb's stages). "one": stage r on rank r; "loop": r and r + 2; "v": r and
-# 3 - r. zb-h1 has no one-stage-per-rank peer in torch: its zero-bubble schedule is the
-# interleaved one (two stages per rank), against pipefb's zb-h1 on one stage per device.
+# 3 - r. torch's zero-bubble schedule for one stage per rank is its interleaved one with a
+# single stage on each rank: its order is then ZB-H1's (pipefb's zb-h1); with two stages a
+# rank it is ZB1P over two chunks (pipefb's interleaved-zb, in the same order).
 SCHEDULES = {
     "gpipe": ("ScheduleGPipe", 2, "one", "gpipe", 2),
     "1f1b": ("Schedule1F1B", 2, "one", "1f1b", 2),
     "interleaved-1f1b": ("ScheduleInterleaved1F1B", 4, "loop", "interleaved-1f1b", 4),
-    "zb-h1": ("ScheduleInterleavedZeroBubble", 4, "loop", "zb-h1", 2),
+    "zb-h1": ("ScheduleInterleavedZeroBubble", 2, "one", "zb-h1", 2),
+    "interleaved-zb": ("ScheduleInterleavedZeroBubble", 4, "loop", "interleaved-zb", 4),
     "zbv": ("ScheduleZBVZeroBubble", 4, "v", "zbv", 4),
     # Not a default pair: pipefb has no DualPipeV; its nearest is zbv (the same V placement).
     "dualpipev": ("ScheduleDualPipeV", 4, "v", "zbv", 4),
@@ -101,7 +103,8 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
             sub.add_module(n, m)
             stage_mod.add_module(n, m)
         stages.append(pipelining.PipelineStage(sub, s, total, torch.device("cpu")))
-    sched = getattr(pipelining, cls)(stages if len(stages) > 1 else stages[0],
+    multi = issubclass(getattr(pipelining, cls), pipelining.schedules.PipelineScheduleMulti)
+    sched = getattr(pipelining, cls)(stages if multi else stages[0],
                                      n_microbatches=MICROBATCHES, loss_fn=models.loss_fn)
     opt = torch.optim.SGD(stage_mod.parameters(), lr=LR)
     first, last = 0 in mine, total - 1 in mine
@@ -111,7 +114,9 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
     del full, children
     gc.collect()
     base = sum(t.nbytes for t in stage_mod.state_dict().values())
+    held = {"now": 0, "max": 0}  # zero-bubble: intermediate gradients kept from I to W
     if memory:
+        count_held_gradients(held)
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                       profile_memory=True)
         prof.__enter__()
@@ -153,7 +158,8 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
                    for infos in list(st.args_recv_info.values()) + list(st.grad_recv_info.values())
                    for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor))
         with open(os.path.join(out, f"recv-{rank}.json"), "w") as f:
-            json.dump({"recv_buffer_bytes": recv}, f)
+            json.dump({"recv_buffer_bytes": recv, "held_intermediate_grad_bytes": held["max"]},
+                      f)
     if double:
         torch.save({n: p.grad for n, p in stage_mod.named_parameters()},
                    os.path.join(out, f"grads-{rank}.pt"))
@@ -162,6 +168,32 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
             json.dump({"samples_per_s": BATCH * len(times[WARMUP:]) / sum(times[WARMUP:]),
                        "peak": peak}, f)
     dist.destroy_process_group()
+
+
+def count_held_gradients(held):
+    """torch's split backward (stage_backward_input) keeps, from I to W, the gradient flowing
+    into each autograd node that leads to a weight (param_groups' "grads"), besides the
+    retained graph. Counts their bytes as I stores them and W consumes them: held["max"]
+    is the most a rank held at once."""
+    from torch.distributed.pipelining import stage as st
+
+    def nbytes(groups):
+        return sum(t.nbytes for g in groups for grads in (g.get("grads") or [])
+                   for t in (grads or ()) if isinstance(t, torch.Tensor))
+
+    orig_i, orig_w = st.stage_backward_input, st.stage_backward_weight
+
+    def backward_input(*args, **kwargs):
+        dinputs, groups = orig_i(*args, **kwargs)
+        held["now"] += nbytes(groups)
+        held["max"] = max(held["max"], held["now"])
+        return dinputs, groups
+
+    def backward_weight(weights, groups, *args, **kwargs):
+        held["now"] -= nbytes(groups)
+        return orig_w(weights, groups, *args, **kwargs)
+
+    st.stage_backward_input, st.stage_backward_weight = backward_input, backward_weight
 
 
 def run_torch(name, schedule, double, steps, out, memory=False):
@@ -200,7 +232,7 @@ def run_pipefb(name, schedule, side, double, steps, work, out):
     run = os.path.join(out, "run")
     config = os.path.join(out, "config.yaml")
     _, _, _, pschedule, pstages = SCHEDULES[schedule]
-    virtual = ", virtual_stages: 2" if pschedule == "interleaved-1f1b" else ""
+    virtual = ", virtual_stages: 2" if pschedule.startswith("interleaved") else ""
     with open(config, "w") as f:
         f.write(f"""model: {{name: torchscript, path: {path}, sample_shape: {shape},
   input_dtype: {input_dtype}, num_classes: {classes}}}
@@ -349,22 +381,31 @@ def grads_only(a):
     update_summary(a, update)
 
 
+def torch_memory(name, schedule, work):
+    """torch's device peaks from a run of their own under the profiler, and the lines that
+    say what its stages hold beyond pipefb (raw/*-torch.txt)."""
+    out = tempfile.mkdtemp(dir=work)
+    _, peaks = run_torch(name, schedule, False, WARMUP + 2, out, memory=True)
+    extra = [json.load(open(os.path.join(out, f"recv-{k}.json"))) for k in range(STAGES)]
+    return peaks, [f"receive buffers held per device: "
+                   f"{[x['recv_buffer_bytes'] for x in extra]}",
+                   f"intermediate gradients held from I to W per device (most at once): "
+                   f"{[x['held_intermediate_grad_bytes'] for x in extra]}"]
+
+
 def torch_memory_only(a):
     def update(r, work):
         if r["side"] != "torch" or r["grad_rel_err"] == "failed":
             return
-        out = tempfile.mkdtemp(dir=work)
-        _, peaks = run_torch(r["model"], r["schedule"], False, WARMUP + 2, out, memory=True)
-        recv = [json.load(open(os.path.join(out, f"recv-{k}.json")))["recv_buffer_bytes"]
-                for k in range(STAGES)]
+        peaks, held = torch_memory(r["model"], r["schedule"], work)
         r["peak_stage_bytes"] = max(peaks)
         raw = os.path.join(a.out, "raw", f"{r['model']}-{r['schedule']}-torch.txt")
         lines = [x for x in open(raw).read().splitlines()
-                 if not x.startswith("peak") and not x.startswith("receive buffers")]
+                 if not x.startswith(("peak", "receive buffers", "intermediate gradients"))]
         with open(raw, "w") as f:
-            f.write("\n".join(lines + [f"peak live tensor bytes per device: {peaks}",
-                                       f"receive buffers held per device: {recv}"]) + "\n")
-        print(f"{r['model']} {r['schedule']} torch: device peaks {peaks}, receive buffers {recv}",
+            f.write("\n".join(lines + [f"peak live tensor bytes per device: {peaks}"] + held) +
+                    "\n")
+        print(f"{r['model']} {r['schedule']} torch: device peaks {peaks}; " + "; ".join(held),
               flush=True)
 
     update_summary(a, update)
@@ -395,8 +436,7 @@ def table(a):
             v = by[(model, schedule, s)]["samples_per_s_median"]
             cells.append(f"{float(v):.1f} ({float(v) / float(t):.2f}×)" if t else f"{float(v):.1f}")
         cls, _, _, psched, pstages = SCHEDULES[schedule]
-        name = (f"{psched} ({pstages} stages) / {cls} (4 stages)" if psched == "zb-h1" else
-                f"{psched} / {cls}" + (" (4 stages)" if pstages == 4 else ""))
+        name = f"{psched} / {cls}" + (" (4 stages)" if pstages == 4 else "")
         errs = " / ".join(by[(model, schedule, s)]["grad_rel_err"] for s in
                           ("torch", "pipefb-launch", "pipefb-virtual"))
         print(f"| {model} | {name} | {float(t):.1f} | {cells[0]} | {cells[1]} | "
@@ -409,7 +449,7 @@ def table(a):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2-tiny,vgg16-quarter")
-    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,zbv")
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,interleaved-zb,zbv")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "peer_pipelining"))
@@ -459,9 +499,9 @@ def main():
             eta = (time.time() - begin) / done * (len(jobs) * a.rounds - done)
             print(f"{name} {schedule}: round {r + 1} of {a.rounds} "
                   f"(ETA {eta:.0f} s)", flush=True)
+        held = []
         if "torch" not in failed:  # its peaks from a run of its own, under the profiler
-            _, peaks["torch"] = run_torch(name, schedule, False, WARMUP + 2,
-                                          tempfile.mkdtemp(dir=work), memory=True)
+            peaks["torch"], held = torch_memory(name, schedule, work)
         for side in sides:
             v = speeds[side]
             with open(os.path.join(a.out, "raw", f"{name}-{schedule}-{side}.txt"), "w") as f:
@@ -474,7 +514,8 @@ def main():
                     continue
                 f.write(f"samples/s per round: {v}\nlargest relative gradient error: "
                         f"{errs[side][0]:.3g} ({errs[side][1]})\n"
-                        f"peak live tensor bytes per device (last round): {peaks[side]}\n")
+                        f"peak live tensor bytes per device (last round): {peaks[side]}\n" +
+                        ("".join(x + "\n" for x in held) if side == "torch" else ""))
             rows.append({"model": name, "schedule": schedule, "side": side,
                          "samples_per_s_median": f"{statistics.median(v):.2f}",
                          "samples_per_s_min": f"{min(v):.2f}",

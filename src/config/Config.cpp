@@ -692,13 +692,14 @@ int virtualStages(const Config& c) {
   const bool looped = schedules::info(kind).placement == schedules::DefaultPlacement::Looped;
   if (p.virtual_stages == 0) return schedules::Placement::kDefaultVirtualStages;
   if (!looped)
-    throw UserError(c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
-                    " applies to interleaved-1f1b and interleaved-zb only (several stages per device), not " +
-                    p.schedule + "; allowed here: 0 (or remove the key)");
+    throw UserError(
+        c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
+        " applies to interleaved-1f1b and interleaved-zb only (several stages per device), not " +
+        p.schedule + "; allowed here: 0 (or remove the key)");
   if (p.virtual_stages < 2)
     throw UserError(c.source + ": pipeline.virtual_stages: " + std::to_string(p.virtual_stages) +
                     " stage per device; " + p.schedule + " needs >= 2 (use " +
-                        (p.schedule == "interleaved-zb" ? "zb-h1" : "1f1b") + " for one)");
+                    (p.schedule == "interleaved-zb" ? "zb-h1" : "1f1b") + " for one)");
   return static_cast<int>(p.virtual_stages);
 }
 
@@ -812,7 +813,7 @@ void validate(const Config& c, ConfigUse use) {
             ? ""
             : fp16Refusal(src,
                           schedules::isAsync(schedules::parseScheduleKind(c.pipeline.schedule)),
-                          c.pipeline.schedule, static_cast<long>(c.pipeline.replicas));
+                          c.pipeline.schedule);
     if (!fp16.empty()) throw UserError(fp16);
     const int64_t stages = pipelineStages(c);
     if (c.pipeline.async_lag > c.pipeline.microbatches)

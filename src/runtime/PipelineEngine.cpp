@@ -114,19 +114,22 @@ void PipelineEngine::Impl::build() {
 void PipelineEngine::Impl::buildLossScale() {
   scaled = options.training.precision == "fp16";
   if (!scaled) return;
-  const std::string refusal = fp16Refusal(options.source, async, kind, R);
+  const std::string refusal = fp16Refusal(options.source, async, kind);
   if (!refusal.empty()) throw UserError(refusal);
   lossScale = options.lossScale.value_or(train::LossScale{options.training.loss_scale, 0, 0});
   verdicts[0].scale = lossScale.scale;
   checkedIteration.assign(D, -1);
   if (!options.group) return;
-  // Across processes (R = 1: rank = device) the ranks that step a stage agree through an
-  // all-reduce of their verdicts; a rank that only runs forwards never steps.
+  // Across processes the ranks that step a stage, in every replica (rank = replica x D +
+  // device), agree through an all-reduce of their verdicts; a rank that only runs forwards
+  // never steps. Each checks the all-reduced gradients (Note [All-reduces before the
+  // steps]), so the replicas' flags agree; reducing them all costs one collective.
   std::set<int> stepping;
   for (const auto& st : pipeline.stages) stepping.insert(st.backwardDevice);
-  if (stepping.count(myDevice))
-    stepGroup = options.group->subgroup("fp16-verdicts",
-                                        std::vector<int>(stepping.begin(), stepping.end()));
+  std::vector<int> ranks;
+  for (int r = 0; r < R; ++r)
+    for (int d : stepping) ranks.push_back(r * D + d);
+  if (stepping.count(myDevice)) stepGroup = options.group->subgroup("fp16-verdicts", ranks);
 }
 
 // Note [Channels across processes]: this process's device and replica, and the plans

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/DataParallel.h"
 #include "pipefb/schedules/Generators.h"
 #include "pipefb/schedules/Lowering.h"
 #include "pipefb/schedules/Validator.h"
@@ -459,4 +460,29 @@ TEST(DecoupledPartitions, FoldedInFlightIsThePlacementForm) {
   for (int S = 1; S <= 9; S += 2)
     for (int M : {1, 4, 20})
       EXPECT_EQ(unsplitPipefbInFlight(Placement::folded(S), S / 2, M), unsplitPipefbInFlight(S, M));
+}
+
+// Note [All-reduces before the steps]: a device's STEPs that follow one another get their
+// ARs before the first of them; a STEP alone keeps its AR right before it.
+TEST(GeneratorsTest, AllReducesGoBeforeTheDevicesSteps) {
+  auto tail = [](const std::vector<Action>& list, size_t n) {
+    std::string out;
+    for (size_t i = list.size() - n; i < list.size(); ++i)
+      out += (out.empty() ? "" : " ") + toString(list[i]);
+    return out;
+  };
+  const Schedule two = addAllReduce(makeSchedule("interleaved-1f1b", 4, 2).schedule);
+  EXPECT_EQ(tail(two.devices[0], 4), "AR0.0 AR2.0 STEP0.0 STEP2.0");
+  EXPECT_EQ(tail(two.devices[1], 4), "AR1.0 AR3.0 STEP1.0 STEP3.0");
+  const Schedule one = addAllReduce(makeSchedule("1f1b", 2, 2).schedule);
+  EXPECT_EQ(tail(one.devices[1], 3), "B1.1 AR1.0 STEP1.0");
+  // pipedream steps after every B: each AR right before its STEP.
+  const Schedule async = addAllReduce(makeSchedule("pipedream", 2, 2, 2).schedule);
+  for (const auto& list : async.devices)
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].type == ActionType::Step) {
+        ASSERT_GE(i, 1u);
+        EXPECT_EQ(list[i - 1].type, ActionType::AllReduce) << toString(list[i]);
+        EXPECT_EQ(list[i - 1].stage, list[i].stage);
+      }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """interleaved-zb orders its compute as torch.distributed.pipelining's
-ScheduleInterleavedZeroBubble does (Note [Interleaved zero bubble]).
+ScheduleInterleavedZeroBubble does (Note [Interleaved zero bubble]), and zb-h1 as the same
+schedule with one stage per rank.
 
   torch_zb_order.py PIPEFB_SIM
 
@@ -13,7 +14,8 @@ import sys
 
 from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble as Zb
 
-SHAPES = [(2, 2, 2), (2, 2, 4), (2, 2, 8), (3, 2, 6), (4, 2, 4), (4, 2, 8), (2, 3, 4), (4, 3, 8)]
+SHAPES = [(2, 2, 2), (2, 2, 4), (2, 2, 8), (3, 2, 6), (4, 2, 4), (4, 2, 8), (2, 3, 4), (4, 3, 8),
+          (2, 1, 2), (2, 1, 4), (3, 1, 6), (4, 1, 8)]  # v = 1: zb-h1
 KIND = {"FORWARD": "F", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
 
 
@@ -28,9 +30,11 @@ def torch_order(D, v, M):
 
 
 def pipefb_order(sim, D, v, M):
-    text = subprocess.run([sim, "--schedule", "interleaved-zb", "--stages", str(D * v),
-                           "--virtual-stages", str(v), "--microbatches", str(M),
-                           "--print-schedule"], capture_output=True, text=True, check=True).stdout
+    args = ["--schedule", "interleaved-zb", "--virtual-stages", str(v)] if v > 1 else \
+        ["--schedule", "zb-h1"]
+    text = subprocess.run([sim] + args + ["--stages", str(D * v), "--microbatches", str(M),
+                                          "--print-schedule"],
+                          capture_output=True, text=True, check=True).stdout
     out = []
     for line in text.splitlines():
         if not (line.startswith("device ") and ":" in line):

@@ -59,15 +59,10 @@ inline Precision precisionIn(const std::string& text, const std::string& source)
 
 /// Note [Loss scaling] (train/LossScaler.h): the UserError text for fp16 on a pipeline whose
 /// stages cannot agree on each step before any takes it, or "" when they can.
-inline std::string fp16Refusal(const std::string& source, bool async, const std::string& schedule,
-                               long replicas) {
-  std::string why;
-  if (async)
-    why = "pipeline.schedule " + schedule + " steps each stage once per microbatch, on its own";
-  else if (replicas > 1)
-    why = "pipeline.replicas " + std::to_string(replicas) +
-          " would agree after all-reduces that are still in flight at the first STEP";
-  if (why.empty()) return "";
+inline std::string fp16Refusal(const std::string& source, bool async, const std::string& schedule) {
+  if (!async) return "";
+  const std::string why =
+      "pipeline.schedule " + schedule + " steps each stage once per microbatch, on its own";
   return source +
          ": training.precision: fp16 needs every stage to agree on a step before any "
          "stage takes it (Note [Loss scaling]), and " +

@@ -388,9 +388,9 @@ std::vector<ScheduleKind> defaultScheduleKinds();
 /// predicted 694.85 ms against 880.39 ms simulated, 161 ms of it the weight sync.
 ///
 /// Note [Shared devices]
-/// interleaved-1f1b and zbv run two stages on each device of their chain (Placement::
-/// looped with v = 2, the planner's only v; Placement::vShape), Note [Stages per device].
-/// A device's
+/// interleaved-1f1b, interleaved-zb and zbv run two stages on each device of their chain
+/// (Placement:: looped with v = 2, the planner's only v; Placement::vShape), Note [Stages per
+/// device]. A device's
 ///   time per microbatch = the sum of its stages' compute (F + B + their step shares), or
 ///     of their copy-engine times, whichever is more (each a resource, as for one stage);
 ///   memory = the sum of its stages' states (weights, grads, optimizer state, comm

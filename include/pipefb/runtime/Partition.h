@@ -27,7 +27,7 @@ std::vector<StageRange> partitionFromCuts(const std::vector<int64_t>& cuts, int6
 
 /// The stage count a config asks for: pipeline.stages, else partition.size()+1, else the
 /// placement's, else derived from devices.count (config::pipelineStages: S devices, 2S for
-/// pipefb-*, S/v for interleaved-1f1b, S/2 for zbv). UserError if they disagree.
+/// pipefb-*, S/v for interleaved-1f1b and interleaved-zb, S/2 for zbv). UserError if they disagree.
 int stagesFor(const config::Config& config);
 
 /// Note [Replicated pipelines]: the rule for processes. `worldSize` is the size of the

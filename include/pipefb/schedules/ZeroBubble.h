@@ -70,8 +70,8 @@ SchedulePlan interleaved1F1B(int S, int M, const Placement& placement, int itera
 SchedulePlan interleavedZb(int S, int M, const Placement& placement, int iterations = 1);
 
 /// Whether makeSchedule(kind, S, M, K) (the kind's default placement) accepts S stages and
-/// M microbatches: zbv needs S even; interleaved-1f1b and interleaved-zb (v = 2) S even and M a multiple of
-/// S / 2; every other kind takes any S, M >= 1. The generators refuse the rest with a
+/// M microbatches: zbv needs S even; interleaved-1f1b and interleaved-zb (v = 2) S even and M a
+/// multiple of S / 2; every other kind takes any S, M >= 1. The generators refuse the rest with a
 /// UserError; tables of shapes in the tests skip them.
 bool takesShape(const std::string& kind, int S, int M);
 

@@ -21,10 +21,13 @@
 // of k+1 can start before it, since its forwards ran on weights stepped after it.
 // Under pipefb_launch each rank that steps a stage checks its own and all-reduces a flag per
 // stage with the others (PipelineEngine's stepGroup); a rank that only runs forwards takes
-// no part. Asynchronous schedules (pipedream, pipefb-async) are refused: each stage steps
-// once per microbatch on a weight version of its own, so a verdict of every stage on one
-// step would serialize the pipeline it exists to overlap. So are replicas: a device's first
-// STEP comes before the all-reduces of its other stages' gradients have finished.
+// no part. With pipeline.replicas, every replica's stepping ranks take part, and a device's
+// ARs all run before its first STEP (Note [All-reduces before the steps] in schedules/
+// DataParallel.h), so each checks the gradients every replica will step with: an overflow in
+// any replica skips the step in all of them. Asynchronous schedules (pipedream,
+// pipefb-async) are refused: each stage steps once per microbatch on a weight version of its
+// own, so a verdict of every stage on one step would serialize the pipeline it exists to
+// overlap.
 // The state is in the checkpoint (manifest.json, "loss_scale"), so a resumed run scales as
 // an uninterrupted one.
 #include <torch/torch.h>
