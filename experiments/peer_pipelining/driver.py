@@ -78,7 +78,7 @@ def rank_stages(schedule, rank):
 
 
 # ---- torch.distributed.pipelining: one process per stage --------------------------------
-def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
+def torch_worker(rank, name, schedule, double, steps, port, out, memory=False, timing=False):
     """double: one float64 step, gradients saved. memory: the steps under torch.profiler's
     memory events, the peak of live tensor bytes saved (the rank's weights, and what is
     allocated after them). Otherwise float32 `steps` steps, timed."""
@@ -115,6 +115,9 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
     gc.collect()
     base = sum(t.nbytes for t in stage_mod.state_dict().values())
     held = {"now": 0, "max": 0}  # zero-bubble: intermediate gradients kept from I to W
+    calls = []  # timing: (kind, seconds) of each forward, B, I and W
+    if timing:
+        time_compute(calls)
     if memory:
         count_held_gradients(held)
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
@@ -160,6 +163,9 @@ def torch_worker(rank, name, schedule, double, steps, port, out, memory=False):
         with open(os.path.join(out, f"recv-{rank}.json"), "w") as f:
             json.dump({"recv_buffer_bytes": recv, "held_intermediate_grad_bytes": held["max"]},
                       f)
+    if timing:
+        with open(os.path.join(out, f"timing-{rank}.json"), "w") as f:
+            json.dump(calls, f)
     if double:
         torch.save({n: p.grad for n, p in stage_mod.named_parameters()},
                    os.path.join(out, f"grads-{rank}.pt"))
@@ -196,8 +202,28 @@ def count_held_gradients(held):
     st.stage_backward_input, st.stage_backward_weight = backward_input, backward_weight
 
 
-def run_torch(name, schedule, double, steps, out, memory=False):
-    mp.spawn(torch_worker, args=(name, schedule, double, steps, free_port(), out, memory),
+def time_compute(calls):
+    """Wraps the stage's forward and torch's backward functions (full, input, weight: the
+    same calls its schedules make) with a clock: calls gets (kind, seconds) for each."""
+    from torch.distributed.pipelining import stage as st
+
+    def timed(kind, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            r = fn(*args, **kwargs)
+            calls.append((kind, time.perf_counter() - t0))
+            return r
+        return wrapper
+
+    st.stage_backward = timed("B", st.stage_backward)
+    st.stage_backward_input = timed("I", st.stage_backward_input)
+    st.stage_backward_weight = timed("W", st.stage_backward_weight)
+    base = st._PipelineStageBase
+    base.forward_one_chunk = timed("F", base.forward_one_chunk)
+
+
+def run_torch(name, schedule, double, steps, out, memory=False, timing=False):
+    mp.spawn(torch_worker, args=(name, schedule, double, steps, free_port(), out, memory, timing),
              nprocs=STAGES, join=True)
     if double:
         grads = {}
@@ -225,7 +251,7 @@ def pipefb_files(name, double, steps, work):
     return path, data, {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 
-def run_pipefb(name, schedule, side, double, steps, work, out):
+def run_pipefb(name, schedule, side, double, steps, work, out, trace=False):
     path, data, w0 = pipefb_files(name, double, steps, work)
     _, shape, dtype, classes = models.MODELS[name]
     input_dtype = "int64" if dtype == torch.long else ("float64" if double else "float32")
@@ -242,7 +268,7 @@ training: {{batch: {BATCH}, iterations: {1 if double else steps}, optimizer: sgd
 devices: {{count: {STAGES}}}
 pipeline: {{schedule: {pschedule}, stages: {pstages}, microbatches: {MICROBATCHES}, stash: keep,
   partition: {cuts(name, pstages)}{virtual}}}
-output: {{dir: {run}}}
+output: {{dir: {run}{f", trace_steps: [{WARMUP}, {steps - WARMUP}]" if trace else ""}}}
 """)
     cmd = [os.path.join(BUILD, "pipefb_train"), "--config", config]
     if side == "pipefb-launch":
@@ -411,6 +437,54 @@ def torch_memory_only(a):
     update_summary(a, update)
 
 
+def zb_profile(a):
+    """Where the zero-bubble pairs' time goes: the mean F, B, I and W of each rank (device),
+    torch's from its own calls, pipefb's (in-process) from its trace, for 1f1b and zb-h1,
+    steps 3 to `steps`. -> raw/zb-profile.txt"""
+    work = tempfile.mkdtemp()
+    lines = ["mean ms per action, steps after the first 2; torch: its stage's forward and "
+             "backward calls (2 processes); pipefb: its trace (pipefb-virtual)",
+             "model schedule side device: F B I W | I+W over 1f1b's B"]
+    for name in a.models.split(","):
+        b1f1b = {}
+        for schedule in ("1f1b", "zb-h1"):
+            out = tempfile.mkdtemp(dir=work)
+            run_torch(name, schedule, False, a.steps, out, timing=True)
+            per = {}
+            for r in range(STAGES):
+                calls = json.load(open(os.path.join(out, f"timing-{r}.json")))
+                per[r] = {}
+                for kind in "FBIW":
+                    t = [x for k, x in calls if k == kind]
+                    t = t[WARMUP * MICROBATCHES:]  # each kind runs once a microbatch
+                    per[r][kind] = 1e3 * statistics.mean(t) if t else 0.0
+            out = tempfile.mkdtemp(dir=work)
+            run_pipefb(name, schedule, "pipefb-virtual", False, a.steps, work, out,
+                       trace=True)
+            events = json.load(open(os.path.join(out, "run", "trace.json")))["traceEvents"]
+            pper = {}
+            for d in range(STAGES):
+                pper[d] = {}
+                for kind in "FBIW":
+                    t = [e["dur"] / 1e3 for e in events if e.get("ph") == "X" and
+                         e.get("cat") == kind and e["pid"] == d and
+                         e["args"]["index"] // MICROBATCHES >= WARMUP]
+                    pper[d][kind] = statistics.mean(t) if t else 0.0
+            for side, res in (("torch", per), ("pipefb", pper)):
+                for d in range(STAGES):
+                    m = res[d]
+                    if schedule == "1f1b":
+                        b1f1b[(side, d)] = m["B"]
+                    ratio = ((m["I"] + m["W"]) / b1f1b[(side, d)]
+                             if schedule != "1f1b" and b1f1b.get((side, d)) else float("nan"))
+                    lines.append(f"{name} {schedule} {side} {d}: " +
+                                 " ".join(f"{m[k]:.2f}" for k in "FBIW") + f" | {ratio:.2f}")
+                    print(lines[-1], flush=True)
+    with open(os.path.join(a.out, "raw", "zb-profile.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    shutil.rmtree(work)
+
+
 def table(a):
     rows = list(csv.DictReader(open(os.path.join(a.out, "summary.csv"))))
     by = {(r["model"], r["schedule"], r["side"]): r for r in rows}
@@ -459,11 +533,16 @@ def main():
     ap.add_argument("--torch-memory-only", action="store_true",
                     help="measure torch's device peaks only, into an existing summary.csv's "
                          "peak column and raw/*-torch.txt")
+    ap.add_argument("--zb-profile", action="store_true",
+                    help="where the zero-bubble pairs' time goes: mean F, B, I, W per device "
+                         "on both sides (raw/zb-profile.txt)")
     ap.add_argument("--table", action="store_true",
                     help="print experiments/README.md's table from summary.csv and raw/*.txt")
     a = ap.parse_args()
     if a.table:
         return table(a)
+    if a.zb_profile:
+        return zb_profile(a)
     if a.grads_only:
         return grads_only(a)
     if a.torch_memory_only:
