@@ -9,8 +9,10 @@
 # and be skipped: from the default loss scale, 65536, ResNet50/8 skipped 9 to 10 of its 10
 # steps. fp16 therefore starts at training.loss_scale=64: ResNet50/8 then skips 6 and takes
 # 4; the CSV's last column counts the steps each run skipped.
-# Writes experiments/results/precision/plan_promise-HALF.csv and prints it. MODELS picks the
-# models (default: vgg16 resnet50 gpt2-tiny).
+# Writes experiments/results/precision/plan_promise-HALF.csv (or CSV) and prints it. MODELS
+# picks the models (default: vgg16 resnet50 gpt2-tiny). gpt2-chunked is GPT-2 tiny with a
+# vocabulary of 8192 and model.loss_chunk=128 (Note [Chunked loss]), whose loss is most of
+# the last stage's memory.
 #   experiments/half_plan_promise.sh [BUILD_DIR] [HALF]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,12 +29,15 @@ COMMON="--set data.name=synthetic --set data.synthetic_train=256 --set data.synt
 read -r -a models <<<"${MODELS:-vgg16 resnet50 gpt2-tiny}"
 families=(1f1b pipefb-sync)
 total=$(( ${#models[@]} * ${#families[@]} * 2 )); done_=0; start=$(date +%s)
-echo "model,family,precision,smallest_budget,device,planned_bytes,peak_bytes,below_plan,skipped_steps" >"$OUT/plan_promise-$HALF.csv"
+CSV=${CSV:-$OUT/plan_promise-$HALF.csv}
+echo "model,family,precision,smallest_budget,device,planned_bytes,peak_bytes,below_plan,skipped_steps" >"$CSV"
 for m in "${models[@]}"; do
   case $m in
     vgg16) c="$ROOT/configs/vgg16.yaml"; extra="--set training.batch=32 --set devices.memory=1GiB" ;;
     resnet50) c="$ROOT/configs/resnet50.yaml"; extra="--set training.batch=32 --set model.width=0.125" ;;
     gpt2-tiny) c="$ROOT/configs/gpt2-tiny.yaml"; extra="--set training.batch=16" ;;
+    gpt2-chunked) c="$ROOT/configs/gpt2-tiny.yaml"
+      extra="--set training.batch=16 --set model.num_classes=8192 --set model.loss_chunk=128" ;;
   esac
   for f in "${families[@]}"; do
     for p in fp32 $HALF; do
@@ -48,7 +53,7 @@ for m in "${models[@]}"; do
       "$BUILD/pipefb_train" --config "$c" $sets --plan "$WORK/plan.yaml" \
         --set devices.memory="$budget" --set training.iterations=10 \
         --set output.dir="$WORK/run" >"$WORK/log" 2>&1 || { cat "$WORK/log"; exit 1; }
-      "$PY" - "$WORK/run/memory.json" "$m,$f,$p,$smallest" >>"$OUT/plan_promise-$HALF.csv" <<'PY'
+      "$PY" - "$WORK/run/memory.json" "$m,$f,$p,$smallest" >>"$CSV" <<'PY'
 import json, sys
 import os
 run = os.path.dirname(sys.argv[1])
@@ -63,4 +68,4 @@ PY
     done
   done
 done
-cat "$OUT/plan_promise-$HALF.csv"
+cat "$CSV"

@@ -61,8 +61,14 @@ smallest() { { "$BUILD/pipefb_plan" "$@" --budget 1KiB 2>&1 || true; } | grep -o
   echo "model,cluster,optimizer_offload,fp32_bytes,half,half_bytes,half_over_fp32"
   for ch in 4x-t4-pcie:fp16 4x-a100-nvlink:bf16; do
     cl=${ch%%:*}; half=${ch##*:}
-    for m in resnet50 gpt2-small; do
-      if [ $m = resnet50 ]; then c=configs/resnet50.yaml; s=$R; else c=configs/gpt2-small.yaml; s=$G; fi
+    # gpt2-small-chunked: the loss over chunks of 1024 tokens (model.loss_chunk, Note [Chunked
+    # loss]) at both precisions.
+    for m in resnet50 gpt2-small gpt2-small-chunked; do
+      case $m in
+        resnet50) c=configs/resnet50.yaml; s=$R ;;
+        gpt2-small) c=configs/gpt2-small.yaml; s=$G ;;
+        gpt2-small-chunked) c=configs/gpt2-small.yaml; s="$G --set model.loss_chunk=1024" ;;
+      esac
       for oo in none per-stage; do
         a=$(cd "$ROOT" && smallest --config $c $s --set training.precision=fp32 --cluster $cl --schedules pipefb-sync --microbatches 8 --optimizer-offload $oo)
         b=$(cd "$ROOT" && smallest --config $c $s --set training.precision=$half --cluster $cl --schedules pipefb-sync --microbatches 8 --optimizer-offload $oo)

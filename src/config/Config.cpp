@@ -442,6 +442,8 @@ const std::vector<KeySpec>& schema() {
         "model.dropout", [](Config & c) -> auto& { return c.model.dropout; }, 0, 0.99));
     s.push_back(boolean(
         "model.batch_norm", [](Config & c) -> auto& { return c.model.batch_norm; }));
+    s.push_back(integer(
+        "model.loss_chunk", [](Config & c) -> auto& { return c.model.loss_chunk; }, 0, 1 << 30));
     s.push_back(text(
         "model.path", [](Config & c) -> auto& { return c.model.path; }));
     s.push_back(intList(

@@ -6,6 +6,7 @@
 
 #include "Zoo.h"
 #include "pipefb/common/Error.h"
+#include "pipefb/model/ChunkedLoss.h"
 
 namespace pipefb::model {
 
@@ -198,8 +199,10 @@ torch::Tensor Model::forward(torch::Tensor x, size_t first, size_t last) const {
 torch::Tensor Model::loss(const torch::Tensor& output, const torch::Tensor& target) const {
   // Classifier: (B,C) vs (B). gpt2: (B,T,V) vs (B,T), flattened to (B*T,V) vs (B*T).
   if (output.dim() > 2) {
-    return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}),
-                                                target.reshape({-1}));
+    const auto flat = output.reshape({-1, output.size(-1)});
+    if (options_.loss_chunk > 0)  // Note [Chunked loss]
+      return chunkedCrossEntropy(flat, target.reshape({-1}), options_.loss_chunk);
+    return torch::nn::functional::cross_entropy(flat, target.reshape({-1}));
   }
   return torch::nn::functional::cross_entropy(output, target);
 }

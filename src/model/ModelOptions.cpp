@@ -104,6 +104,7 @@ std::string modelKey(const ModelOptions& o) {
     return s.str();
   }
   if (o.name == "gpt2") s << "-" << o.size;
+  if (o.loss_chunk > 0) s << " loss_chunk=" << o.loss_chunk;  // Note [Chunked loss]
   s << " width=" << o.width << " input=" << o.input_size;
   if (o.name != "gpt2") s << " channels=" << o.channels;
   s << " classes=" << o.num_classes;
@@ -119,6 +120,12 @@ void validate(const ModelOptions& o) {
   if (!contains(modelNames(), o.name)) {
     fail("model.name", "unknown model '" + o.name + "'; allowed: " + joined(modelNames()));
   }
+  if (o.loss_chunk < 0)
+    fail("model.loss_chunk", "got " + std::to_string(o.loss_chunk) +
+                                 "; allowed: 0 (off) or the tokens per chunk, >= 1");
+  if (o.loss_chunk > 0 && o.name != "gpt2")
+    fail("model.loss_chunk", "applies to gpt2 only (a loss over a vocabulary), not " + o.name +
+                                 "; allowed here: 0 (or remove the key)");
   if (o.name == "torchscript") {
     // Cheap checks only: the file's content is checked where it is loaded (TorchScript.cpp).
     if (o.path.empty())

@@ -248,6 +248,16 @@ ModelWork gpt2(const model::ModelOptions& o) {
     // The loss runs in fp32 at any precision: its log-softmax and the logits' gradient.
     w.savedWideBytes = T * V * kF;
     w.workingWideBytes = w.workingBytes;
+    if (o.loss_chunk > 0) {
+      // Note [Chunked loss]: the logits in their dtype (for the loss's backward) and an
+      // fp32 logsumexp per token; their gradient in their dtype, and one fp32 chunk.
+      w.savedWideBytes = T * kF;
+      w.savedBytes = (2 * T * E + T * V) * kF + w.savedWideBytes;
+      w.workingBytes = T * V * kF;
+      w.workingWideBytes = 0;
+      w.lossChunk = o.loss_chunk;
+      w.lossWidth = V;
+    }
     w.bytesMoved = double(w.params + 2 * T * V) * kF;
     m.layers.push_back(w);
   }
@@ -365,8 +375,12 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     const std::int64_t layout = w.weightLayout * a;
     const std::int64_t working = act(w.workingBytes, w.workingWideBytes);
     c.workingFixedBytes = w.freshGradient * a + layout;
+    // Note [Chunked loss]: two fp32 chunks at any precision, charged whole: the planner scales
+    // a profile to other microbatches keeping its fixed bytes, and a microbatch of at least
+    // lossChunk tokens fills a chunk.
+    if (w.lossChunk > 0) c.workingFixedBytes += 2 * w.lossChunk * w.lossWidth * kF;
     c.workingBytes = working * microbatch + c.workingFixedBytes;
-    c.gatheredWorkingFixedBytes = w.params * a + layout;
+    c.gatheredWorkingFixedBytes = c.workingFixedBytes - w.freshGradient * a + w.params * a;
     c.gatheredWorkingBytes = working * microbatch + c.gatheredWorkingFixedBytes;
     c.forwardWorkingBytes = working * microbatch;  // F makes no gradient
     if (w.noGradForwardBytes >= 0)

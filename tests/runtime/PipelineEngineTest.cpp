@@ -289,6 +289,14 @@ TEST(PipelineEquivalenceZbv, Resnet50) {
 TEST(PipelineEquivalenceZbv, Gpt2) {
   checkEquivalence({"gpt2", gpt2Options(), 4}, {2, 4}, {2}, kAllStashes, kZbv);
 }
+// Note [Chunked loss]: the last stage's loss in chunks of 5 tokens (microbatches of 16
+// and 32), the pipeline against one device with the same loss.
+TEST(PipelineEquivalence, Gpt2WithAChunkedLoss) {
+  model::ModelOptions o = gpt2Options();
+  o.loss_chunk = 5;
+  checkEquivalence({"gpt2", o, 8}, {2, 4}, {2, 4}, {"keep", "checkpoint"},
+                   {"1f1b", "pipefb-sync", "zb-h1"});
+}
 TEST(PipelineEquivalenceInterleaved, Gpt2) {
   checkEquivalence({"gpt2", gpt2Options(), 4}, {4}, {2, 4}, kAllStashes, kInterleaved);
 }

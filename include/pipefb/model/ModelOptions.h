@@ -34,6 +34,9 @@ struct ModelOptions {
   double dropout = 0.0;
   /// vgg16 only: torchvision's vgg16_bn (BatchNorm2d after every conv).
   bool batch_norm = false;
+  /// gpt2 only: the loss over chunks of this many tokens (Note [Chunked loss] in
+  /// model/ChunkedLoss.h); 0 = torch's cross_entropy over the whole microbatch.
+  int64_t loss_chunk = 0;
 };
 
 /// The names the zoo knows, for error messages.

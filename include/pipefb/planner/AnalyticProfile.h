@@ -50,6 +50,10 @@ struct LayerWork {
   /// their width at bf16 and fp16 (Note [Half-precision training] in common/Precision.h):
   /// int64 indices and ids, the loss's fp32 log-softmax, the causal mask's bytes.
   std::int64_t savedWideBytes = 0, workingWideBytes = 0, noGradWideBytes = 0;
+  /// Note [Chunked loss] (model/ChunkedLoss.h): the loss's fp32 softmax and its temporary
+  /// over lossChunk rows of lossWidth classes, beside B's working set whatever the
+  /// microbatch (0: no chunked loss).
+  std::int64_t lossChunk = 0, lossWidth = 0;
 };
 
 struct ModelWork {
