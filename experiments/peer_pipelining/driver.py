@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 35: pipefb side by side with torch.distributed.pipelining, on the same work.
 
-  build/pipefb-python experiments/peer_pipelining/driver.py [--models gpt2-tiny,vgg16-quarter]
+  build/pipefb-python experiments/peer_pipelining/driver.py
+      [--models gpt2-tiny,vgg16-quarter,resnet50-eighth]
       [--schedules gpipe,1f1b] [--rounds 5] [--steps 8]
 
 For each model (models.py) and schedule, both sides train the same module from the same
@@ -262,7 +263,7 @@ def run_pipefb(name, schedule, side, double, steps, work, out, trace=False):
     with open(config, "w") as f:
         f.write(f"""model: {{name: torchscript, path: {path}, sample_shape: {shape},
   input_dtype: {input_dtype}, num_classes: {classes}}}
-data: {{name: tensors, path: {data}}}
+data: {{name: tensors, path: {data}, shuffle: false}}
 training: {{batch: {BATCH}, iterations: {1 if double else steps}, optimizer: sgd, lr: {LR},
   momentum: 0, eval: false, checkpoint: {'true' if double else 'false'}, threads: 1}}
 devices: {{count: {STAGES}}}
@@ -312,7 +313,7 @@ def beyond(name, torch_peak, rounds, steps, work, out_dir):
     with open(config, "w") as f:
         f.write(f"""model: {{name: torchscript, path: {path}, sample_shape: {shape},
   input_dtype: {'int64' if dtype == torch.long else 'float32'}, num_classes: {classes}}}
-data: {{name: tensors, path: {data}}}
+data: {{name: tensors, path: {data}, shuffle: false}}
 training: {{batch: {BATCH}, iterations: {steps}, optimizer: sgd, lr: {LR}, momentum: 0,
   eval: false, checkpoint: false, threads: 1}}
 devices: {{count: {STAGES}}}
@@ -618,9 +619,15 @@ def main():
                             f"torch 1F1B unconstrained median {tmed:.2f}: ratio "
                             f"{statistics.median(bs) / tmed:.3f}\n")
             print(open(os.path.join(a.out, "raw", "beyond.txt")).read(), flush=True)
-    write_summary(a.out, rows)
+    # Rows of models and schedules this run left out stay (a run of --models resnet50-eighth
+    # adds to the others').
+    path = os.path.join(a.out, "summary.csv")
+    ran = {(r["model"], r["schedule"]) for r in rows}
+    kept = [r for r in csv.DictReader(open(path)) if (r["model"], r["schedule"]) not in ran] \
+        if os.path.exists(path) else []
+    write_summary(a.out, kept + rows)
     shutil.rmtree(work)
-    print(f"wrote {a.out}/summary.csv")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

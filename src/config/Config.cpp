@@ -467,6 +467,8 @@ const std::vector<KeySpec>& schema() {
         "data.limit_test", [](Config & c) -> auto& { return c.data.limit_test; }, 0));
     s.push_back(boolean(
         "data.normalize", [](Config & c) -> auto& { return c.data.normalize; }));
+    s.push_back(boolean(
+        "data.shuffle", [](Config & c) -> auto& { return c.data.shuffle; }));
     // training
     s.push_back(choice("training.optimizer",
                        [](Config & c) -> auto& { return c.training.optimizer; }, {"sgd", "adam"}));

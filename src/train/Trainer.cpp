@@ -97,7 +97,7 @@ Trainer::Trainer(config::Config config, TrainerHooks hooks)
   torch::manual_seed(t.seed);
   train_ = data::makeDataset(config_.data, config_.model, data::Split::Train, t.seed);
   if (t.eval) test_ = data::makeDataset(config_.data, config_.model, data::Split::Test, t.seed);
-  loader_ = std::make_unique<data::Loader>(train_, t.batch, /*shuffle=*/true, t.seed);
+  loader_ = std::make_unique<data::Loader>(train_, t.batch, config_.data.shuffle, t.seed);
   totalSteps_ = plannedSteps(config_, train_->size());
   if (config_.training.precision == "fp16")  // Note [Loss scaling]
     lossScale_ = LossScale{config_.training.loss_scale, 0, 0};

@@ -95,6 +95,25 @@ TEST(Trainer, GradientAccumulationEqualsFullBatch) {
   }
 }
 
+// data.shuffle: false trains on the file's order: the first step of a run is a step on the
+// data set's first batch (with shuffling, on a random one).
+TEST(Trainer, UnshuffledRunTakesTheFilesOrder) {
+  const std::vector<std::string> sets = {"data.shuffle=false", "training.iterations=1",
+                                         "training.eval=false"};
+  train::Trainer a(mlpConfig(tempDir("unshuffled_a"), sets));
+  a.run();
+  train::Trainer b(mlpConfig(tempDir("unshuffled_b"), sets));
+  auto ds = data::makeDataset(b.config().data, b.config().model, data::Split::Train,
+                              b.config().training.seed);
+  std::vector<int64_t> idx(32);
+  for (int i = 0; i < 32; ++i) idx[i] = i;
+  b.step(ds->get(idx));
+  auto pa = a.model().namedParameters(), pb = b.model().namedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::allclose(pa[i].second, pb[i].second, 1e-6, 1e-7)) << pa[i].first;
+}
+
 TEST(Trainer, DeviceCountMustMatchTheSchedule) {
   // 1f1b over 2 stages needs 2 devices; pipefb-sync over 2 stages needs 4.
   std::string dir = tempDir("sched");

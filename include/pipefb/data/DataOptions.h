@@ -23,6 +23,9 @@ struct DataOptions {
   int64_t limit_test = 0;
   /// Normalise images to zero mean / unit variance with the data set's statistics.
   bool normalize = true;
+  /// Draw the training samples in a new random order each epoch (training.seed); false:
+  /// in the file's order, as another trainer fed the same file sees them.
+  bool shuffle = true;
 };
 
 inline const std::vector<std::string>& dataNames() {
