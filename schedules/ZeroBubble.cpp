@@ -6,6 +6,7 @@
 #include <set>
 
 #include "pipefb/common/Error.h"
+#include "pipefb/schedules/ScheduleKind.h"
 #include "pipefb/schedules/SharedDevices.h"
 
 namespace pipefb::schedules {
@@ -180,7 +181,9 @@ void checkOneStagePerDevice(const std::string& kind, const Placement& p) {
 bool takesShape(const std::string& kind, int S, int M) {
   if (S < 1 || M < 1) return false;
   if (kind == "zbv") return S % 2 == 0;
-  if (kind == "interleaved-1f1b" || kind == "interleaved-zb") return S % 2 == 0 && M % (S / 2) == 0;
+  ScheduleKind k{};  // the interleaved kinds: their table row's looped placement, v = 2
+  if (findScheduleKind(kind, k) && info(k).placement == DefaultPlacement::Looped)
+    return S % 2 == 0 && M % (S / 2) == 0;
   return true;
 }
 

@@ -374,13 +374,13 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     // At half, fresh gradients and the layout copy are of the half weights.
     const std::int64_t layout = w.weightLayout * a;
     const std::int64_t working = act(w.workingBytes, w.workingWideBytes);
-    c.workingFixedBytes = w.freshGradient * a + layout;
     // Note [Chunked loss]: two fp32 chunks at any precision, charged whole: the planner scales
     // a profile to other microbatches keeping its fixed bytes, and a microbatch of at least
     // lossChunk tokens fills a chunk.
-    if (w.lossChunk > 0) c.workingFixedBytes += 2 * w.lossChunk * w.lossWidth * kF;
+    const std::int64_t lossChunks = 2 * w.lossChunk * w.lossWidth * kF;
+    c.workingFixedBytes = w.freshGradient * a + layout + lossChunks;
     c.workingBytes = working * microbatch + c.workingFixedBytes;
-    c.gatheredWorkingFixedBytes = c.workingFixedBytes - w.freshGradient * a + w.params * a;
+    c.gatheredWorkingFixedBytes = w.params * a + layout + lossChunks;
     c.gatheredWorkingBytes = working * microbatch + c.gatheredWorkingFixedBytes;
     c.forwardWorkingBytes = working * microbatch;  // F makes no gradient
     if (w.noGradForwardBytes >= 0)

@@ -70,9 +70,10 @@ int run(int argc, char** argv) {
     if (!loadPath.empty()) {
       plan.schedule = ps::loadSchedule(loadPath);
     } else {
-      ps::Placement placement = kind == "interleaved-1f1b" || kind == "interleaved-zb"
-                                    ? ps::Placement::looped(std::max(stages, 1), virtualStages)
-                                    : ps::Placement::defaultFor(kind, std::max(stages, 1));
+      const bool looped =
+          ps::info(ps::parseScheduleKind(kind)).placement == ps::DefaultPlacement::Looped;
+      ps::Placement placement = looped ? ps::Placement::looped(std::max(stages, 1), virtualStages)
+                                       : ps::Placement::defaultFor(kind, std::max(stages, 1));
       if (!placementArg.empty()) {
         std::string text = "stages " + std::to_string(stages) + "\nmicrobatches 1\nplacement " +
                            placementArg + "\n";
