@@ -47,6 +47,7 @@ LayerWork convRelu(const std::string& name, int64_t cin, int64_t cout, int64_t& 
   // conv saves its input; ReLU (in place) its output, which max-pool also reads.
   w.savedBytes = static_cast<std::int64_t>(in + pre) * kF + indices;
   w.savedWideBytes = indices;
+  w.keptGradBytes = static_cast<std::int64_t>(pre) * kF;  // into the convolution's node
   w.workingBytes = static_cast<std::int64_t>(2 * std::max(in, pre)) * kF;
   w.bytesMoved = (in + 2 * pre) * kF + w.params * kF;
   h = hout;
@@ -64,6 +65,7 @@ LayerWork linear(const std::string& name, int64_t in, int64_t out, bool relu,
   w.freshGradient = out;  // the bias's; model::linear adds the weight's into .grad
   w.outputBytes = out * kF;
   w.savedBytes = (in + (relu ? out : 0)) * kF;
+  w.keptGradBytes = out * kF;  // into addmm's node
   w.workingBytes = 2 * std::max(in + pooledFrom, out) * kF;
   w.bytesMoved = double(in + out + w.params) * kF;
   return w;
@@ -135,6 +137,7 @@ void convBn(LayerWork& w, int64_t cin, int64_t cout, int64_t h, int64_t k, int64
   w.freshGradient = std::max({w.freshGradient, cin * k * k * cout, 2 * cout});
   // conv input, BN input (+ stats), ReLU output.
   w.savedBytes += static_cast<std::int64_t>(in + out + (relu ? out : 0)) * kF;
+  w.keptGradBytes += static_cast<std::int64_t>(2 * out) * kF;  // into the conv's and BN's nodes
   w.workingBytes = std::max<std::int64_t>(w.workingBytes, static_cast<std::int64_t>(2 * out) * kF);
   w.bytesMoved += (in + 3 * out) * kF;
   *hout = ho;
@@ -220,6 +223,9 @@ ModelWork gpt2(const model::ModelOptions& o) {
     // Per token: LN inputs and outputs, q/k/v, attention output, projection input, MLP
     // input, GELU input and output (16 E); per head: probabilities and scores (3 T).
     w.savedBytes = (16 * T * E + 3 * H * T * T) * kF;
+    // Into the weight nodes, per token: two LayerNorms (E each), c_attn (3E), the attention
+    // projection (E), c_fc (4E) and the MLP projection (E).
+    w.keptGradBytes = 11 * T * E * kF;
     w.workingBytes = 2 * std::max(H * T * T, 4 * T * E) * kF;
     // Without autograd (a checkpointed F): the input, the residual stream, LayerNorm's
     // output and the MLP's 4E hidden and activation with a GELU temporary (12 E per token),
@@ -244,6 +250,7 @@ ModelWork gpt2(const model::ModelOptions& o) {
     w.flops = 2.0 * T * E * V;
     w.outputBytes = T * V * kF;
     w.savedBytes = (2 * T * E + T * V) * kF;  // LN input, lm_head input, log-softmax
+    w.keptGradBytes = T * (E + V) * kF;       // into ln_f's and lm_head's nodes
     w.workingBytes = 2 * T * V * kF;
     // The loss runs in fp32 at any precision: its log-softmax and the logits' gradient.
     w.savedWideBytes = T * V * kF;
@@ -363,6 +370,7 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.snapshot = 2.0 * double(c.paramBytes) / (d.hbmBandwidth * d.efficiency);
     c.outputBytes = act(w.outputBytes, 0) * microbatch;
     c.savedBytes = act(w.savedBytes, w.savedWideBytes) * microbatch;
+    c.keptGradBytes = act(w.keptGradBytes, 0) * microbatch;
     // savedOutputBytes stays 0: savedBytes here already counts an output ReLU saves
     // (convRelu, linear), unlike a measured profile's (Note [Measured saved bytes]).
     // savedInputBytes stays 0: a checkpointed B's recomputed graph is charged whole beside
@@ -388,6 +396,8 @@ Profile analyticProfile(const ModelWork& work, std::int64_t microbatch, const De
     c.bufferBytes = w.bufferBytes;
     p.layers.push_back(c);
   }
+  // The model's first layer has no input gradient (LayerWork::keptGradBytes).
+  if (!p.layers.empty()) p.layers[0].keptGradBytes = 0;
   return p;
 }
 

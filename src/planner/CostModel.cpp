@@ -87,7 +87,7 @@ CostModel::CostModel(Profile profile, Cluster cluster)
   F_.assign(L + 1, 0);
   B_ = R_ = Ffixed_ = Bfixed_ = Rfixed_ = step_ = afterStep_ = snapshot_ = F_;
   saved_.assign(L + 1, 0);
-  param_ = buffer_ = grad_ = opt_ = states_ = kept_ = saved_;
+  param_ = buffer_ = grad_ = opt_ = states_ = kept_ = keptGrad_ = saved_;
   fwdParam_ = hostedGrad_ = hostOpt_ = saved_;
   // Note [Outputs kept between layers]: 0 means not measured unless some layer's is not.
   const bool inputsMeasured = std::any_of(profile_.layers.begin(), profile_.layers.end(),
@@ -114,6 +114,8 @@ CostModel::CostModel(Profile profile, Cluster cluster)
             ? std::max<std::int64_t>(0, profile_.layers[l - 1].savedOutputBytes - c.savedInputBytes)
             : 0;
     kept_[l + 1] = kept_[l] + kept;
+    keptGrad_[l + 1] =
+        keptGrad_[l] + (c.keptGradBytes >= 0 ? c.keptGradBytes : c.savedBytes + c.outputBytes);
     param_[l + 1] = param_[l] + c.paramBytes;
     // Note [Half-precision weights on a device]
     fwdParam_[l + 1] = fwdParam_[l] + forwardParamBytes(c);

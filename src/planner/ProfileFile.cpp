@@ -24,12 +24,13 @@ namespace pipefb::planner {
 // gathered_working_fixed_bytes, and every byte at the other microbatch sizes, bytes_at,
 // since method 8, Notes [Parameter-sized working sets], [Bytes at every microbatch]; B
 // adding linear layers' weight gradients straight into .grad, no longer in the working
-// sets' fixed part, since method 9, Note [Weight gradients into .grad] in model/Model.h); a
+// sets' fixed part, since method 9, Note [Weight gradients into .grad] in model/Model.h;
+// what a split backward's I keeps for its W, kept_grad_bytes, since method 10); a
 // profile cached by an older
 // pipefb_profile would then plan on other numbers. The method's number
 // is part of the cache key, so a cached profile of an older method is measured again. Raise it
 // whenever measureProfile changes what a field holds.
-constexpr int kProfileMethod = 9;
+constexpr int kProfileMethod = 10;
 
 LayerBytes bytesOf(const LayerCost& c) {
   LayerBytes b;
@@ -41,6 +42,7 @@ LayerBytes bytesOf(const LayerCost& c) {
   b.gatheredWorkingBytes = c.gatheredWorkingBytes;
   b.forwardWorkingBytes = c.forwardWorkingBytes;
   b.noGradForwardBytes = c.noGradForwardBytes;
+  b.keptGradBytes = c.keptGradBytes;
   return b;
 }
 
@@ -75,6 +77,7 @@ std::optional<Profile> profileAt(const Profile& p, std::int64_t microbatch) {
     c.gatheredWorkingBytes = b.gatheredWorkingBytes;
     c.forwardWorkingBytes = b.forwardWorkingBytes;
     c.noGradForwardBytes = b.noGradForwardBytes;
+    c.keptGradBytes = b.keptGradBytes;
     c.workingFixedBytes = std::min(c.workingFixedBytes, c.workingBytes);
     c.gatheredWorkingFixedBytes =
         std::min(c.gatheredWorkingFixedBytes,
@@ -120,6 +123,7 @@ std::string profileToYaml(const Profile& p) {
       << ", forward_working_bytes: " << l.forwardWorkingBytes
       << ", no_grad_forward_bytes: " << l.noGradForwardBytes << ", buffer_bytes: " << l.bufferBytes;
     if (l.halfCopyBytes > 0) o << ", half_copy_bytes: " << l.halfCopyBytes;
+    if (l.keptGradBytes >= 0) o << ", kept_grad_bytes: " << l.keptGradBytes;
     o << "}\n";
   }
   // Note [Bytes at every microbatch] in LayerCost.h.
@@ -135,7 +139,9 @@ std::string profileToYaml(const Profile& p) {
         << ", saved_input_bytes: " << b.savedInputBytes << ", working_bytes: " << b.workingBytes
         << ", gathered_working_bytes: " << b.gatheredWorkingBytes
         << ", forward_working_bytes: " << b.forwardWorkingBytes
-        << ", no_grad_forward_bytes: " << b.noGradForwardBytes << "}\n";
+        << ", no_grad_forward_bytes: " << b.noGradForwardBytes
+        << (b.keptGradBytes >= 0 ? ", kept_grad_bytes: " + std::to_string(b.keptGradBytes) : "")
+        << "}\n";
   }
   return o.str();
 }
@@ -185,6 +191,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
           l["gathered_working_bytes"] ? l["gathered_working_bytes"].as<std::int64_t>() : -1;
       c.noGradForwardBytes =
           l["no_grad_forward_bytes"] ? l["no_grad_forward_bytes"].as<std::int64_t>() : -1;
+      c.keptGradBytes = l["kept_grad_bytes"] ? l["kept_grad_bytes"].as<std::int64_t>() : -1;
       // Older profiles (method < 8): 0, B's working sets scale whole (Note
       // [Parameter-sized working sets] in LayerCost.h).
       c.workingFixedBytes =
@@ -219,6 +226,7 @@ Profile parseProfile(const std::string& yaml, const std::string& source) {
         b.gatheredWorkingBytes = l["gathered_working_bytes"].as<std::int64_t>();
         b.forwardWorkingBytes = l["forward_working_bytes"].as<std::int64_t>();
         b.noGradForwardBytes = l["no_grad_forward_bytes"].as<std::int64_t>();
+        b.keptGradBytes = l["kept_grad_bytes"] ? l["kept_grad_bytes"].as<std::int64_t>() : -1;
         mb.layers.push_back(b);
       }
       if (mb.microbatch < 1 || mb.layers.size() != p.layers.size())

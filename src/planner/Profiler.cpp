@@ -14,6 +14,7 @@
 #include "pipefb/memory/FreedMemory.h"
 #include "pipefb/memory/TrackingAllocator.h"
 #include "pipefb/model/Model.h"
+#include "pipefb/model/SplitBackward.h"
 #include "pipefb/planner/AnalyticProfile.h"
 #include "pipefb/planner/DeviceSpec.h"
 #include "pipefb/planner/ProfileFile.h"
@@ -170,6 +171,19 @@ LayerBytes layerBytes(model::Layer& layer, const torch::Tensor& in, bool inputGr
     const std::int64_t freed = live - dom.liveBytes();
     out.savedOutputBytes = std::clamp<std::int64_t>(outStorage - freed, 0, out.outputBytes);
     graph.reset();
+  }
+  // What a split backward's I keeps for W, with the runtime's own I (Note [Split backward
+  // in the runtime] in model/SplitBackward.h). The model's first layer has no input
+  // gradient: stage 0's W runs from the output.
+  out.keptGradBytes = 0;
+  if (inputGrad) {
+    torch::Tensor s = torch::zeros({}, in.options().requires_grad(true));
+    torch::Tensor x = in + s;
+    model::DeferredWeightGrad w;
+    w.output = layer.forward(x);
+    w.gradOut = gy.clone();
+    model::inputGradient(w, x, params);
+    out.keptGradBytes = model::keptBytes(w);
   }
   // F without autograd (Note [Forward without autograd] in CostModel.h): input, output and
   // temporaries, nothing saved.
@@ -390,6 +404,7 @@ Profile measureProfile(const config::Config& cfg, const ProfilerOptions& o) {
       c.gatheredWorkingBytes = w.gatheredWorkingBytes;
       c.forwardWorkingBytes = w.forwardWorkingBytes;
       c.noGradForwardBytes = w.noGradForwardBytes;
+      c.keptGradBytes = w.keptGradBytes;
     }
 
     // A weight snapshot (Note [Weight snapshots] in CostModel.h): the runtime clones every

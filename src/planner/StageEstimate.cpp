@@ -47,6 +47,9 @@ struct StageTerms {
   // Of the layers [first, last): parameters, gradients, optimizer state (on the device),
   // buffers (unscaled), the saved graph, the stage's input and output (scaled).
   std::int64_t W = 0, G = 0, O = 0, buffers = 0, graph = 0, input = 0, output = 0;
+  // Note [What waits for W]: what a split backward's I keeps for W (0 on stage 0, whose W
+  // runs from the output).
+  std::int64_t keptGrad = 0;
   std::int64_t hostOptimizer = 0;
   // Weights on a device: the parameters and the buffers (BatchNorm statistics) of its copy.
   std::int64_t Wres = 0;
@@ -216,9 +219,10 @@ std::int64_t backwardWorkingSet(const CostModel& model, const StageTerms& t,
   const std::int64_t lossScalars = lossInGraph ? 2 * kLossScalarBytes : 0;
   // Note [What waits for W]: an I makes no weight gradient (W does, charged at its start).
   const bool noWeightGrads = inPlace || splitsBackward(shape.kind);
+  // I keeps the gradients into the weight nodes as it makes them (t.keptGrad).
   const std::int64_t whole =
       std::max(maxWorking, model.backwardWorking(shape, k, first, last, noWeightGrads)) +
-      recomputed + output + lossScalars;
+      recomputed + output + lossScalars + t.keptGrad;
   if (lossInGraph)
     return std::max(whole, recomputedGraph + scaled(model.profile().recomputedLossBytes, f));
   // Note [Outputs at the loss]: the outputs that arrive only after the loss wait beside
@@ -593,6 +597,7 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   t.graph = scaled(savedSum(first, last), f);  // Note [Outputs kept between layers]
   t.input = scaled(inputBytes(first), f);
   t.output = scaled(profile_.layers[last - 1].outputBytes, f);
+  t.keptGrad = k > 0 && splitsBackward(shape.kind) ? scaled(keptGradSum(first, last), f) : 0;
   // Note [Comm buffers in the cost model]: the iteration's inputs wait on stage 0's forward
   // device, its targets on the last stage's backward device.
   t.oneInput = k == 0 ? scaled(profile_.inputBytes, f) : 0;
@@ -623,7 +628,10 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   const std::int64_t savedOutput = scaled(profile_.layers[last - 1].savedOutputBytes, f);
   e.stashBytes = ckpt ? t.input : t.graph + (off ? savedOutput : t.output);
   // Note [What waits for W]
-  e.deferredStashBytes = (ckpt ? t.graph + t.output : e.stashBytes) + t.output;
+  // Past stage 0, I lets the output and its gradient go and keeps the weight nodes'
+  // gradients instead; what the last layer's graph saves of the output stays with it.
+  e.deferredStashBytes = k > 0 ? t.graph + savedOutput + t.keptGrad
+                               : (ckpt ? t.graph + t.output : e.stashBytes) + t.output;
   countWeightCopies(t);  // Note [Weight-version offload]
   t.flushing = isFlushing(shape.kind) || t.unsplitPipeFb;
 
@@ -642,11 +650,13 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   t.forwardPeakWithGraph = scaled(forwardPeak(k, first, last, true), f);
   e.forwardPeakBytes = ckpt ? t.forwardPeak + e.stashBytes : std::max(t.forwardPeak, e.stashBytes);
   // Note [What waits for W]: W runs autograd on its own stash's graph, which it frees as it
-  // goes (Note [Backward layer by layer]), for the gathered weight gradients, beside the
-  // output and its gradient, the graph's root and seed.
+  // goes (Note [Backward layer by layer]), for the gathered weight gradients, beside its
+  // roots and their gradients: the gradients I kept, or on stage 0 the output and its
+  // gradient.
   e.weightWorkingBytes =
       splitsBackward(shape.kind)
-          ? std::max(maxWorking, backwardLayered(shape, k, first, last, false, 0)) + 2 * t.output
+          ? std::max(maxWorking, backwardLayered(shape, k, first, last, false, 0)) +
+                (k > 0 ? t.keptGrad : 2 * t.output)
           : 0;
   // Note [Step working set]: what the step transient needs beyond stash + working set.
   t.stepWs = shape.optimizerOnHost ? 0 : stepWorking(first, last);

@@ -21,7 +21,6 @@
 
 #include "Channels.h"
 #include "GradBuckets.h"
-#include "SplitBackward.h"
 #include "Stash.h"
 #include "WeightVersions.h"
 #include "pipefb/common/Error.h"
@@ -30,6 +29,7 @@
 #include "pipefb/memory/DomainRegistry.h"
 #include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/MemoryScope.h"
+#include "pipefb/model/SplitBackward.h"
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
 #include "pipefb/runtime/PipelineEngine.h"
@@ -45,6 +45,10 @@ using schedules::StashKind;
 using Tensor = torch::Tensor;
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
+using model::DeferredWeightGrad;
+using model::inputGradient;
+using model::restoreBuffersUnversioned;
+using model::weightGradients;
 
 template <class V>
 V takeFrom(std::map<Key, V>& m, Key k, const char* what) {
@@ -263,7 +267,7 @@ struct PipelineEngine::Impl {
   void execRecvWeights(DeviceState& dev, const Action& a);
   void execAllReduce(DeviceState& dev, const Action& a);
   void execInputGrad(DeviceState& dev, const Action& a);   // Note [Split backward in the
-  void execWeightGrad(DeviceState& dev, const Action& a);  // runtime] (SplitBackward.h)
+  void execWeightGrad(DeviceState& dev, const Action& a);  // runtime] (model/SplitBackward.h)
 
   // What B(s,m) and I(s,m) start from: the stash taken (and recomputed), the weights it
   // ran on, and the gradient of the loss w.r.t. the stage output (the last stage's loss

@@ -19,7 +19,6 @@
 #include <tuple>
 
 #include "EngineImpl.h"
-#include "SplitBackward.h"
 #include "pipefb/common/Error.h"
 #include "pipefb/common/NumericalError.h"
 #include "pipefb/common/Precision.h"
@@ -29,6 +28,7 @@
 #include "pipefb/memory/MemoryEvent.h"
 #include "pipefb/memory/MemoryScope.h"
 #include "pipefb/memory/TrackingAllocator.h"
+#include "pipefb/model/SplitBackward.h"
 #include "pipefb/offload/SavedTensorHooks.h"
 #include "pipefb/offload/TransferManager.h"
 #include "pipefb/report/ChromeTrace.h"

@@ -1,5 +1,5 @@
 // The compute actions of a stage: F(s,m), B(s,m), and the split backward's I(s,m) and
-// W(s,m) (Note [Split backward in the runtime], SplitBackward.h). What they take from and
+// W(s,m) (Note [Split backward in the runtime], model/SplitBackward.h). What they take from and
 // leave for other actions goes through the stash registry (Stash.h), the weight versions
 // (WeightVersions.h) and, on the B that completes a stage's gradients, the gradient
 // buckets (GradBuckets.h).
@@ -266,15 +266,17 @@ void PipelineEngine::Impl::backwardInPlace(DeviceState& dev, StageState& st, con
   releaseVersion(st, mb);
 }
 
-// Note [Split backward in the runtime] (SplitBackward.h).
+// Note [Split backward in the runtime] (model/SplitBackward.h).
 void PipelineEngine::Impl::execInputGrad(DeviceState& dev, const Action& a) {
   const int mb = a.index;
   BackwardStart start = startBackward(dev, a);
   // IR's recompute advanced the BatchNorm statistics: back as they were, without the
   // version bump W's unpack would refuse.
   restoreBuffersUnversioned(start.rep->buffers, start.savedBuffers);
-  DeferredWeightGrad w{std::move(start.output), std::move(start.gradOut)};
-  Tensor gin = inputGradient(w, start.input);
+  DeferredWeightGrad w;
+  w.output = std::move(start.output);
+  w.gradOut = std::move(start.gradOut);
+  Tensor gin = inputGradient(w, start.input, start.rep->params);
   if (gin.defined()) {
     if (checkGrads()) check(gin, "input gradient", a.stage, mb);
     dev.grads[{a.stage, mb}] = std::move(gin);

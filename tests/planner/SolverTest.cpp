@@ -503,15 +503,17 @@ TEST(SolverLiteral, RecomputingLastStageTakesTheLossInItsGraph) {
   // 20 with the recomputed output (3) until B lets it go (recomputedLossBytes). The last
   // stage's B (1f1b, checkpoint) takes the loss in its graph: the graph less the stash 45
   // beside 20, 65 (more than the rest of B, 53). I (zb-h1) still reads a detached copy:
-  // the graph 45 and the recomputed output 3 beside 18, 66.
+  // the graph 45 and the recomputed output 3 beside 18, 66. It also keeps the gradients
+  // into its weight nodes for W (Note [What waits for W]): 20 beside the rest of I, 56: 76.
   Profile p = checkpointedTwoLayers();
   p.lossWorkingBytes = 18;
   p.recomputedLossBytes = 20;
+  p.layers[1].keptGradBytes = 20;
   CostModel m(p, freeCluster(2));
   PipelineShape sh = shapeOf(ScheduleKind::OneFOneB, 2, 1, {0, 1});
   EXPECT_EQ(m.stage(sh, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 65);
   PipelineShape zb = shapeOf(ScheduleKind::ZbH1, 2, 2, {0, 1});
-  EXPECT_EQ(m.stage(zb, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 66);
+  EXPECT_EQ(m.stage(zb, 1, 1, 2, StashPolicy::Checkpoint).backwardWorkingBytes, 76);
 }
 
 TEST(SolverLiteral, LastBackwardDeviceOfThe2SFormHoldsOnlyTheOutputItReads) {

@@ -348,7 +348,10 @@ TEST(PipelineMemory, MeasuredStashPeaksMatchTheContract) {
 
 // Note [Split backward in the runtime]: a stash stays on its device from F until W, so
 // the measured stash peaks follow the contract's resident counts, which include the
-// stashes whose I ran and whose W waits (deferredW).
+// stashes whose I ran and whose W waits (deferredW). Past stage 0 such a stash has let its
+// output go at I (the gradients I kept for W are working set; PlanRuns.SplitBackward*
+// checks the devices' whole peaks against their plans): at most the resident stashes
+// whole, at least those whose I has not run.
 TEST(PipelineMemory, SplitBackwardStashPeaksMatchTheContract) {
   for (const std::string sched : {"zb-h1", "zb-h2"})
     for (int S : {2, 4}) {
@@ -367,10 +370,15 @@ TEST(PipelineMemory, SplitBackwardStashPeaksMatchTheContract) {
       auto measured = stashAtActionEnds(e);
       for (int s = 0; s < S; ++s) {
         ASSERT_GT(perMb[s], 0);
-        const double expected = static_cast<double>(c.residentForward[s]) * perMb[s];
-        EXPECT_NEAR(measured[s], expected, 0.10 * expected)
+        const double whole = static_cast<double>(c.residentForward[s]) * perMb[s];
+        const int waiting = s > 0 ? c.deferredW[s] : 0;
+        const double least = static_cast<double>(c.residentForward[s] - waiting) * perMb[s];
+        EXPECT_LE(measured[s], 1.05 * whole) << "device " << s << ": " << c.residentForward[s]
+                                             << " stashes of " << perMb[s] << " bytes";
+        EXPECT_GE(measured[s], 0.95 * least)
             << "device " << s << ": " << c.residentForward[s] << " stashes of " << perMb[s]
-            << " bytes";
+            << " bytes, " << waiting << " of them past their I";
+        if (s == 0) EXPECT_NEAR(measured[s], whole, 0.10 * whole);  // W from the output
       }
     }
 }

@@ -35,6 +35,10 @@ struct LayerWork {
   std::int64_t freshGradient = 0;
   std::int64_t outputBytes = 0;
   std::int64_t savedBytes = 0;
+  /// Per sample: what a split backward's I keeps for W (LayerCost::keptGradBytes). 0 for
+  /// the model's first layer, which has no input gradient (stage 0's W runs from the
+  /// output).
+  std::int64_t keptGradBytes = 0;
   std::int64_t workingBytes = 0;  // per sample, beside the fresh gradients
   /// Per sample: F's peak without autograd, its input included (Note [Forward without
   /// autograd] in CostModel.h); < 0: input + output + workingBytes.

@@ -138,11 +138,18 @@
 //
 // Note [What waits for W]
 // Between I(s,m) and W(s,m) (Note [Split backward] in schedules/Action.h) the device keeps
-// the stage's autograd graph and the gradient of the stage output (DeferredWeightGrad,
-// src/runtime/SplitBackward.h): under keep and offload the stash it took back, and under
-// a checkpoint kind what IR's recompute saved (the whole graph, its input included) and
-// the recomputed output, its root. So one such stash is
-//   graph + output (checkpoint kinds) or the stash (keep, offload), + the output's gradient.
+// what W needs (DeferredWeightGrad, model/SplitBackward.h). Past stage 0 that is the
+// stage's autograd graph (under keep and offload the stash it took back, under a
+// checkpoint kind what IR's recompute saved: the whole graph, its input included) and the
+// gradients flowing into its weight nodes (LayerCost::keptGradBytes); I lets the output and
+// its gradient go, but not what the last layer's graph saves of the output. Stage 0 has no
+// input gradient, so its W runs the whole backward from the output: it keeps the stash (or
+// under a checkpoint kind the graph and the recomputed output) and the output's gradient.
+// So one such stash is
+//   past stage 0: graph + saved output + kept gradients;
+//   stage 0:      graph + output (checkpoint kinds) or the stash (keep, offload), + the
+//                 output's gradient.
+// I makes the kept gradients as it goes: its working set holds them (backwardWorkingSet).
 // Charged as a checkpoint (the stage input) until then, zb-h1-checkpoint on gpt2-tiny
 // (S = 4, M = 4, PlanRunsTest's split-backward case) went out of memory in IR2.6 beside the
 // graphs of W2.4 and W2.5: 1.72 MiB of stash where 128 KiB were charged. The cost model
@@ -151,9 +158,13 @@
 // recomputed graph and no weight gradient; at a W start the others (deferredW counts W's
 // own) and W's working set: its own stash's graph freed as autograd goes, beside the
 // gathered weight gradients of the range (Note [Backward layer by layer], Note [Gathered
-// weight gradients]), the output and its gradient. The simulator keeps one from the end of I
-// (CostTable::deferredBytes). (Charged the most that wait beside I's working set, zb-h1-checkpoint
-// on gpt2-tiny was 13% to 20% above the plan on every device: 2 graphs wait only at a W start.)
+// weight gradients]) and its roots with their gradients (the kept ones, or stage 0's output
+// and its gradient). The simulator keeps one from the end of I (CostTable::deferredBytes).
+// (Charged the most that wait beside I's working set, zb-h1-checkpoint on gpt2-tiny was
+// 13% to 20% above the plan on every device: 2 graphs wait only at a W start. With the
+// kept gradients charged as the saved bytes and the output, before they were measured,
+// gpt2-tiny zb-h1's head device peaked 12.8% below its plan: its output, the logits, goes
+// at I.)
 //
 // Note [Loss scalars beside the backward]
 // A last stage's B that takes the loss in its recomputed graph (Note [Loss in the recomputed
@@ -1056,6 +1067,9 @@ class CostModel {
   std::int64_t savedSum(int first, int last) const {
     return range(saved_, first, last) + keptInside(first, last);
   }
+  /// What a split backward's I keeps of [first, last) for its W (LayerCost::keptGradBytes;
+  /// Note [What waits for W]).
+  std::int64_t keptGradSum(int first, int last) const { return range(keptGrad_, first, last); }
   /// The layers' saved bytes alone: the lower bound a B device holds of the graph while it
   /// runs B layer by layer (the kept outputs may be freed with their layers first).
   std::int64_t savedLayersSum(int first, int last) const { return range(saved_, first, last); }
@@ -1110,6 +1124,8 @@ class CostModel {
   // Note [Outputs kept between layers]: kept_[l] sums, over the layers j in 1 .. l-1, what
   // layer j-1's graph keeps of its output that layer j's does not save.
   std::vector<std::int64_t> kept_;
+  // Note [What waits for W]: LayerCost::keptGradBytes (unmeasured: saved + output), summed.
+  std::vector<std::int64_t> keptGrad_;
   SparseMax stepWorkingMax_, forwardWorkingMax_;
   // Note [Forward peak]: per layer l, saved(0 .. l+1) + kept(l) + output(l) + F's working
   // set(l) (autograd on), and F's peak without autograd (Note [Forward without autograd]).

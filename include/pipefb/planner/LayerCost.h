@@ -61,6 +61,12 @@ struct LayerCost {
   /// autograd] in CostModel.h) above what was live before: its input, its output and its
   /// temporaries. -1 = not measured: use the input, the output and forwardWorkingBytes.
   std::int64_t noGradForwardBytes = -1;
+  /// What a split backward's I keeps of this layer for its W (Note [Split backward in the
+  /// runtime] in model/SplitBackward.h): the gradients flowing into the layer's weight
+  /// nodes (a linear or convolution layer: its output's; a GPT-2 block: eleven of its
+  /// width per token), measured with the same I on an input that requires grad. -1 = not
+  /// measured: the saved bytes and the output (Note [What waits for W] in CostModel.h).
+  std::int64_t keptGradBytes = -1;
   /// Transient peak of this layer's optimizer step beyond its state (Adam's temporaries,
   /// e.g. exp_avg_sq.sqrt() / c, about 2x the largest parameter tensor); per iteration,
   /// not scaled by the microbatch. Note [Step working set] in CostModel.h.
@@ -182,6 +188,7 @@ struct LayerBytes {
   std::int64_t outputBytes = 0, savedBytes = 0, savedOutputBytes = 0, savedInputBytes = 0;
   std::int64_t workingBytes = 0, gatheredWorkingBytes = 0, forwardWorkingBytes = 0;
   std::int64_t noGradForwardBytes = 0;
+  std::int64_t keptGradBytes = -1;
 };
 /// A profile's bytes at one microbatch size (Note [Bytes at every microbatch]).
 struct MeasuredBytes {
