@@ -29,6 +29,10 @@ using C10dBackend = c10d::Backend;
 struct BackendSpec {
   std::string name;               // "gloo", "nccl": in logs and errors
   c10::Device device{c10::kCPU};  // where message buffers are made
+  /// Note [One message, one operation] (ProcessGroup.cpp): the backend completes a receive
+  /// with a message shorter than the buffer posted for it (gloo; NCCL needs the sizes to
+  /// match), so a small message's data can ride with its header.
+  bool shortReceives = false;
   /// One backend for `rank` of `size` over `store`; throws when it cannot connect.
   std::function<c10::intrusive_ptr<C10dBackend>(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size,

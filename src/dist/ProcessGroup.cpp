@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -55,13 +56,29 @@ class QuietC10Log {
 };
 
 // Note [Message tags]
-// A message is two gloo sends under slots 2*tag (the header: dtype, tensor count and
-// shapes, kHeader int64s) and 2*tag+1 (the data of all tensors, flattened into one
-// buffer). The runtime derives `tag` from (channel kind, stage, microbatch) (the
-// microbatch index is run-wide, so it carries the iteration); c10d's int tag bounds it
-// to [0, 2^30).
+// A message is two sends under slots 2*tag (the header: dtype, tensor count and shapes,
+// kHeader int64s) and 2*tag+1 (the data of all tensors, flattened into one buffer), or one
+// (Note [One message, one operation]). The runtime derives `tag` from (channel kind,
+// stage, microbatch) (the microbatch index is run-wide, so it carries the iteration);
+// c10d's int tag bounds it to [0, 2^30).
+//
+// Note [One message, one operation]
+// Each send and receive is a rendezvous in gloo: the sides tell each other they are
+// ready, then the data moves, each step a write under the pair's lock and a wake-up of
+// its event loop (Note [gloo's event loop at the lowest priority]). With the header and
+// the data as two operations, the receiver can post the data's only once the header is
+// there, so every message paid two rendezvous in a row. gloo completes a receive with a
+// message shorter than the posted buffer (checked: 10 floats into a buffer of 20 arrive,
+// 30 abort the process), so on gloo the receiver posts a buffer of kHeader int64s and
+// kInlineBytes, and a sender whose data fits puts it after the header, in one operation
+// (magic kMagicInline); larger messages go in two as before. The receive buffers are
+// transport buffers, as gloo's socket buffers are: reused from a pool, made outside the
+// tracking allocator, so a device's tracked bytes are the message's data as before, not
+// the buffer's room (the data is copied out into a tensor of its own).
 constexpr int64_t kHeader = 1024;
-constexpr int64_t kMagic = 0x70666231;  // "pfb1"
+constexpr int64_t kMagic = 0x70666231;        // "pfb1": the data follows in slot 2*tag+1
+constexpr int64_t kMagicInline = 0x70666232;  // "pfb2": the data follows the header
+constexpr int64_t kInlineBytes = int64_t(1) << 20;
 const std::string kFailureKey = "pipefb/first_failure";
 
 // Note [c10d backends] (C10dBackend.h): gloo or NCCL underneath.
@@ -137,19 +154,40 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
     PIPEFB_ASSERT(!tensors.empty(), "c10d send of no tensors");
     PIPEFB_ASSERT(tag >= 0 && tag < (int64_t(1) << 30), "c10d tag " << tag << " out of range");
     raiseSendError();
-    auto header = torch::zeros({kHeader}, torch::kInt64);
+    int64_t dataBytes = 0;
+    for (const auto& t : tensors) dataBytes += static_cast<int64_t>(t.nbytes());
+    // Note [One message, one operation]
+    const bool inlined = spec_.shortReceives && spec_.device.is_cpu() && dataBytes <= kInlineBytes;
+    auto header = torch::zeros({kHeader + (inlined ? (dataBytes + 7) / 8 : 0)}, torch::kInt64);
     auto* h = header.data_ptr<int64_t>();
     int64_t pos = 0;
-    h[pos++] = kMagic;
+    h[pos++] = inlined ? kMagicInline : kMagic;
     h[pos++] = static_cast<int64_t>(tensors[0].scalar_type());
     h[pos++] = static_cast<int64_t>(tensors.size());
     std::vector<at::Tensor> flat;
+    auto* inlineAt = reinterpret_cast<char*>(h + kHeader);
     for (const auto& t : tensors) {
       PIPEFB_ASSERT(t.scalar_type() == tensors[0].scalar_type(), "c10d message mixes dtypes");
       PIPEFB_ASSERT(pos + 1 + t.dim() < kHeader, "c10d message header overflows");
       h[pos++] = t.dim();
       for (int64_t d : t.sizes()) h[pos++] = d;
-      flat.push_back(t.detach().reshape({-1}));
+      if (inlined) {
+        const at::Tensor c = t.detach().contiguous();
+        std::memcpy(inlineAt, c.data_ptr(), c.nbytes());
+        inlineAt += c.nbytes();
+      } else {
+        flat.push_back(t.detach().reshape({-1}));
+      }
+    }
+    if (inlined) {
+      std::vector<at::Tensor> hv{header};
+      auto w = p2p_->send(hv, dst, static_cast<int>(2 * tag));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        sends_.push_back({w, header, dst, tag});
+      }
+      cv_.notify_all();
+      return;
     }
     header = header.to(spec_.device);
     auto data = torch::cat(flat);
@@ -166,11 +204,17 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   std::vector<at::Tensor> recv(int src, int64_t tag) override {
     raiseSendError();
-    auto header = torch::empty({kHeader}, torch::dtype(torch::kInt64).device(spec_.device));
+    // Note [One message, one operation]: room for the data after the header.
+    const bool inlinable = spec_.shortReceives && spec_.device.is_cpu();
+    Staging staging(*this, inlinable);
+    at::Tensor header =
+        inlinable ? staging.tensor
+                  : torch::empty({kHeader}, torch::dtype(torch::kInt64).device(spec_.device));
     receive(header, src, 2 * tag);
+    staging.received = true;
     header = header.cpu();
     const auto* h = header.data_ptr<int64_t>();
-    PIPEFB_ASSERT(h[0] == kMagic,
+    PIPEFB_ASSERT(h[0] == kMagic || (inlinable && h[0] == kMagicInline),
                   "c10d message from rank " << src << " tag " << tag << " has no pipefb header");
     const auto dtype = static_cast<c10::ScalarType>(h[1]);
     const int64_t n = h[2];
@@ -185,7 +229,10 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
       shapes.push_back(std::move(shape));
     }
     auto data = torch::empty({total}, torch::TensorOptions().dtype(dtype).device(spec_.device));
-    receive(data, src, 2 * tag + 1);
+    if (h[0] == kMagicInline)
+      std::memcpy(data.data_ptr(), h + kHeader, data.nbytes());
+    else
+      receive(data, src, 2 * tag + 1);
     std::vector<at::Tensor> out;
     int64_t off = 0;
     for (const auto& shape : shapes) {
@@ -262,6 +309,42 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
     at::Tensor tensor;
     int dst;
     int64_t tag;
+  };
+
+  // Note [One message, one operation]: a receive buffer of the pool (untracked: plain
+  // memory under a tensor that does not own it), back to the pool when done.
+  struct Staging {
+    static constexpr int64_t kWords = kHeader + kInlineBytes / 8;
+    Staging(C10dGroup& g, bool wanted) : group(g) {
+      if (!wanted) return;
+      {
+        std::lock_guard<std::mutex> lock(g.mu_);
+        if (!g.staging_.empty()) {
+          room = std::move(g.staging_.back());
+          g.staging_.pop_back();
+        }
+      }
+      if (!room) room = std::make_unique<int64_t[]>(kWords);
+      tensor = torch::from_blob(room.get(), {kWords}, torch::kInt64);
+    }
+    ~Staging() {
+      tensor = at::Tensor();
+      if (!room) return;
+      // A receive that failed or was aborted may still be posted in gloo: its buffer is
+      // never reused (nor freed; the run is ending).
+      if (!received) {
+        (void)room.release();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(group.mu_);
+      group.staging_.push_back(std::move(room));
+    }
+    Staging(const Staging&) = delete;
+    Staging& operator=(const Staging&) = delete;
+    C10dGroup& group;
+    std::unique_ptr<int64_t[]> room;
+    at::Tensor tensor;
+    bool received = false;
   };
 
   void receive(at::Tensor& into, int src, int64_t slot) {
@@ -540,6 +623,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<PendingSend> sends_;
+  std::vector<std::unique_ptr<int64_t[]>> staging_;  // guarded by mu_
   bool busy_ = false;
   bool stopping_ = false;
   bool aborted_ = false;
@@ -591,6 +675,7 @@ std::shared_ptr<ProcessGroup> makeGlooGroup(const DistEnv& env, const GroupOptio
     return c10::intrusive_ptr<detail::C10dBackend>(
         c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts));
   };
+  gloo.shortReceives = true;  // Note [One message, one operation]
   return detail::makeC10dGroup(env, options, std::move(gloo));
 }
 

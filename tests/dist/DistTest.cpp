@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "DistCase.h"
 #include "TestUtil.h"
@@ -595,4 +596,50 @@ TEST(Dist, GlooLoopThreadsRunAtTheLowestPriority) {
   }
   EXPECT_GE(lowered, 1) << "no thread of the new group runs at nice 19";
   EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())), before.at(::gettid()));
+}
+
+// Note [One message, one operation] (ProcessGroup.cpp): two ranks in one process. Small
+// messages (the data after the header, in one gloo operation) and one of 3 MiB (header,
+// then data) arrive whole, in their shapes and dtypes, whatever the order the receiver
+// takes them in.
+TEST(Dist, MessagesArriveWholeInlineOrNot) {
+  const int port = freePort();
+  auto messages = [] {
+    torch::manual_seed(11);
+    std::vector<std::vector<torch::Tensor>> m;
+    m.push_back({torch::randn({4, 5}), torch::randn({3})});    // inline
+    m.push_back({torch::randn({768, 1024})});                  // 3 MiB: two operations
+    m.push_back({torch::randn({2, 7}).to(torch::kBFloat16)});  // inline, 2-byte dtype
+    m.push_back({torch::randint(0, 9, {5}, torch::kLong)});    // inline
+    m.push_back({torch::randn({1, 262144 - 1024})});           // the inline limit
+    return m;
+  };
+  std::thread sender([&] {
+    dist::DistEnv env;
+    env.rank = 0;
+    env.worldSize = 2;
+    env.masterPort = port;
+    auto g = dist::makeGlooGroup(env, {30});
+    auto m = messages();
+    for (size_t i = 0; i < m.size(); ++i) g->send(m[i], 1, static_cast<int64_t>(100 + i));
+    g->flush();
+    g->barrier();
+  });
+  dist::DistEnv env;
+  env.rank = 1;
+  env.worldSize = 2;
+  env.masterPort = port;
+  auto g = dist::makeGlooGroup(env, {30});
+  const auto want = messages();
+  for (const size_t i : {1, 0, 4, 3, 2}) {  // not in the order sent
+    const auto got = g->recv(0, static_cast<int64_t>(100 + i));
+    ASSERT_EQ(got.size(), want[i].size()) << "message " << i;
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_EQ(got[j].sizes(), want[i][j].sizes()) << "message " << i;
+      EXPECT_EQ(got[j].scalar_type(), want[i][j].scalar_type()) << "message " << i;
+      EXPECT_TRUE(torch::equal(got[j], want[i][j])) << "message " << i;
+    }
+  }
+  g->barrier();
+  sender.join();
 }
