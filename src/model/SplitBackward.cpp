@@ -110,10 +110,15 @@ std::int64_t keptBytes(const DeferredWeightGrad& w) {
   return n;
 }
 
-std::vector<torch::Tensor> weightGradients(DeferredWeightGrad& w,
-                                           const std::vector<torch::Tensor>& params) {
+namespace {
+
+// W's autograd call: from the kept gradients (or stage 0's output) to `params`' edges,
+// gathered (the gradients returned, in params' order, undefined where a parameter does not
+// require grad) or accumulated into .grad (nothing returned).
+std::vector<torch::Tensor> runW(DeferredWeightGrad& w, const std::vector<torch::Tensor>& params,
+                                bool accumulate) {
   torch::autograd::edge_list wrt;
-  std::vector<torch::Tensor> out(params.size());
+  std::vector<torch::Tensor> out(accumulate ? 0 : params.size());
   std::vector<size_t> at;
   for (size_t i = 0; i < params.size(); ++i)
     if (params[i].requires_grad()) {
@@ -127,15 +132,26 @@ std::vector<torch::Tensor> weightGradients(DeferredWeightGrad& w,
     for (auto& [n, i] : w.cut) n->next_edges()[i] = Edge();
     auto g = fromOutput ? torch::autograd::Engine::get_default_engine().execute(
                               {torch::autograd::impl::gradient_edge(w.output)}, {w.gradOut},
-                              /*keep_graph=*/false, /*create_graph=*/false,
-                              /*accumulate_grad=*/false, wrt)
+                              /*keep_graph=*/false, /*create_graph=*/false, accumulate, wrt)
                         : torch::autograd::Engine::get_default_engine().execute(
                               w.roots, w.kept, /*keep_graph=*/false, /*create_graph=*/false,
-                              /*accumulate_grad=*/false, wrt);
-    for (size_t j = 0; j < at.size(); ++j) out[at[j]] = std::move(g[j]);
+                              accumulate, wrt);
+    if (!accumulate)
+      for (size_t j = 0; j < at.size(); ++j) out[at[j]] = std::move(g[j]);
   }
   w = DeferredWeightGrad{};  // the graph (and with it the stash) goes here
   return out;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> weightGradients(DeferredWeightGrad& w,
+                                           const std::vector<torch::Tensor>& params) {
+  return runW(w, params, /*accumulate=*/false);
+}
+
+void accumulateWeightGradients(DeferredWeightGrad& w, const std::vector<torch::Tensor>& params) {
+  runW(w, params, /*accumulate=*/true);
 }
 
 void restoreBuffersUnversioned(const std::vector<torch::Tensor>& dst,

@@ -246,6 +246,11 @@ bool CostModel::gradientsInPlace(const PipelineShape& shape, int k, StashPolicy 
          weightCopies(shape.kind, shape.stages, k, shape.microbatches, shape.asyncLag) == 0;
 }
 
+bool CostModel::weightGradientsInPlace(const PipelineShape& shape, int k) {
+  return splitsBackward(shape.kind) && !shape.splits(k) &&
+         weightCopies(shape.kind, shape.stages, k, shape.microbatches, shape.asyncLag) == 0;
+}
+
 std::int64_t CostModel::backwardWorking(const PipelineShape& shape, int k, int first, int last,
                                         bool inPlace) const {
   const double f = scale(shape);

@@ -650,12 +650,13 @@ StageEstimate CostModel::stage(const PipelineShape& shape, int k, int first, int
   t.forwardPeakWithGraph = scaled(forwardPeak(k, first, last, true), f);
   e.forwardPeakBytes = ckpt ? t.forwardPeak + e.stashBytes : std::max(t.forwardPeak, e.stashBytes);
   // Note [What waits for W]: W runs autograd on its own stash's graph, which it frees as it
-  // goes (Note [Backward layer by layer]), for the gathered weight gradients, beside its
-  // roots and their gradients: the gradients I kept, or on stage 0 the output and its
-  // gradient.
+  // goes (Note [Backward layer by layer]), for the weight gradients (in place or gathered,
+  // Note [Gathered weight gradients]), beside its roots and their gradients: the gradients
+  // I kept, or on stage 0 the output and its gradient.
   e.weightWorkingBytes =
       splitsBackward(shape.kind)
-          ? std::max(maxWorking, backwardLayered(shape, k, first, last, false, 0)) +
+          ? std::max(maxWorking,
+                     backwardLayered(shape, k, first, last, weightGradientsInPlace(shape, k), 0)) +
                 (k > 0 ? t.keptGrad : 2 * t.output)
           : 0;
   // Note [Step working set]: what the step transient needs beyond stash + working set.

@@ -288,6 +288,21 @@ void PipelineEngine::Impl::execWeightGrad(DeviceState& dev, const Action& a) {
   StageState& st = stages[a.stage];
   const int mb = a.index;
   auto w = takeFrom(dev.deferred, {a.stage, mb}, "the I");
+  // Note [In-place weight gradients]: W on the master's own weights, on the device of the
+  // stage's F and B, accumulates into .grad (CostModel::weightGradientsInPlace says the
+  // same to the planner); W on a forward copy (pipefb-zb) gathers.
+  if (w.rep == st.master && st.fDev == st.bDev) {
+    zeroStaleGrads(st);
+    {
+      model::WeightGradientsIntoGrad into;
+      model::accumulateWeightGradients(w.grad, st.master->params);
+    }
+    if (checkGrads())  // the sum so far, as execBackward's
+      for (const auto& p : st.master->params)
+        if (p.requires_grad()) check(p.grad(), "weight gradient", a.stage, mb);
+    releaseVersion(st, mb);
+    return;
+  }
   const auto g = weightGradients(w.grad, w.rep->params);
   if (checkGrads())
     for (const auto& t : g)

@@ -61,6 +61,13 @@ std::int64_t keptBytes(const DeferredWeightGrad& w);
 std::vector<torch::Tensor> weightGradients(DeferredWeightGrad& w,
                                            const std::vector<torch::Tensor>& params);
 
+/// W in place: as weightGradients, but autograd adds each parameter's gradient into its
+/// .grad as it makes it (AccumulateGrad; a linear layer's straight into .grad under
+/// WeightGradientsIntoGrad), so no stage's worth of fresh gradients is ever held together
+/// (Note [In-place weight gradients] in src/runtime/StageCompute.cpp). For `params` that are
+/// the ones the graph was built on; then frees the graph.
+void accumulateWeightGradients(DeferredWeightGrad& w, const std::vector<torch::Tensor>& params);
+
 /// dst[i] = src[i] without bumping dst[i]'s version counter: IR restores the BatchNorm
 /// statistics its recompute advanced while W still has to unpack them from the graph
 /// (batch_norm saves running_mean/var; a plain copy_ would fail W's version check). The

@@ -1095,6 +1095,10 @@ class CostModel {
   /// Note [Gathered weight gradients]: whether B of stage k under `policy` accumulates its
   /// weight gradients into .grad in place (else it gathers them).
   static bool gradientsInPlace(const PipelineShape& shape, int k, StashPolicy policy);
+  /// The same for W of a split backward kind: in place on a stage whose F and B share a
+  /// device and whose W runs on the master's weights (no weight copy), as execWeightGrad
+  /// decides; gathered on pipefb-zb's split stages (a graph on the forward copy).
+  static bool weightGradientsInPlace(const PipelineShape& shape, int k);
   /// B's working set of stage k = [first, last) at the shape's microbatch, in place or
   /// with the gathered weight gradients (Note [Gathered weight gradients]).
   std::int64_t backwardWorking(const PipelineShape& shape, int k, int first, int last,
