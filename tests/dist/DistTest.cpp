@@ -604,7 +604,8 @@ TEST(Dist, GlooLoopThreadsRunAtTheLowestPriority) {
 // takes them in.
 TEST(Dist, MessagesArriveWholeInlineOrNot) {
   const int port = freePort();
-  auto messages = [] {
+  // Made once, before the sender starts (the global generator is not for two threads).
+  const auto want = [] {
     torch::manual_seed(11);
     std::vector<std::vector<torch::Tensor>> m;
     m.push_back({torch::randn({4, 5}), torch::randn({3})});    // inline
@@ -613,15 +614,14 @@ TEST(Dist, MessagesArriveWholeInlineOrNot) {
     m.push_back({torch::randint(0, 9, {5}, torch::kLong)});    // inline
     m.push_back({torch::randn({1, 262144 - 1024})});           // the inline limit
     return m;
-  };
+  }();
   std::thread sender([&] {
     dist::DistEnv env;
     env.rank = 0;
     env.worldSize = 2;
     env.masterPort = port;
     auto g = dist::makeGlooGroup(env, {30});
-    auto m = messages();
-    for (size_t i = 0; i < m.size(); ++i) g->send(m[i], 1, static_cast<int64_t>(100 + i));
+    for (size_t i = 0; i < want.size(); ++i) g->send(want[i], 1, static_cast<int64_t>(100 + i));
     g->flush();
     g->barrier();
   });
@@ -630,7 +630,6 @@ TEST(Dist, MessagesArriveWholeInlineOrNot) {
   env.worldSize = 2;
   env.masterPort = port;
   auto g = dist::makeGlooGroup(env, {30});
-  const auto want = messages();
   for (const size_t i : {1, 0, 4, 3, 2}) {  // not in the order sent
     const auto got = g->recv(0, static_cast<int64_t>(100 + i));
     ASSERT_EQ(got.size(), want[i].size()) << "message " << i;
