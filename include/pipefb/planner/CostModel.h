@@ -76,8 +76,10 @@
 // weights and without gradient buckets, i.e. no replicas, no weight copy (copies == 0 on a
 // stage that is not split), and on a split stage only pipefb-sync under a checkpoint kind
 // (B recomputes on the master; a kept or offloaded graph was built on the forward copy).
+// A split backward kind's W does the same on a stage whose F and B share a device, on the
+// master's weights (weightGradientsInPlace(); its I makes no weight gradient).
 // The others (PipeDream's copies, pipefb-async's versions and prediction, split kept
-// graphs, the B that fills gradient buckets, and the split backward kinds) ask autograd
+// graphs, the B that fills gradient buckets, and pipefb-zb's W on a split stage) ask autograd
 // for the gradients of all the stage's parameters at once (torch::autograd::grad) and add
 // them to the master's .grad after the whole backward. While B runs through layer l (last
 // to first), the gradients of the layers after l are therefore held as fresh tensors
