@@ -157,7 +157,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
     int64_t dataBytes = 0;
     for (const auto& t : tensors) dataBytes += static_cast<int64_t>(t.nbytes());
     // Note [One message, one operation]
-    const bool inlined = spec_.shortReceives && spec_.device.is_cpu() && dataBytes <= kInlineBytes;
+    const bool inlined = inlines() && dataBytes <= kInlineBytes;
     auto header = torch::zeros({kHeader + (inlined ? (dataBytes + 7) / 8 : 0)}, torch::kInt64);
     auto* h = header.data_ptr<int64_t>();
     int64_t pos = 0;
@@ -179,25 +179,17 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
         flat.push_back(t.detach().reshape({-1}));
       }
     }
-    if (inlined) {
-      std::vector<at::Tensor> hv{header};
-      auto w = p2p_->send(hv, dst, static_cast<int>(2 * tag));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        sends_.push_back({w, header, dst, tag});
-      }
-      cv_.notify_all();
-      return;
-    }
     header = header.to(spec_.device);
-    auto data = torch::cat(flat);
-    std::vector<at::Tensor> hv{header}, dv{data};
-    auto w1 = p2p_->send(hv, dst, static_cast<int>(2 * tag));
-    auto w2 = p2p_->send(dv, dst, static_cast<int>(2 * tag + 1));
+    std::vector<at::Tensor> bufs{header};  // slots 2*tag, then 2*tag+1 unless inlined
+    if (!inlined) bufs.push_back(torch::cat(flat));
+    std::vector<PendingSend> posted;
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      std::vector<at::Tensor> v{bufs[i]};
+      posted.push_back({p2p_->send(v, dst, static_cast<int>(2 * tag + i)), bufs[i], dst, tag});
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      sends_.push_back({w1, header, dst, tag});
-      sends_.push_back({w2, data, dst, tag});
+      for (auto& p : posted) sends_.push_back(std::move(p));
     }
     cv_.notify_all();
   }
@@ -205,7 +197,7 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
   std::vector<at::Tensor> recv(int src, int64_t tag) override {
     raiseSendError();
     // Note [One message, one operation]: room for the data after the header.
-    const bool inlinable = spec_.shortReceives && spec_.device.is_cpu();
+    const bool inlinable = inlines();
     Staging staging(*this, inlinable);
     at::Tensor header =
         inlinable ? staging.tensor
@@ -304,6 +296,10 @@ class C10dGroup final : public ProcessGroup, public std::enable_shared_from_this
   }
 
  private:
+  // Note [One message, one operation]: whether a small message's data rides with its
+  // header (a CPU buffer on a backend that completes shorter receives).
+  bool inlines() const { return spec_.shortReceives && spec_.device.is_cpu(); }
+
   struct PendingSend {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor tensor;

@@ -66,7 +66,6 @@ torch::Tensor inputGradient(DeferredWeightGrad& w, const torch::Tensor& input,
   const auto toParams = leadingTo(out.function.get(), paramNodes);
   // The weight nodes: on the input's path, with an edge off it towards a parameter.
   torch::autograd::edge_list outputs{in};
-  std::vector<std::shared_ptr<Node>> weightNodes;
   std::unordered_set<const Node*> seen;
   std::vector<std::shared_ptr<Node>> stack{out.function};
   seen.insert(out.function.get());
@@ -87,7 +86,6 @@ torch::Tensor inputGradient(DeferredWeightGrad& w, const torch::Tensor& input,
     for (size_t i = 0; i < n->num_outputs(); ++i)
       if (onPath.count(n->next_edge(i).function.get()) > 0) w.cut.emplace_back(n, i);
     for (uint32_t k = 0; k < n->num_inputs(); ++k) outputs.emplace_back(n, k);
-    weightNodes.push_back(std::move(n));
   }
   auto got = torch::autograd::Engine::get_default_engine().execute(
       {out}, {w.gradOut}, /*keep_graph=*/true, /*create_graph=*/false,
